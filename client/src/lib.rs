@@ -1,0 +1,2 @@
+//! Client library for Baton.
+pub mod api;

@@ -1,0 +1,160 @@
+//! The versioned binary formats of the machine: log entries (`Batch`) and whole-machine
+//! snapshots. Both are bincode 2 through serde. A snapshot starts with a magic and a format
+//! version; a batch is a versioned enum. Decoding garbage, a truncated input or an unknown
+//! version is an error, never a panic, and decoding is bounded by a size limit.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::events::EventLog;
+use super::idempotency::IdempotencyTable;
+use super::{Batch, Limits, Machine, Namespace, NamespaceState};
+
+const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
+const SNAPSHOT_VERSION: u32 = 1;
+/// Larger than any snapshot the limits allow; a guard against absurd length prefixes.
+const SNAPSHOT_BYTES_MAX: usize = 1 << 34;
+/// A batch holds at most a few thousand commands of at most a body each.
+const BATCH_BYTES_MAX: usize = 1 << 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CodecError {
+    #[error("not a Baton snapshot (bad magic)")]
+    BadMagic,
+    #[error("snapshot format version {0} is not supported (this build reads version {SNAPSHOT_VERSION})")]
+    UnsupportedVersion(u32),
+    #[error("input of {0} bytes is over the decoding limit")]
+    TooLarge(usize),
+    #[error("decoding failed: {0}")]
+    Decode(#[from] bincode::error::DecodeError),
+    #[error("encoding failed: {0}")]
+    Encode(#[from] bincode::error::EncodeError),
+    #[error("{0} trailing bytes after the encoded value")]
+    TrailingBytes(usize),
+    #[error("the decoded snapshot is inconsistent: {0}")]
+    Inconsistent(String),
+}
+
+fn config() -> impl bincode::config::Config {
+    bincode::config::standard()
+}
+
+#[derive(Serialize)]
+struct SnapshotRef<'a> {
+    limits: &'a Limits,
+    time_ms: u64,
+    fence_counter: u64,
+    namespaces: &'a BTreeMap<Namespace, NamespaceState>,
+    idempotency: &'a IdempotencyTable,
+    events: &'a EventLog,
+}
+
+#[derive(Deserialize)]
+struct SnapshotOwned {
+    limits: Limits,
+    time_ms: u64,
+    fence_counter: u64,
+    namespaces: BTreeMap<Namespace, NamespaceState>,
+    idempotency: IdempotencyTable,
+    events: EventLog,
+}
+
+pub fn encode_batch(batch: &Batch) -> Result<Vec<u8>, CodecError> {
+    Ok(bincode::serde::encode_to_vec(batch, config())?)
+}
+
+pub fn decode_batch(bytes: &[u8]) -> Result<Batch, CodecError> {
+    decode_exact(bytes, BATCH_BYTES_MAX)
+}
+
+fn decode_exact<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    bytes_max: usize,
+) -> Result<T, CodecError> {
+    if bytes.len() > bytes_max {
+        return Err(CodecError::TooLarge(bytes.len()));
+    }
+    let (value, read) = bincode::serde::decode_from_slice::<T, _>(bytes, config())?;
+    if read != bytes.len() {
+        return Err(CodecError::TrailingBytes(bytes.len() - read));
+    }
+    Ok(value)
+}
+
+impl Machine {
+    /// The whole state as bytes. Two machines with equal state encode to equal bytes.
+    pub fn encode_snapshot(&self) -> Result<Vec<u8>, CodecError> {
+        let body = SnapshotRef {
+            limits: &self.limits,
+            time_ms: self.time_ms,
+            fence_counter: self.fence_counter,
+            namespaces: &self.namespaces,
+            idempotency: &self.idempotency,
+            events: &self.events,
+        };
+        let mut bytes = Vec::with_capacity(64);
+        bytes.extend_from_slice(SNAPSHOT_MAGIC);
+        bytes.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
+        bincode::serde::encode_into_std_write(&body, &mut bytes, config())?;
+        Ok(bytes)
+    }
+
+    /// Rebuilds a machine from `encode_snapshot` bytes, with its indexes, and checks it.
+    pub fn decode_snapshot(bytes: &[u8]) -> Result<Machine, CodecError> {
+        let header = SNAPSHOT_MAGIC.len() + 4;
+        if bytes.len() < header || &bytes[..4] != SNAPSHOT_MAGIC {
+            return Err(CodecError::BadMagic);
+        }
+        let version = u32::from_le_bytes(bytes[4..8].try_into().expect("four bytes"));
+        if version != SNAPSHOT_VERSION {
+            return Err(CodecError::UnsupportedVersion(version));
+        }
+        let body: SnapshotOwned = decode_exact(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+        let mut machine = Machine {
+            limits: body.limits,
+            time_ms: body.time_ms,
+            fence_counter: body.fence_counter,
+            namespaces: body.namespaces,
+            session_deadlines: Default::default(),
+            max_hold_deadlines: Default::default(),
+            idempotency: body.idempotency,
+            events: body.events,
+        };
+        machine
+            .rebuild_indexes()
+            .map_err(CodecError::Inconsistent)?;
+        machine
+            .check_invariants()
+            .map_err(CodecError::Inconsistent)?;
+        Ok(machine)
+    }
+
+    /// Recomputes what snapshots leave out: each session's lease set and the deadline indexes.
+    fn rebuild_indexes(&mut self) -> Result<(), String> {
+        for (namespace, state) in &mut self.namespaces {
+            for (session_id, session) in &state.sessions {
+                self.session_deadlines.insert((
+                    session.deadline_ms,
+                    namespace.clone(),
+                    *session_id,
+                ));
+            }
+            for (resource, lease) in &state.leases {
+                let session = state
+                    .sessions
+                    .get_mut(&lease.session_id)
+                    .ok_or_else(|| format!("lease on {resource} names a missing session"))?;
+                session.leases.insert(resource.clone());
+                if let Some(deadline_ms) = lease.max_hold_deadline_ms {
+                    self.max_hold_deadlines.insert((
+                        deadline_ms,
+                        namespace.clone(),
+                        resource.clone(),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}

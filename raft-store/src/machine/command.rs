@@ -1,0 +1,318 @@
+//! What goes into the log and what comes out of applying it: `Batch` (a stamp and many
+//! commands), `Command`, `Response`, `Reply`, `Rejection`, and the read-side views.
+//!
+//! These are log types, a durability contract: changing a variant's shape changes the on-disk
+//! format. They are deliberately distinct from the HTTP wire types in `baton-client`.
+
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+use super::types::{Labels, LeaseMode, Limits, Namespace, ResourcePath, SessionId};
+
+/// One log entry's payload: the leader's cluster-time stamp and the commands it groups.
+///
+/// Serialized as a versioned enum (`V1`), so an entry written by a future format is refused
+/// rather than misread.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub stamp_ms: u64,
+    pub commands: Vec<Command>,
+}
+
+impl Batch {
+    /// An entry with no commands: it only advances cluster time (the leader's idle tick).
+    pub fn tick(stamp_ms: u64) -> Batch {
+        Batch {
+            stamp_ms,
+            commands: Vec::new(),
+        }
+    }
+}
+
+#[derive(Serialize)]
+enum VersionedBatchRef<'a> {
+    V1 {
+        stamp_ms: u64,
+        commands: &'a [Command],
+    },
+}
+
+#[derive(Deserialize)]
+enum VersionedBatch {
+    V1 {
+        stamp_ms: u64,
+        commands: Vec<Command>,
+    },
+}
+
+impl Serialize for Batch {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        VersionedBatchRef::V1 {
+            stamp_ms: self.stamp_ms,
+            commands: &self.commands,
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Batch {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match VersionedBatch::deserialize(deserializer)? {
+            VersionedBatch::V1 { stamp_ms, commands } => Ok(Batch { stamp_ms, commands }),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// A client operation inside one namespace, optionally made idempotent (G8).
+    Namespaced {
+        namespace: Namespace,
+        idempotency: Option<IdempotencyTag>,
+        op: Op,
+    },
+    /// Removes at most `max` expired sessions' leases and max-held leases.
+    Sweep { max: u32 },
+    /// Replaces the limits every replica decides with.
+    SetLimits(Limits),
+}
+
+/// The `Idempotency-Key` of a request and a hash of everything that identifies the request
+/// (namespace, method, route, path parameters, body), computed at the edge.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IdempotencyTag {
+    pub key: String,
+    pub fingerprint: [u8; 32],
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewSession {
+    /// Chosen at random by the leader and carried in the log, so every replica agrees.
+    pub session_id: SessionId,
+    pub holder: String,
+    pub ttl_ms: u64,
+    pub labels: Labels,
+}
+
+/// Who an acquire is for: an existing session, or one created in the same write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Owner {
+    Session(SessionId),
+    NewSession(NewSession),
+}
+
+/// The proof a fenced write carries: the fence of a lease and the session that holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceClaim {
+    pub resource: ResourcePath,
+    pub token: u64,
+    pub session_id: SessionId,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    CreateSession(NewSession),
+    Keepalive {
+        session_id: SessionId,
+    },
+    Release {
+        session_id: SessionId,
+        resource: ResourcePath,
+    },
+    EndSession {
+        session_id: SessionId,
+    },
+    Acquire {
+        resource: ResourcePath,
+        mode: LeaseMode,
+        owner: Owner,
+        max_hold_ms: Option<u64>,
+        labels: Labels,
+    },
+    /// `value` is JSON text, validated at the edge; the machine stores it as given.
+    KvPut {
+        key: ResourcePath,
+        value: String,
+        fence: Option<FenceClaim>,
+    },
+    KvDelete {
+        key: ResourcePath,
+        fence: Option<FenceClaim>,
+    },
+}
+
+/// The result of one command. `replayed` is true when an idempotent retry returned the answer
+/// recorded by the first attempt instead of applying again.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Response {
+    pub outcome: Result<Reply, Rejection>,
+    pub replayed: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reply {
+    SessionCreated(SessionView),
+    KeptAlive {
+        session_id: SessionId,
+        expires_in_ms: u64,
+    },
+    Released {
+        resource: ResourcePath,
+        fence: u64,
+    },
+    SessionEnded {
+        released: Vec<ResourcePath>,
+    },
+    Granted(Grant),
+    KvWritten {
+        revision: u64,
+    },
+    KvDeleted {
+        revision: u64,
+    },
+    Swept {
+        leases: u64,
+        sessions: u64,
+    },
+    LimitsSet,
+}
+
+/// A successful acquire: the lease, the session that holds it, and whether that session was
+/// created by this write.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Grant {
+    pub lease: LeaseView,
+    pub session_id: SessionId,
+    pub session_created: bool,
+}
+
+/// A lease as readers see it: public, so never the session id. Times are cluster time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseView {
+    pub resource: ResourcePath,
+    pub fence: u64,
+    pub holder: String,
+    pub mode: LeaseMode,
+    pub labels: Labels,
+    pub acquired_at_ms: u64,
+    pub expires_in_ms: u64,
+}
+
+/// A session as its bearer sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionView {
+    pub session_id: SessionId,
+    pub holder: String,
+    pub ttl_ms: u64,
+    pub labels: Labels,
+    pub expires_in_ms: u64,
+}
+
+/// A refused command. A refusal changes nothing in the state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Rejection {
+    InvalidArgument(String),
+    NotFound(String),
+    LeaseHeld {
+        message: String,
+        held_by: Box<LeaseView>,
+    },
+    LeaseLost(String),
+    StaleFence {
+        message: String,
+        current_fence: Option<u64>,
+    },
+    PayloadTooLarge(String),
+    IdempotencyKeyReused(String),
+    ResourceExhausted(String),
+}
+
+impl Rejection {
+    pub fn invalid(message: impl Into<String>) -> Rejection {
+        Rejection::InvalidArgument(message.into())
+    }
+
+    /// The stable code of SPEC section 5 for this refusal.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Rejection::InvalidArgument(_) => "INVALID_ARGUMENT",
+            Rejection::NotFound(_) => "NOT_FOUND",
+            Rejection::LeaseHeld { .. } => "LEASE_HELD",
+            Rejection::LeaseLost(_) => "LEASE_LOST",
+            Rejection::StaleFence { .. } => "STALE_FENCE",
+            Rejection::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
+            Rejection::IdempotencyKeyReused(_) => "IDEMPOTENCY_KEY_REUSED",
+            Rejection::ResourceExhausted(_) => "RESOURCE_EXHAUSTED",
+        }
+    }
+
+    pub fn message(&self) -> &str {
+        match self {
+            Rejection::InvalidArgument(message)
+            | Rejection::NotFound(message)
+            | Rejection::LeaseLost(message)
+            | Rejection::PayloadTooLarge(message)
+            | Rejection::IdempotencyKeyReused(message)
+            | Rejection::ResourceExhausted(message)
+            | Rejection::LeaseHeld { message, .. }
+            | Rejection::StaleFence { message, .. } => message,
+        }
+    }
+}
+
+/// One state change, numbered by the machine's rising revision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub revision: u64,
+    pub time_ms: u64,
+    pub namespace: Namespace,
+    pub kind: EventKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    Granted {
+        resource: ResourcePath,
+        holder: String,
+        fence: u64,
+        mode: LeaseMode,
+    },
+    Released {
+        resource: ResourcePath,
+        fence: u64,
+    },
+    Expired {
+        resource: ResourcePath,
+        fence: u64,
+    },
+    KvWritten {
+        key: ResourcePath,
+        fence: Option<u64>,
+    },
+    KvDeleted {
+        key: ResourcePath,
+    },
+}
+
+/// A stored value with the revision and fence of the write that produced it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KvView {
+    pub key: ResourcePath,
+    pub value: String,
+    pub revision: u64,
+    pub fence: Option<(ResourcePath, u64)>,
+}
+
+/// The answer to a fence check: whether `fence` is the live fence of the resource, and the
+/// live fence if there is one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FenceStatus {
+    pub current: bool,
+    pub live_fence: Option<u64>,
+}
+
+/// A page of a list: the items and, when more remain, the cursor to continue after.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next_cursor: Option<String>,
+}

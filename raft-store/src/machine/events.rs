@@ -1,0 +1,62 @@
+//! The bounded window of recent state changes, numbered by a rising revision with no gaps, so
+//! the event stream can resume from any revision still in the window.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{Event, EventKind};
+use super::{Limits, Namespace};
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct EventLog {
+    /// The revision of the last event ever recorded (0 before the first).
+    last_revision: u64,
+    /// The most recent events, oldest first, at most `events_kept_max`.
+    window: VecDeque<Event>,
+}
+
+impl EventLog {
+    /// Records an event and returns its revision.
+    pub(super) fn push(
+        &mut self,
+        time_ms: u64,
+        namespace: &Namespace,
+        kind: EventKind,
+        limits: &Limits,
+    ) -> u64 {
+        self.last_revision += 1;
+        self.window.push_back(Event {
+            revision: self.last_revision,
+            time_ms,
+            namespace: namespace.clone(),
+            kind,
+        });
+        while self.window.len() > limits.events_kept_max {
+            self.window.pop_front();
+        }
+        self.last_revision
+    }
+
+    pub(super) fn last_revision(&self) -> u64 {
+        self.last_revision
+    }
+
+    /// Events with a revision above `after`, at most `limit`; `None` if some of them have
+    /// already left the window.
+    pub(super) fn after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
+        let oldest_kept = self
+            .window
+            .front()
+            .map_or(self.last_revision + 1, |event| event.revision);
+        if after.saturating_add(1) < oldest_kept {
+            return None;
+        }
+        let skip = usize::try_from(after + 1 - oldest_kept).unwrap_or(usize::MAX);
+        Some(self.window.iter().skip(skip).take(limit).cloned().collect())
+    }
+
+    pub(super) fn window(&self) -> &VecDeque<Event> {
+        &self.window
+    }
+}

@@ -1,0 +1,149 @@
+//! `check_invariants`: a walk over the whole state that fails loudly on any broken rule. Tests
+//! call it after every applied entry; snapshot decoding calls it before trusting the bytes.
+
+use std::collections::BTreeSet;
+
+use super::{descendants, lease_deadline, LeaseMode, Machine};
+
+impl Machine {
+    /// Checks every structural rule of the state. O(leases · depth · log n).
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut fences = BTreeSet::new();
+        let (mut sessions_seen, mut max_holds_seen) = (0usize, 0usize);
+        for (namespace, state) in &self.namespaces {
+            if state.is_empty() {
+                return Err(format!("namespace {namespace} is empty but kept"));
+            }
+            for (session_id, session) in &state.sessions {
+                sessions_seen += 1;
+                if !self.session_deadlines.contains(&(
+                    session.deadline_ms,
+                    namespace.clone(),
+                    *session_id,
+                )) {
+                    return Err(format!(
+                        "session {session_id} in {namespace} is missing from the deadline index"
+                    ));
+                }
+                for resource in &session.leases {
+                    if state
+                        .leases
+                        .get(resource)
+                        .is_none_or(|lease| lease.session_id != *session_id)
+                    {
+                        return Err(format!(
+                            "session {session_id} lists {resource}, which it does not hold"
+                        ));
+                    }
+                }
+            }
+            for (resource, lease) in &state.leases {
+                let Some(session) = state.sessions.get(&lease.session_id) else {
+                    return Err(format!("lease on {resource} in {namespace} has no session"));
+                };
+                if !session.leases.contains(resource) {
+                    return Err(format!(
+                        "lease on {resource} is missing from its session's lease set"
+                    ));
+                }
+                if lease.fence == 0 || lease.fence > self.fence_counter {
+                    return Err(format!(
+                        "lease on {resource} has fence {} outside 1..={}",
+                        lease.fence, self.fence_counter
+                    ));
+                }
+                if !fences.insert(lease.fence) {
+                    return Err(format!("fence {} is held by two leases", lease.fence));
+                }
+                if lease.acquired_at_ms > self.time_ms {
+                    return Err(format!("lease on {resource} was acquired in the future"));
+                }
+                if let Some(deadline_ms) = lease.max_hold_deadline_ms {
+                    max_holds_seen += 1;
+                    if !self.max_hold_deadlines.contains(&(
+                        deadline_ms,
+                        namespace.clone(),
+                        resource.clone(),
+                    )) {
+                        return Err(format!(
+                            "lease on {resource} is missing from the max-hold index"
+                        ));
+                    }
+                }
+                if self.time_ms >= lease_deadline(session, lease) {
+                    continue;
+                }
+                for ancestor in resource.ancestors() {
+                    if let Some((path, other)) = state.leases.get_key_value(ancestor) {
+                        if other.mode == LeaseMode::Subtree
+                            && self.live_view(state, path, other).is_some()
+                        {
+                            return Err(format!(
+                                "live leases on {path} (subtree) and {resource} conflict"
+                            ));
+                        }
+                    }
+                }
+                if lease.mode == LeaseMode::Subtree {
+                    for (path, other) in descendants(&state.leases, resource) {
+                        if self.live_view(state, path, other).is_some() {
+                            return Err(format!(
+                                "live leases on {resource} (subtree) and {path} conflict"
+                            ));
+                        }
+                    }
+                }
+            }
+            for (key, entry) in &state.kv {
+                if entry.revision == 0 || entry.revision > self.events.last_revision() {
+                    return Err(format!(
+                        "value under {key} has revision {} past the last one",
+                        entry.revision
+                    ));
+                }
+            }
+        }
+        if sessions_seen != self.session_deadlines.len() {
+            return Err(format!(
+                "{} sessions but {} deadline index entries",
+                sessions_seen,
+                self.session_deadlines.len()
+            ));
+        }
+        if max_holds_seen != self.max_hold_deadlines.len() {
+            return Err(format!(
+                "{} max-held leases but {} index entries",
+                max_holds_seen,
+                self.max_hold_deadlines.len()
+            ));
+        }
+        let window = self.events.window();
+        if window.len() > self.limits.events_kept_max {
+            return Err(format!(
+                "{} events kept, more than {}",
+                window.len(),
+                self.limits.events_kept_max
+            ));
+        }
+        let contiguous = window
+            .iter()
+            .zip(window.iter().skip(1))
+            .all(|(a, b)| b.revision == a.revision + 1);
+        if !contiguous
+            || window
+                .back()
+                .is_some_and(|last| last.revision != self.events.last_revision())
+        {
+            return Err("event revisions have a gap or do not end at the last revision".to_owned());
+        }
+        if self.idempotency.len() != self.idempotency.order_len()
+            || !self.idempotency.is_ordered_by_time()
+        {
+            return Err("idempotency records and their order disagree".to_owned());
+        }
+        if self.idempotency.len() > self.limits.idempotency_keys_max {
+            return Err("more idempotency records than idempotency_keys_max".to_owned());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,133 @@
+//! The fenced key-value store (G4): JSON values under paths, each write optionally proven by
+//! the fence of a live lease and the session that holds it.
+
+use super::command::{EventKind, FenceClaim, KvView, Rejection, Reply};
+use super::{KvEntry, Machine, Namespace, ResourcePath};
+
+impl Machine {
+    pub(super) fn kv_put(
+        &mut self,
+        namespace: &Namespace,
+        key: &ResourcePath,
+        value: &str,
+        fence: Option<&FenceClaim>,
+    ) -> Result<Reply, Rejection> {
+        ResourcePath::parse(key.as_str(), &self.limits)?;
+        if value.len() > self.limits.kv_value_bytes_max {
+            return Err(Rejection::PayloadTooLarge(format!(
+                "the value is {} bytes, at most {} are allowed",
+                value.len(),
+                self.limits.kv_value_bytes_max
+            )));
+        }
+        self.check_fence(namespace, fence)?;
+        let keys = self
+            .namespaces
+            .get(namespace)
+            .map_or(0, |state| state.kv.len());
+        let exists = self
+            .namespaces
+            .get(namespace)
+            .is_some_and(|state| state.kv.contains_key(key));
+        if !exists && keys >= self.limits.kv_keys_per_namespace_max {
+            return Err(Rejection::ResourceExhausted(format!(
+                "namespace {namespace} already has {keys} keys, the most allowed; delete some first"
+            )));
+        }
+        let fence = fence.map(|claim| (claim.resource.clone(), claim.token));
+        let event = EventKind::KvWritten {
+            key: key.clone(),
+            fence: fence.as_ref().map(|(_, token)| *token),
+        };
+        let revision = self
+            .events
+            .push(self.time_ms, namespace, event, &self.limits);
+        let entry = KvEntry {
+            value: value.to_owned(),
+            revision,
+            fence,
+        };
+        self.namespaces
+            .entry(namespace.clone())
+            .or_default()
+            .kv
+            .insert(key.clone(), entry);
+        Ok(Reply::KvWritten { revision })
+    }
+
+    pub(super) fn kv_delete(
+        &mut self,
+        namespace: &Namespace,
+        key: &ResourcePath,
+        fence: Option<&FenceClaim>,
+    ) -> Result<Reply, Rejection> {
+        ResourcePath::parse(key.as_str(), &self.limits)?;
+        self.check_fence(namespace, fence)?;
+        let exists = self
+            .namespaces
+            .get(namespace)
+            .is_some_and(|state| state.kv.contains_key(key));
+        if !exists {
+            return Err(Rejection::NotFound(format!(
+                "no value is stored under {key}"
+            )));
+        }
+        if let Some(state) = self.namespaces.get_mut(namespace) {
+            state.kv.remove(key);
+        }
+        let revision = self.events.push(
+            self.time_ms,
+            namespace,
+            EventKind::KvDeleted { key: key.clone() },
+            &self.limits,
+        );
+        Ok(Reply::KvDeleted { revision })
+    }
+
+    /// The value under `key`, with the revision and fence of the write that stored it.
+    pub fn kv_get(&self, namespace: &Namespace, key: &ResourcePath) -> Option<KvView> {
+        let entry = self.namespaces.get(namespace)?.kv.get(key)?;
+        Some(KvView {
+            key: key.clone(),
+            value: entry.value.clone(),
+            revision: entry.revision,
+            fence: entry.fence.clone(),
+        })
+    }
+
+    /// G4: the claim's token must be the fence of the live lease on its resource, held by the
+    /// claim's session, at the current cluster time. Anything else is `STALE_FENCE`.
+    fn check_fence(
+        &self,
+        namespace: &Namespace,
+        fence: Option<&FenceClaim>,
+    ) -> Result<(), Rejection> {
+        let Some(claim) = fence else { return Ok(()) };
+        ResourcePath::parse(claim.resource.as_str(), &self.limits)?;
+        let state = self.namespaces.get(namespace);
+        let live = state.and_then(|state| {
+            let lease = state.leases.get(&claim.resource)?;
+            Some((
+                lease.session_id,
+                self.live_view(state, &claim.resource, lease)?,
+            ))
+        });
+        match live {
+            Some((session_id, view)) if view.fence == claim.token && session_id == claim.session_id => Ok(()),
+            Some((_, view)) => Err(Rejection::StaleFence {
+                message: format!(
+                    "fence {} is not the live fence of {} held by this session (live fence {}): the write was refused",
+                    claim.token, claim.resource, view.fence
+                ),
+                current_fence: Some(view.fence),
+            }),
+            None => Err(Rejection::StaleFence {
+                message: format!(
+                    "{} has no live lease, so fence {} is stale: the write was refused",
+                    claim.resource, claim.token
+                ),
+                current_fence: None,
+            }),
+        }
+    }
+}

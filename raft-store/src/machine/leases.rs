@@ -1,0 +1,458 @@
+//! Sessions and leases: create, keepalive, acquire (with the G2 conflict rules), release, end,
+//! and the bounded sweep of what has expired.
+//!
+//! Costs: acquire is O(depth · log n) (each ancestor is one lookup; a subtree acquire also
+//! visits the leases below its path, which it must rule out anyway); keepalive is O(log n)
+//! whatever the number of leases, because a lease's liveness is read from its session's
+//! deadline rather than stored on each lease.
+
+use super::command::{EventKind, Grant, NewSession, Owner, Rejection, Reply};
+use super::types::{validate_holder, validate_labels, validate_max_hold, validate_ttl};
+use super::{
+    descendants, Labels, Lease, LeaseMode, Machine, Namespace, NamespaceState, ResourcePath,
+    Session, SessionId,
+};
+
+impl Machine {
+    pub(super) fn create_session(
+        &mut self,
+        namespace: &Namespace,
+        new_session: &NewSession,
+    ) -> Result<Reply, Rejection> {
+        self.check_new_session(namespace, new_session)?;
+        self.insert_session(namespace, new_session);
+        let state = &self.namespaces[namespace];
+        let view = self.session_view(
+            new_session.session_id,
+            &state.sessions[&new_session.session_id],
+        );
+        Ok(Reply::SessionCreated(view))
+    }
+
+    pub(super) fn keepalive(
+        &mut self,
+        namespace: &Namespace,
+        session_id: SessionId,
+    ) -> Result<Reply, Rejection> {
+        let time_ms = self.time_ms;
+        let session = self.live_session_mut(namespace, session_id)?;
+        let old_deadline_ms = session.deadline_ms;
+        session.deadline_ms = time_ms + session.ttl_ms;
+        let (new_deadline_ms, expires_in_ms) = (session.deadline_ms, session.ttl_ms);
+        self.session_deadlines
+            .remove(&(old_deadline_ms, namespace.clone(), session_id));
+        self.session_deadlines
+            .insert((new_deadline_ms, namespace.clone(), session_id));
+        Ok(Reply::KeptAlive {
+            session_id,
+            expires_in_ms,
+        })
+    }
+
+    pub(super) fn release(
+        &mut self,
+        namespace: &Namespace,
+        session_id: SessionId,
+        resource: &ResourcePath,
+    ) -> Result<Reply, Rejection> {
+        ResourcePath::parse(resource.as_str(), &self.limits)?;
+        self.live_session_mut(namespace, session_id)?;
+        let state = &self.namespaces[namespace];
+        let held = state
+            .leases
+            .get(resource)
+            .filter(|lease| lease.session_id == session_id)
+            .and_then(|lease| self.live_view(state, resource, lease));
+        let Some(view) = held else {
+            return Err(Rejection::LeaseLost(format!(
+                "this session holds no live lease on {resource}"
+            )));
+        };
+        self.remove_lease(
+            namespace,
+            resource,
+            EventKind::Released {
+                resource: resource.clone(),
+                fence: view.fence,
+            },
+        );
+        Ok(Reply::Released {
+            resource: resource.clone(),
+            fence: view.fence,
+        })
+    }
+
+    pub(super) fn end_session(
+        &mut self,
+        namespace: &Namespace,
+        session_id: SessionId,
+    ) -> Result<Reply, Rejection> {
+        let live = self
+            .namespaces
+            .get(namespace)
+            .and_then(|state| state.sessions.get(&session_id))
+            .is_some_and(|session| self.time_ms < session.deadline_ms);
+        if !live {
+            return Err(Rejection::NotFound(
+                "no live session with this id: it ended or expired".to_owned(),
+            ));
+        }
+        let resources: Vec<ResourcePath> = self.namespaces[namespace].sessions[&session_id]
+            .leases
+            .iter()
+            .cloned()
+            .collect();
+        let mut released = Vec::new();
+        for resource in resources {
+            let state = &self.namespaces[namespace];
+            let lease = &state.leases[&resource];
+            let fence = lease.fence;
+            if self.live_view(state, &resource, lease).is_some() {
+                self.remove_lease(
+                    namespace,
+                    &resource,
+                    EventKind::Released {
+                        resource: resource.clone(),
+                        fence,
+                    },
+                );
+                released.push(resource);
+            } else {
+                self.remove_lease(
+                    namespace,
+                    &resource,
+                    EventKind::Expired {
+                        resource: resource.clone(),
+                        fence,
+                    },
+                );
+            }
+        }
+        self.remove_session(namespace, session_id);
+        Ok(Reply::SessionEnded { released })
+    }
+
+    pub(super) fn acquire(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+        owner: &Owner,
+        max_hold_ms: Option<u64>,
+        labels: &Labels,
+    ) -> Result<Reply, Rejection> {
+        ResourcePath::parse(resource.as_str(), &self.limits)?;
+        validate_labels(labels, &self.limits)?;
+        if let Some(max_hold_ms) = max_hold_ms {
+            validate_max_hold(max_hold_ms, &self.limits)?;
+        }
+        match owner {
+            Owner::Session(session_id) => {
+                let session = self.live_session_mut(namespace, *session_id)?;
+                if session.leases.len() >= self.limits.leases_per_session_max {
+                    return Err(Rejection::ResourceExhausted(format!(
+                        "this session already holds {} leases, the most a session may hold; release some or use another session",
+                        self.limits.leases_per_session_max
+                    )));
+                }
+            }
+            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session)?,
+        }
+        let dead_in_the_way = self.check_conflicts(namespace, resource, mode)?;
+
+        for (dead, fence) in dead_in_the_way {
+            self.remove_lease(
+                namespace,
+                &dead,
+                EventKind::Expired {
+                    resource: dead.clone(),
+                    fence,
+                },
+            );
+        }
+        let (session_id, session_created) = match owner {
+            Owner::Session(session_id) => (*session_id, false),
+            Owner::NewSession(new_session) => {
+                self.insert_session(namespace, new_session);
+                (new_session.session_id, true)
+            }
+        };
+        self.fence_counter += 1;
+        let fence = self.fence_counter;
+        let max_hold_deadline_ms = max_hold_ms.map(|max_hold_ms| self.time_ms + max_hold_ms);
+        let lease = Lease {
+            session_id,
+            fence,
+            mode,
+            labels: labels.clone(),
+            acquired_at_ms: self.time_ms,
+            max_hold_deadline_ms,
+        };
+        if let Some(deadline_ms) = max_hold_deadline_ms {
+            self.max_hold_deadlines
+                .insert((deadline_ms, namespace.clone(), resource.clone()));
+        }
+        let state = self.namespaces.entry(namespace.clone()).or_default();
+        let session = state
+            .sessions
+            .get_mut(&session_id)
+            .expect("the owner session was checked live above");
+        session.leases.insert(resource.clone());
+        let holder = session.holder.clone();
+        state.leases.insert(resource.clone(), lease);
+        self.events.push(
+            self.time_ms,
+            namespace,
+            EventKind::Granted {
+                resource: resource.clone(),
+                holder,
+                fence,
+                mode,
+            },
+            &self.limits,
+        );
+
+        let state = &self.namespaces[namespace];
+        let view = self
+            .live_view(state, resource, &state.leases[resource])
+            .expect("a lease just granted is live");
+        Ok(Reply::Granted(Grant {
+            lease: view,
+            session_id,
+            session_created,
+        }))
+    }
+
+    /// Finds what stands in the way of a `mode` lease on `resource` (G2). A live conflicting
+    /// lease refuses the acquire with `LEASE_HELD`; dead leases that occupy the same path or lie
+    /// below a subtree request are returned so the grant can clear them (emitting `expired`).
+    fn check_conflicts(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+    ) -> Result<Vec<(ResourcePath, u64)>, Rejection> {
+        let mut dead_in_the_way = Vec::new();
+        let Some(state) = self.namespaces.get(namespace) else {
+            return Ok(dead_in_the_way);
+        };
+        if let Some(lease) = state.leases.get(resource) {
+            self.refuse_if_live(state, resource, lease)?;
+            dead_in_the_way.push((resource.clone(), lease.fence));
+        }
+        for ancestor in resource.ancestors() {
+            if let Some((path, lease)) = state.leases.get_key_value(ancestor) {
+                if lease.mode == LeaseMode::Subtree {
+                    self.refuse_if_live(state, path, lease)?;
+                }
+            }
+        }
+        if mode == LeaseMode::Subtree {
+            for (path, lease) in descendants(&state.leases, resource) {
+                self.refuse_if_live(state, path, lease)?;
+                dead_in_the_way.push((path.clone(), lease.fence));
+            }
+        }
+        Ok(dead_in_the_way)
+    }
+
+    fn refuse_if_live(
+        &self,
+        state: &NamespaceState,
+        resource: &ResourcePath,
+        lease: &Lease,
+    ) -> Result<(), Rejection> {
+        match self.live_view(state, resource, lease) {
+            None => Ok(()),
+            Some(held_by) => Err(Rejection::LeaseHeld {
+                message: format!(
+                    "{} is held by {} (fence {}) for {} more",
+                    held_by.resource,
+                    held_by.holder,
+                    held_by.fence,
+                    human_duration(held_by.expires_in_ms)
+                ),
+                held_by: Box::new(held_by),
+            }),
+        }
+    }
+
+    /// Removes up to `max` dead things: leases of expired sessions (then the sessions once
+    /// empty) and leases past their max hold. Returns `(leases, sessions)` removed.
+    pub(super) fn sweep(&mut self, max: usize) -> (u64, u64) {
+        let max = max.min(self.limits.sweep_batch_max);
+        let (mut leases, mut sessions) = (0u64, 0u64);
+        let mut work = 0usize;
+        while work < max {
+            let Some((deadline_ms, namespace, session_id)) =
+                self.session_deadlines.first().cloned()
+            else {
+                break;
+            };
+            if deadline_ms > self.time_ms {
+                break;
+            }
+            let session = &self.namespaces[&namespace].sessions[&session_id];
+            let batch: Vec<ResourcePath> =
+                session.leases.iter().take(max - work).cloned().collect();
+            for resource in batch {
+                let fence = self.namespaces[&namespace].leases[&resource].fence;
+                self.remove_lease(
+                    &namespace,
+                    &resource,
+                    EventKind::Expired {
+                        resource: resource.clone(),
+                        fence,
+                    },
+                );
+                leases += 1;
+                work += 1;
+            }
+            if self.namespaces[&namespace].sessions[&session_id]
+                .leases
+                .is_empty()
+            {
+                self.remove_session(&namespace, session_id);
+                sessions += 1;
+                work += 1;
+            }
+        }
+        while work < max {
+            let Some((deadline_ms, namespace, resource)) = self.max_hold_deadlines.first().cloned()
+            else {
+                break;
+            };
+            if deadline_ms > self.time_ms {
+                break;
+            }
+            let fence = self.namespaces[&namespace].leases[&resource].fence;
+            self.remove_lease(
+                &namespace,
+                &resource,
+                EventKind::Expired {
+                    resource: resource.clone(),
+                    fence,
+                },
+            );
+            leases += 1;
+            work += 1;
+        }
+        (leases, sessions)
+    }
+
+    fn check_new_session(
+        &self,
+        namespace: &Namespace,
+        new_session: &NewSession,
+    ) -> Result<(), Rejection> {
+        validate_holder(&new_session.holder, &self.limits)?;
+        validate_ttl(new_session.ttl_ms, &self.limits)?;
+        validate_labels(&new_session.labels, &self.limits)?;
+        let sessions = self
+            .namespaces
+            .get(namespace)
+            .map_or(0, |state| state.sessions.len());
+        if sessions >= self.limits.sessions_per_namespace_max {
+            return Err(Rejection::ResourceExhausted(format!(
+                "namespace {namespace} already has {sessions} sessions, the most allowed; end unused sessions or retry later"
+            )));
+        }
+        if self
+            .namespaces
+            .get(namespace)
+            .is_some_and(|state| state.sessions.contains_key(&new_session.session_id))
+        {
+            return Err(Rejection::invalid(
+                "session id already in use: retry with a fresh request",
+            ));
+        }
+        Ok(())
+    }
+
+    fn insert_session(&mut self, namespace: &Namespace, new_session: &NewSession) {
+        let deadline_ms = self.time_ms + new_session.ttl_ms;
+        let session = Session {
+            holder: new_session.holder.clone(),
+            ttl_ms: new_session.ttl_ms,
+            labels: new_session.labels.clone(),
+            deadline_ms,
+            leases: Default::default(),
+        };
+        self.namespaces
+            .entry(namespace.clone())
+            .or_default()
+            .sessions
+            .insert(new_session.session_id, session);
+        self.session_deadlines
+            .insert((deadline_ms, namespace.clone(), new_session.session_id));
+    }
+
+    /// The session if it is alive at the current cluster time, else `LEASE_LOST`.
+    fn live_session_mut(
+        &mut self,
+        namespace: &Namespace,
+        session_id: SessionId,
+    ) -> Result<&mut Session, Rejection> {
+        let time_ms = self.time_ms;
+        self.namespaces
+            .get_mut(namespace)
+            .and_then(|state| state.sessions.get_mut(&session_id))
+            .filter(|session| time_ms < session.deadline_ms)
+            .ok_or_else(|| {
+                Rejection::LeaseLost(
+                    "the session is gone (expired or ended): stop acting as holder".to_owned(),
+                )
+            })
+    }
+
+    /// Removes a lease and everything that points at it, and records `event`.
+    fn remove_lease(&mut self, namespace: &Namespace, resource: &ResourcePath, event: EventKind) {
+        let state = self
+            .namespaces
+            .get_mut(namespace)
+            .expect("the lease's namespace exists");
+        let lease = state.leases.remove(resource).expect("the lease exists");
+        if let Some(session) = state.sessions.get_mut(&lease.session_id) {
+            session.leases.remove(resource);
+        }
+        if let Some(deadline_ms) = lease.max_hold_deadline_ms {
+            self.max_hold_deadlines
+                .remove(&(deadline_ms, namespace.clone(), resource.clone()));
+        }
+        self.events
+            .push(self.time_ms, namespace, event, &self.limits);
+    }
+
+    fn remove_session(&mut self, namespace: &Namespace, session_id: SessionId) {
+        let state = self
+            .namespaces
+            .get_mut(namespace)
+            .expect("the session's namespace exists");
+        let session = state
+            .sessions
+            .remove(&session_id)
+            .expect("the session exists");
+        debug_assert!(
+            session.leases.is_empty(),
+            "a session is removed only after its leases"
+        );
+        self.session_deadlines
+            .remove(&(session.deadline_ms, namespace.clone(), session_id));
+        if state.is_empty() {
+            self.namespaces.remove(namespace);
+        }
+    }
+}
+
+/// `38s`, `2m5s`, `450ms`: how long a lease has left, for messages.
+fn human_duration(milliseconds: u64) -> String {
+    if milliseconds < 1_000 {
+        return format!("{milliseconds}ms");
+    }
+    let seconds = milliseconds.div_ceil(1_000);
+    match (seconds / 60, seconds % 60) {
+        (0, seconds) => format!("{seconds}s"),
+        (minutes, 0) => format!("{minutes}m"),
+        (minutes, seconds) => format!("{minutes}m{seconds}s"),
+    }
+}

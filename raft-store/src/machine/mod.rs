@@ -1,0 +1,376 @@
+//! Baton's lease state machine: the deterministic heart that every replica applies in log order.
+//!
+//! `Machine::apply` takes a `Batch` (a cluster-time stamp and many commands) and returns one
+//! `Response` per command. Everything here is synchronous and pure: no I/O, no clock, no async,
+//! no openraft, sled or tokio types, and no iteration over hash maps (every collection is a
+//! `BTreeMap`/`BTreeSet`/`VecDeque`), so two replicas fed the same entries hold byte-identical
+//! state. Time enters only through the stamps (SPEC section 3): each entry is evaluated at
+//! `max(stamp, cluster time)`. Expiry is a comparison of a deadline with that time; the `Sweep`
+//! command only cleans up what is already dead.
+//!
+//! Never put here: anything that reads a clock, a random number generator, a file or a socket.
+
+mod codec;
+mod command;
+mod events;
+mod idempotency;
+mod invariants;
+mod kv;
+mod leases;
+mod types;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Bound;
+
+use serde::{Deserialize, Serialize};
+
+pub use codec::{decode_batch, encode_batch, CodecError};
+pub use command::{
+    Batch, Command, Event, EventKind, FenceClaim, FenceStatus, Grant, IdempotencyTag, KvView,
+    LeaseView, NewSession, Op, Owner, Page, Rejection, Reply, Response, SessionView,
+};
+pub use types::{
+    validate_holder, validate_idempotency_key, validate_labels, validate_max_hold, validate_ttl,
+    Labels, LeaseMode, Limits, Namespace, ResourcePath, SessionId,
+};
+
+use events::EventLog;
+use idempotency::IdempotencyTable;
+
+/// The whole replicated state. See the module docs for the rules it lives by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Machine {
+    limits: Limits,
+    /// Cluster time in milliseconds: the largest stamp applied so far.
+    time_ms: u64,
+    /// The last fence granted (G3). Every grant takes `fence_counter + 1`.
+    fence_counter: u64,
+    namespaces: BTreeMap<Namespace, NamespaceState>,
+    /// Every session by deadline, so expired ones are found without a scan.
+    session_deadlines: BTreeSet<(u64, Namespace, SessionId)>,
+    /// Every lease with a max hold, by the deadline that max hold sets.
+    max_hold_deadlines: BTreeSet<(u64, Namespace, ResourcePath)>,
+    idempotency: IdempotencyTable,
+    events: EventLog,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct NamespaceState {
+    sessions: BTreeMap<SessionId, Session>,
+    leases: BTreeMap<ResourcePath, Lease>,
+    kv: BTreeMap<ResourcePath, KvEntry>,
+}
+
+impl NamespaceState {
+    fn is_empty(&self) -> bool {
+        self.sessions.is_empty() && self.leases.is_empty() && self.kv.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Session {
+    holder: String,
+    ttl_ms: u64,
+    labels: Labels,
+    /// The session, and with it every lease it holds, is dead at `time >= deadline_ms`.
+    deadline_ms: u64,
+    /// The resources this session holds a lease on (a reverse index, rebuilt on decode).
+    #[serde(skip)]
+    leases: BTreeSet<ResourcePath>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Lease {
+    session_id: SessionId,
+    fence: u64,
+    mode: LeaseMode,
+    labels: Labels,
+    acquired_at_ms: u64,
+    /// Set by `max_hold_ms`: the lease is dead at this time even while its session lives.
+    max_hold_deadline_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct KvEntry {
+    value: String,
+    revision: u64,
+    fence: Option<(ResourcePath, u64)>,
+}
+
+impl Default for Machine {
+    fn default() -> Self {
+        Machine::new(Limits::default())
+    }
+}
+
+impl Machine {
+    pub fn new(limits: Limits) -> Machine {
+        Machine {
+            limits,
+            time_ms: 0,
+            fence_counter: 0,
+            namespaces: BTreeMap::new(),
+            session_deadlines: BTreeSet::new(),
+            max_hold_deadlines: BTreeSet::new(),
+            idempotency: IdempotencyTable::default(),
+            events: EventLog::default(),
+        }
+    }
+
+    /// Applies one log entry at `max(batch.stamp_ms, cluster time)` and answers each command.
+    pub fn apply(&mut self, batch: &Batch) -> Vec<Response> {
+        self.time_ms = self.time_ms.max(batch.stamp_ms);
+        self.idempotency.prune(self.time_ms, &self.limits);
+        batch
+            .commands
+            .iter()
+            .map(|command| self.apply_command(command))
+            .collect()
+    }
+
+    /// Cluster time of the applied state, in milliseconds.
+    pub fn time_ms(&self) -> u64 {
+        self.time_ms
+    }
+
+    /// The last fence granted.
+    pub fn fence_counter(&self) -> u64 {
+        self.fence_counter
+    }
+
+    /// The revision of the last state change.
+    pub fn revision(&self) -> u64 {
+        self.events.last_revision()
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// The number of sessions and leases held, dead or alive, across namespaces.
+    pub fn counts(&self) -> (usize, usize) {
+        self.namespaces
+            .values()
+            .fold((0, 0), |(sessions, leases), state| {
+                (sessions + state.sessions.len(), leases + state.leases.len())
+            })
+    }
+
+    /// The live lease on exactly `resource`, at the applied cluster time.
+    pub fn lease(&self, namespace: &Namespace, resource: &ResourcePath) -> Option<LeaseView> {
+        let state = self.namespaces.get(namespace)?;
+        let lease = state.leases.get(resource)?;
+        self.live_view(state, resource, lease)
+    }
+
+    /// Live leases whose path starts with `prefix` (as a string), after `cursor`, in path order.
+    pub fn leases(
+        &self,
+        namespace: &Namespace,
+        prefix: &str,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Page<LeaseView> {
+        let limit = limit.clamp(1, self.limits.list_page_max);
+        let Some(state) = self.namespaces.get(namespace) else {
+            return Page {
+                items: Vec::new(),
+                next_cursor: None,
+            };
+        };
+        let start = match cursor {
+            Some(cursor) if cursor >= prefix => Bound::Excluded(cursor),
+            _ => Bound::Included(prefix),
+        };
+        let mut items = Vec::new();
+        let mut next_cursor = None;
+        let range = state.leases.range::<str, _>((start, Bound::Unbounded));
+        for (resource, lease) in
+            range.take_while(|(resource, _)| resource.as_str().starts_with(prefix))
+        {
+            if let Some(view) = self.live_view(state, resource, lease) {
+                if items.len() == limit {
+                    next_cursor = items
+                        .last()
+                        .map(|last: &LeaseView| last.resource.to_string());
+                    break;
+                }
+                items.push(view);
+            }
+        }
+        Page { items, next_cursor }
+    }
+
+    /// The session, with its live leases, if it is alive.
+    pub fn session(
+        &self,
+        namespace: &Namespace,
+        session_id: SessionId,
+    ) -> Option<(SessionView, Vec<LeaseView>)> {
+        let state = self.namespaces.get(namespace)?;
+        let session = state.sessions.get(&session_id)?;
+        if session.deadline_ms <= self.time_ms {
+            return None;
+        }
+        let leases = session
+            .leases
+            .iter()
+            .filter_map(|resource| self.live_view(state, resource, state.leases.get(resource)?))
+            .collect();
+        Some((self.session_view(session_id, session), leases))
+    }
+
+    /// Whether `fence` is the live fence of `resource` (G4, for resources outside Baton).
+    pub fn fence_status(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        fence: u64,
+    ) -> FenceStatus {
+        let live_fence = self.lease(namespace, resource).map(|lease| lease.fence);
+        FenceStatus {
+            current: live_fence == Some(fence),
+            live_fence,
+        }
+    }
+
+    /// The events after revision `after`, at most `limit`; `None` when `after` is older than the
+    /// kept window, so a reader must re-list instead of silently missing changes.
+    pub fn events_after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
+        self.events
+            .after(after, limit.clamp(1, self.limits.list_page_max))
+    }
+
+    fn apply_command(&mut self, command: &Command) -> Response {
+        match command {
+            Command::Namespaced {
+                namespace,
+                idempotency,
+                op,
+            } => {
+                if let Some(tag) = idempotency {
+                    if let Err(rejection) = validate_idempotency_key(&tag.key, &self.limits) {
+                        return Response {
+                            outcome: Err(rejection),
+                            replayed: false,
+                        };
+                    }
+                    if let Some(replay) = self.idempotency.lookup(namespace, tag) {
+                        return replay;
+                    }
+                }
+                let outcome = self.apply_op(namespace, op);
+                if let (Some(tag), Ok(reply)) = (idempotency, &outcome) {
+                    self.idempotency.record(
+                        namespace,
+                        tag,
+                        reply.clone(),
+                        self.time_ms,
+                        &self.limits,
+                    );
+                }
+                if self
+                    .namespaces
+                    .get(namespace)
+                    .is_some_and(NamespaceState::is_empty)
+                {
+                    self.namespaces.remove(namespace);
+                }
+                Response {
+                    outcome,
+                    replayed: false,
+                }
+            }
+            Command::Sweep { max } => {
+                let (leases, sessions) = self.sweep(*max as usize);
+                Response {
+                    outcome: Ok(Reply::Swept { leases, sessions }),
+                    replayed: false,
+                }
+            }
+            Command::SetLimits(limits) => {
+                self.limits = limits.clone();
+                Response {
+                    outcome: Ok(Reply::LimitsSet),
+                    replayed: false,
+                }
+            }
+        }
+    }
+
+    fn apply_op(&mut self, namespace: &Namespace, op: &Op) -> Result<Reply, Rejection> {
+        Namespace::parse(namespace.as_str(), &self.limits)?;
+        match op {
+            Op::CreateSession(new_session) => self.create_session(namespace, new_session),
+            Op::Keepalive { session_id } => self.keepalive(namespace, *session_id),
+            Op::Release {
+                session_id,
+                resource,
+            } => self.release(namespace, *session_id, resource),
+            Op::EndSession { session_id } => self.end_session(namespace, *session_id),
+            Op::Acquire {
+                resource,
+                mode,
+                owner,
+                max_hold_ms,
+                labels,
+            } => self.acquire(namespace, resource, *mode, owner, *max_hold_ms, labels),
+            Op::KvPut { key, value, fence } => self.kv_put(namespace, key, value, fence.as_ref()),
+            Op::KvDelete { key, fence } => self.kv_delete(namespace, key, fence.as_ref()),
+        }
+    }
+
+    fn session_view(&self, session_id: SessionId, session: &Session) -> SessionView {
+        SessionView {
+            session_id,
+            holder: session.holder.clone(),
+            ttl_ms: session.ttl_ms,
+            labels: session.labels.clone(),
+            expires_in_ms: session.deadline_ms.saturating_sub(self.time_ms),
+        }
+    }
+
+    /// The lease's view if it is live at the applied cluster time.
+    fn live_view(
+        &self,
+        state: &NamespaceState,
+        resource: &ResourcePath,
+        lease: &Lease,
+    ) -> Option<LeaseView> {
+        let session = state.sessions.get(&lease.session_id)?;
+        let deadline_ms = lease_deadline(session, lease);
+        (self.time_ms < deadline_ms).then(|| LeaseView {
+            resource: resource.clone(),
+            fence: lease.fence,
+            holder: session.holder.clone(),
+            mode: lease.mode,
+            labels: lease.labels.clone(),
+            acquired_at_ms: lease.acquired_at_ms,
+            expires_in_ms: deadline_ms - self.time_ms,
+        })
+    }
+}
+
+/// The entries strictly below `resource` in a path-keyed map, in path order.
+fn descendants<'a, V>(
+    map: &'a BTreeMap<ResourcePath, V>,
+    resource: &ResourcePath,
+) -> impl Iterator<Item = (&'a ResourcePath, &'a V)> {
+    let (start, end) = resource.descendant_bounds();
+    map.range::<str, _>((
+        Bound::Included(start.as_str()),
+        Bound::Excluded(end.as_str()),
+    ))
+}
+
+/// A lease dies when its session does or when its max hold runs out, whichever is first.
+fn lease_deadline(session: &Session, lease: &Lease) -> u64 {
+    lease
+        .max_hold_deadline_ms
+        .map_or(session.deadline_ms, |max_hold| {
+            max_hold.min(session.deadline_ms)
+        })
+}

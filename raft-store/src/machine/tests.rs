@@ -1,0 +1,1023 @@
+//! Table-driven tests of every rule of the machine. Each table is a list of steps
+//! `(stamp_ms, op, expected)`; `check` applies each step as a one-command entry, checks the
+//! invariants, and compares the response rendered as a short line with the expectation.
+
+use super::*;
+
+const A: u128 = 1;
+const B: u128 = 2;
+const C: u128 = 3;
+
+fn namespace() -> Namespace {
+    Namespace::default_namespace()
+}
+
+fn path(text: &str) -> ResourcePath {
+    ResourcePath(text.to_owned())
+}
+
+fn new_session(session: u128, holder: &str, ttl_ms: u64) -> NewSession {
+    NewSession {
+        session_id: SessionId(session),
+        holder: holder.to_owned(),
+        ttl_ms,
+        labels: Labels::new(),
+    }
+}
+
+fn create(session: u128, holder: &str, ttl_ms: u64) -> Op {
+    Op::CreateSession(new_session(session, holder, ttl_ms))
+}
+
+fn acquire_as(session: u128, resource: &str, mode: LeaseMode) -> Op {
+    Op::Acquire {
+        resource: path(resource),
+        mode,
+        owner: Owner::Session(SessionId(session)),
+        max_hold_ms: None,
+        labels: Labels::new(),
+    }
+}
+
+fn acquire(session: u128, resource: &str) -> Op {
+    acquire_as(session, resource, LeaseMode::Exclusive)
+}
+
+fn acquire_subtree(session: u128, resource: &str) -> Op {
+    acquire_as(session, resource, LeaseMode::Subtree)
+}
+
+fn acquire_new(session: u128, holder: &str, ttl_ms: u64, resource: &str) -> Op {
+    Op::Acquire {
+        resource: path(resource),
+        mode: LeaseMode::Exclusive,
+        owner: Owner::NewSession(new_session(session, holder, ttl_ms)),
+        max_hold_ms: None,
+        labels: Labels::new(),
+    }
+}
+
+fn acquire_max_hold(session: u128, resource: &str, max_hold_ms: u64) -> Op {
+    Op::Acquire {
+        resource: path(resource),
+        mode: LeaseMode::Exclusive,
+        owner: Owner::Session(SessionId(session)),
+        max_hold_ms: Some(max_hold_ms),
+        labels: Labels::new(),
+    }
+}
+
+fn keepalive(session: u128) -> Op {
+    Op::Keepalive {
+        session_id: SessionId(session),
+    }
+}
+
+fn release(session: u128, resource: &str) -> Op {
+    Op::Release {
+        session_id: SessionId(session),
+        resource: path(resource),
+    }
+}
+
+fn end(session: u128) -> Op {
+    Op::EndSession {
+        session_id: SessionId(session),
+    }
+}
+
+fn fence(session: u128, resource: &str, token: u64) -> Option<FenceClaim> {
+    Some(FenceClaim {
+        resource: path(resource),
+        token,
+        session_id: SessionId(session),
+    })
+}
+
+fn put(key: &str, value: &str, fence: Option<FenceClaim>) -> Op {
+    Op::KvPut {
+        key: path(key),
+        value: value.to_owned(),
+        fence,
+    }
+}
+
+fn delete(key: &str, fence: Option<FenceClaim>) -> Op {
+    Op::KvDelete {
+        key: path(key),
+        fence,
+    }
+}
+
+fn command(op: Op) -> Command {
+    Command::Namespaced {
+        namespace: namespace(),
+        idempotency: None,
+        op,
+    }
+}
+
+/// One response as a short line: `granted fence=1 expires_in=1000`, `LEASE_HELD a fence=1 ...`.
+fn render(response: &Response) -> String {
+    let line = match &response.outcome {
+        Ok(Reply::SessionCreated(view)) => format!("session expires_in={}", view.expires_in_ms),
+        Ok(Reply::KeptAlive { expires_in_ms, .. }) => {
+            format!("kept_alive expires_in={expires_in_ms}")
+        }
+        Ok(Reply::Released { fence, .. }) => format!("released fence={fence}"),
+        Ok(Reply::SessionEnded { released }) => {
+            let released: Vec<&str> = released.iter().map(ResourcePath::as_str).collect();
+            format!("ended [{}]", released.join(","))
+        }
+        Ok(Reply::Granted(grant)) => format!(
+            "granted fence={} expires_in={}",
+            grant.lease.fence, grant.lease.expires_in_ms
+        ),
+        Ok(Reply::KvWritten { revision }) => format!("written rev={revision}"),
+        Ok(Reply::KvDeleted { revision }) => format!("deleted rev={revision}"),
+        Ok(Reply::Swept { leases, sessions }) => {
+            format!("swept leases={leases} sessions={sessions}")
+        }
+        Ok(Reply::LimitsSet) => "limits_set".to_owned(),
+        Err(Rejection::LeaseHeld { held_by, .. }) => {
+            format!(
+                "LEASE_HELD {} fence={} expires_in={}",
+                held_by.holder, held_by.fence, held_by.expires_in_ms
+            )
+        }
+        Err(Rejection::StaleFence { current_fence, .. }) => match current_fence {
+            Some(current) => format!("STALE_FENCE current={current}"),
+            None => "STALE_FENCE current=none".to_owned(),
+        },
+        Err(rejection) => rejection.code().to_owned(),
+    };
+    if response.replayed {
+        format!("replay {line}")
+    } else {
+        line
+    }
+}
+
+/// Applies a command at a stamp, checks the invariants and returns the rendered response.
+fn step(machine: &mut Machine, stamp_ms: u64, command: Command) -> String {
+    let responses = machine.apply(&Batch {
+        stamp_ms,
+        commands: vec![command],
+    });
+    machine
+        .check_invariants()
+        .unwrap_or_else(|broken| panic!("invariant broken: {broken}"));
+    assert_eq!(responses.len(), 1);
+    render(&responses[0])
+}
+
+fn check_on(machine: &mut Machine, steps: Vec<(u64, Op, &str)>) {
+    for (index, (stamp_ms, op, expected)) in steps.into_iter().enumerate() {
+        let rendered = step(machine, stamp_ms, command(op));
+        assert_eq!(rendered, expected, "step {index} at t={stamp_ms}");
+    }
+}
+
+fn check(steps: Vec<(u64, Op, &str)>) -> Machine {
+    let mut machine = Machine::default();
+    check_on(&mut machine, steps);
+    machine
+}
+
+#[test]
+fn conflicts_follow_g2_exactly() {
+    use LeaseMode::{Exclusive as X, Subtree as S};
+    let table = [
+        // (held, held mode, wanted, wanted mode, conflicts)
+        ("a/b", X, "a/b", X, true),
+        ("a/b", X, "a/b", S, true),
+        ("a/b", S, "a/b", X, true),
+        ("a/b", S, "a/b", S, true),
+        ("a", S, "a/b", X, true),
+        ("a", S, "a/b/c", S, true),
+        ("a/b/c", X, "a", S, true),
+        ("a/b", S, "a", S, true),
+        ("a", X, "a/b", X, false),
+        ("a", X, "a/b", S, false),
+        ("a/b", X, "a", X, false),
+        ("a/b", S, "a", X, false),
+        ("a/b", X, "a/bc", X, false),
+        ("a/b", S, "a/bc", X, false),
+        ("a/b", S, "a/bc", S, false),
+        ("a/bc", X, "a/b", S, false),
+        ("a/b", X, "a/c", S, false),
+        ("ab", S, "a", S, false),
+        ("a", S, "ab", X, false),
+    ];
+    for (held, held_mode, wanted, wanted_mode, conflicts) in table {
+        let mut machine = Machine::default();
+        step(&mut machine, 0, command(create(A, "agent-a", 10_000)));
+        step(&mut machine, 0, command(create(B, "agent-b", 10_000)));
+        assert_eq!(
+            step(&mut machine, 0, command(acquire_as(A, held, held_mode))),
+            "granted fence=1 expires_in=10000"
+        );
+        let expected = if conflicts {
+            "LEASE_HELD agent-a fence=1 expires_in=10000"
+        } else {
+            "granted fence=2 expires_in=10000"
+        };
+        assert_eq!(
+            step(&mut machine, 0, command(acquire_as(B, wanted, wanted_mode))),
+            expected,
+            "{held} ({held_mode:?}) then {wanted} ({wanted_mode:?})"
+        );
+    }
+}
+
+#[test]
+fn lease_lifecycle_with_denial_keepalive_release_and_higher_fence() {
+    check(vec![
+        (0, create(A, "agent-a", 5_000), "session expires_in=5000"),
+        (0, create(B, "agent-b", 5_000), "session expires_in=5000"),
+        (
+            100,
+            acquire(A, "repo/src/auth.rs"),
+            "granted fence=1 expires_in=4900",
+        ),
+        (
+            200,
+            acquire(B, "repo/src/auth.rs"),
+            "LEASE_HELD agent-a fence=1 expires_in=4800",
+        ),
+        (
+            300,
+            acquire(A, "repo/src/auth.rs"),
+            "LEASE_HELD agent-a fence=1 expires_in=4700",
+        ),
+        (1_000, keepalive(A), "kept_alive expires_in=5000"),
+        (
+            1_000,
+            acquire(B, "repo/src/auth.rs"),
+            "LEASE_HELD agent-a fence=1 expires_in=5000",
+        ),
+        (1_500, release(A, "repo/src/auth.rs"), "released fence=1"),
+        (1_500, release(A, "repo/src/auth.rs"), "LEASE_LOST"),
+        (
+            1_500,
+            acquire(B, "repo/src/auth.rs"),
+            "granted fence=2 expires_in=3500",
+        ),
+    ]);
+}
+
+#[test]
+fn acquire_can_create_its_session_and_a_refused_one_creates_none() {
+    let machine = check(vec![
+        (
+            0,
+            acquire_new(A, "agent-a", 2_000, "x"),
+            "granted fence=1 expires_in=2000",
+        ),
+        (
+            0,
+            acquire_new(B, "agent-b", 2_000, "x"),
+            "LEASE_HELD agent-a fence=1 expires_in=2000",
+        ),
+        (0, keepalive(B), "LEASE_LOST"),
+        (0, acquire_new(B, "agent-b", 999, "y"), "INVALID_ARGUMENT"),
+        (0, keepalive(B), "LEASE_LOST"),
+    ]);
+    assert_eq!(machine.counts(), (1, 1));
+}
+
+#[test]
+fn expiry_happens_exactly_at_the_deadline() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, acquire(A, "r"), "granted fence=1 expires_in=1000"),
+        (0, create(B, "agent-b", 10_000), "session expires_in=10000"),
+        (
+            999,
+            acquire(B, "r"),
+            "LEASE_HELD agent-a fence=1 expires_in=1",
+        ),
+        (1_000, keepalive(A), "LEASE_LOST"),
+        (1_000, release(A, "r"), "LEASE_LOST"),
+        (1_000, end(A), "NOT_FOUND"),
+    ]);
+    assert!(
+        machine.lease(&namespace(), &path("r")).is_none(),
+        "dead at the deadline, before any sweep"
+    );
+    let before = machine.revision();
+    check_on(
+        &mut machine,
+        vec![(1_000, acquire(B, "r"), "granted fence=2 expires_in=9000")],
+    );
+    let events = machine.events_after(before, 10).expect("in the window");
+    let kinds: Vec<_> = events.iter().map(|event| &event.kind).collect();
+    assert!(
+        matches!(
+            kinds.as_slice(),
+            [
+                EventKind::Expired { fence: 1, .. },
+                EventKind::Granted { fence: 2, .. }
+            ]
+        ),
+        "the expired event comes before the grant: {kinds:?}"
+    );
+}
+
+#[test]
+fn keepalive_renews_every_lease_of_the_session() {
+    check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, create(B, "agent-b", 10_000), "session expires_in=10000"),
+        (0, acquire(A, "p/1"), "granted fence=1 expires_in=1000"),
+        (0, acquire(A, "p/2"), "granted fence=2 expires_in=1000"),
+        (900, keepalive(A), "kept_alive expires_in=1000"),
+        (1_800, keepalive(A), "kept_alive expires_in=1000"),
+        (
+            2_500,
+            acquire(B, "p/1"),
+            "LEASE_HELD agent-a fence=1 expires_in=300",
+        ),
+        (
+            2_500,
+            acquire(B, "p/2"),
+            "LEASE_HELD agent-a fence=2 expires_in=300",
+        ),
+        (2_800, acquire(B, "p/2"), "granted fence=3 expires_in=7200"),
+    ]);
+}
+
+#[test]
+fn max_hold_caps_a_lease_even_while_keepalives_continue() {
+    check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, create(B, "agent-b", 10_000), "session expires_in=10000"),
+        (
+            0,
+            acquire_max_hold(A, "m", 1_500),
+            "granted fence=1 expires_in=1000",
+        ),
+        (800, keepalive(A), "kept_alive expires_in=1000"),
+        (
+            1_000,
+            acquire(B, "m"),
+            "LEASE_HELD agent-a fence=1 expires_in=500",
+        ),
+        (1_400, keepalive(A), "kept_alive expires_in=1000"),
+        (1_500, acquire(B, "m"), "granted fence=2 expires_in=8500"),
+        (1_500, release(A, "m"), "LEASE_LOST"),
+        (1_500, keepalive(A), "kept_alive expires_in=1000"),
+        (1_500, acquire_max_hold(A, "n", 0), "INVALID_ARGUMENT"),
+        (
+            1_500,
+            acquire_max_hold(A, "n", 86_400_001),
+            "INVALID_ARGUMENT",
+        ),
+    ]);
+}
+
+#[test]
+fn end_session_releases_everything_it_holds() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 5_000), "session expires_in=5000"),
+        (0, acquire(A, "x"), "granted fence=1 expires_in=5000"),
+        (
+            0,
+            acquire_subtree(A, "y"),
+            "granted fence=2 expires_in=5000",
+        ),
+        (10, end(A), "ended [x,y]"),
+        (10, end(A), "NOT_FOUND"),
+        (10, keepalive(A), "LEASE_LOST"),
+    ]);
+    assert_eq!(machine.counts(), (0, 0));
+    check_on(
+        &mut machine,
+        vec![(
+            10,
+            acquire_new(B, "agent-b", 1_000, "y/z"),
+            "granted fence=3 expires_in=1000",
+        )],
+    );
+}
+
+#[test]
+fn the_fenced_write_of_a_stale_holder_is_refused() {
+    // Kleppmann's example: A's lease expires while A is paused; B acquires; A's late write must
+    // not land, nor may anyone use B's public fence without B's session.
+    let machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, acquire(A, "db"), "granted fence=1 expires_in=1000"),
+        (
+            10,
+            put("db/row", "\"from-a\"", fence(A, "db", 1)),
+            "written rev=2",
+        ),
+        (
+            2_000,
+            acquire_new(B, "agent-b", 5_000, "db"),
+            "granted fence=2 expires_in=5000",
+        ),
+        (
+            2_001,
+            put("db/row", "\"late-a\"", fence(A, "db", 1)),
+            "STALE_FENCE current=2",
+        ),
+        (
+            2_002,
+            put("db/row", "\"forged\"", fence(A, "db", 2)),
+            "STALE_FENCE current=2",
+        ),
+        (
+            2_003,
+            put("db/row", "\"from-b\"", fence(B, "db", 2)),
+            "written rev=5",
+        ),
+        (
+            2_004,
+            delete("db/row", fence(A, "db", 1)),
+            "STALE_FENCE current=2",
+        ),
+        (
+            2_005,
+            put("other", "1", fence(B, "nothing-held", 2)),
+            "STALE_FENCE current=none",
+        ),
+    ]);
+    let stored = machine
+        .kv_get(&namespace(), &path("db/row"))
+        .expect("stored");
+    assert_eq!(stored.value, "\"from-b\"");
+    assert_eq!(stored.fence, Some((path("db"), 2)));
+    assert_eq!(stored.revision, 5);
+}
+
+#[test]
+fn unfenced_kv_writes_and_deletes() {
+    let machine = check(vec![
+        (0, put("k", "1", None), "written rev=1"),
+        (0, put("k", "2", None), "written rev=2"),
+        (0, delete("k", None), "deleted rev=3"),
+        (0, delete("k", None), "NOT_FOUND"),
+        (0, put("k//x", "1", None), "INVALID_ARGUMENT"),
+    ]);
+    assert!(machine.kv_get(&namespace(), &path("k")).is_none());
+}
+
+#[test]
+fn fence_status_reports_the_live_fence_only() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, acquire(A, "f"), "granted fence=1 expires_in=1000"),
+    ]);
+    assert_eq!(
+        machine.fence_status(&namespace(), &path("f"), 1),
+        FenceStatus {
+            current: true,
+            live_fence: Some(1)
+        }
+    );
+    assert_eq!(
+        machine.fence_status(&namespace(), &path("f"), 0),
+        FenceStatus {
+            current: false,
+            live_fence: Some(1)
+        }
+    );
+    machine.apply(&Batch::tick(1_000));
+    assert_eq!(
+        machine.fence_status(&namespace(), &path("f"), 1),
+        FenceStatus {
+            current: false,
+            live_fence: None
+        }
+    );
+}
+
+#[test]
+fn cluster_time_never_goes_backwards_whatever_the_stamps() {
+    let mut machine = Machine::default();
+    for (stamp_ms, expected_ms) in [
+        (100, 100),
+        (50, 100),
+        (100, 100),
+        (5_000, 5_000),
+        (0, 5_000),
+    ] {
+        machine.apply(&Batch::tick(stamp_ms));
+        assert_eq!(machine.time_ms(), expected_ms);
+    }
+    // An entry stamped before a deadline but applied after a later one still decides at the
+    // later time.
+    check_on(
+        &mut machine,
+        vec![
+            (
+                5_000,
+                create(A, "agent-a", 1_000),
+                "session expires_in=1000",
+            ),
+            (5_000, acquire(A, "r"), "granted fence=1 expires_in=1000"),
+            (7_000, keepalive(A), "LEASE_LOST"),
+            (
+                5_500,
+                acquire_new(B, "agent-b", 1_000, "r"),
+                "granted fence=2 expires_in=1000",
+            ),
+        ],
+    );
+}
+
+#[test]
+fn sweep_removes_dead_things_in_bounded_batches() {
+    let mut machine = Machine::default();
+    for session in 1..=3u128 {
+        step(&mut machine, 0, command(create(session, "agent", 1_000)));
+        step(
+            &mut machine,
+            0,
+            command(acquire(session, &format!("s/{session}/a"))),
+        );
+        step(
+            &mut machine,
+            0,
+            command(acquire(session, &format!("s/{session}/b"))),
+        );
+    }
+    step(&mut machine, 0, command(create(10, "keeper", 10_000)));
+    step(
+        &mut machine,
+        0,
+        command(acquire_max_hold(10, "held", 1_000)),
+    );
+    step(&mut machine, 0, command(acquire(10, "kept")));
+    assert_eq!(machine.counts(), (4, 8));
+    assert_eq!(
+        step(&mut machine, 500, Command::Sweep { max: 100 }),
+        "swept leases=0 sessions=0"
+    );
+    assert_eq!(
+        step(&mut machine, 1_000, Command::Sweep { max: 4 }),
+        "swept leases=3 sessions=1"
+    );
+    assert_eq!(machine.counts(), (3, 5));
+    assert_eq!(
+        step(&mut machine, 1_000, Command::Sweep { max: 100 }),
+        "swept leases=4 sessions=2"
+    );
+    assert_eq!(machine.counts(), (1, 1));
+    assert!(machine.lease(&namespace(), &path("kept")).is_some());
+    let expired = machine
+        .events_after(0, 1_000)
+        .expect("window")
+        .iter()
+        .filter(|event| matches!(event.kind, EventKind::Expired { .. }))
+        .count();
+    assert_eq!(expired, 7);
+}
+
+#[test]
+fn subtree_acquire_clears_dead_leases_below_it() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, acquire(A, "t/1"), "granted fence=1 expires_in=1000"),
+        (0, acquire(A, "t/2"), "granted fence=2 expires_in=1000"),
+        (0, create(B, "agent-b", 5_000), "session expires_in=5000"),
+        (
+            500,
+            acquire_subtree(B, "t"),
+            "LEASE_HELD agent-a fence=1 expires_in=500",
+        ),
+        (
+            1_000,
+            acquire_subtree(B, "t"),
+            "granted fence=3 expires_in=4000",
+        ),
+    ]);
+    assert_eq!(machine.counts(), (2, 1));
+    check_on(
+        &mut machine,
+        vec![(
+            1_000,
+            acquire_new(C, "agent-c", 1_000, "t/1"),
+            "LEASE_HELD agent-b fence=3 expires_in=4000",
+        )],
+    );
+}
+
+fn tagged(key: &str, fingerprint: u8, op: Op) -> Command {
+    Command::Namespaced {
+        namespace: namespace(),
+        idempotency: Some(IdempotencyTag {
+            key: key.to_owned(),
+            fingerprint: [fingerprint; 32],
+        }),
+        op,
+    }
+}
+
+#[test]
+fn idempotent_retries_replay_the_first_answer() {
+    let key = "0f5e7a8c-1111-4222-8333-944455556666";
+    let mut machine = Machine::default();
+    let first = machine.apply(&Batch {
+        stamp_ms: 0,
+        commands: vec![tagged(key, 1, acquire_new(A, "agent-a", 5_000, "r"))],
+    });
+    assert_eq!(render(&first[0]), "granted fence=1 expires_in=5000");
+    // A retry (the leader drew a new session id for it) replays the first grant.
+    let retry = machine.apply(&Batch {
+        stamp_ms: 100,
+        commands: vec![tagged(key, 1, acquire_new(B, "agent-a", 5_000, "r"))],
+    });
+    assert_eq!(render(&retry[0]), "replay granted fence=1 expires_in=5000");
+    assert_eq!(first[0].outcome, retry[0].outcome, "identical body");
+    assert_eq!(machine.counts(), (1, 1), "applied at most once");
+    assert_eq!(
+        step(
+            &mut machine,
+            100,
+            tagged(key, 2, acquire_new(B, "agent-a", 5_000, "s"))
+        ),
+        "IDEMPOTENCY_KEY_REUSED"
+    );
+    // The same key in another namespace is another key.
+    let other = Command::Namespaced {
+        namespace: Namespace("other".to_owned()),
+        idempotency: Some(IdempotencyTag {
+            key: key.to_owned(),
+            fingerprint: [2; 32],
+        }),
+        op: put("k", "1", None),
+    };
+    assert_eq!(step(&mut machine, 100, other), "written rev=2");
+    // After 24 h of cluster time the record is gone and the key is evaluated afresh.
+    let day_ms = 24 * 60 * 60 * 1_000;
+    assert_eq!(
+        step(&mut machine, day_ms, tagged(key, 2, put("k", "2", None))),
+        "written rev=3"
+    );
+}
+
+#[test]
+fn refusals_are_not_recorded_and_a_retry_is_evaluated_afresh() {
+    let key = "refused-request-key-0001";
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, acquire(A, "r"), "granted fence=1 expires_in=1000"),
+    ]);
+    assert_eq!(
+        step(
+            &mut machine,
+            10,
+            tagged(key, 1, acquire_new(B, "agent-b", 1_000, "r"))
+        ),
+        "LEASE_HELD agent-a fence=1 expires_in=990"
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            1_000,
+            tagged(key, 1, acquire_new(B, "agent-b", 1_000, "r"))
+        ),
+        "granted fence=2 expires_in=1000"
+    );
+    assert_eq!(
+        step(&mut machine, 1_000, tagged("short", 1, put("k", "1", None))),
+        "INVALID_ARGUMENT"
+    );
+}
+
+#[test]
+fn idempotency_records_are_bounded_oldest_first() {
+    let mut machine = Machine::default();
+    let limits = Limits {
+        idempotency_keys_max: 2,
+        ..Limits::default()
+    };
+    step(&mut machine, 0, Command::SetLimits(limits));
+    for (index, key) in [
+        "key-number-one-0000",
+        "key-number-two-0000",
+        "key-number-three-00",
+    ]
+    .iter()
+    .enumerate()
+    {
+        step(
+            &mut machine,
+            index as u64,
+            tagged(key, 1, put("k", "1", None)),
+        );
+    }
+    assert_eq!(
+        step(
+            &mut machine,
+            10,
+            tagged("key-number-three-00", 1, put("k", "1", None))
+        ),
+        "replay written rev=3"
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            10,
+            tagged("key-number-one-0000", 1, put("k", "1", None))
+        ),
+        "written rev=4"
+    );
+}
+
+fn with_limits(change: impl FnOnce(&mut Limits)) -> Machine {
+    let mut limits = Limits::default();
+    change(&mut limits);
+    Machine::new(limits)
+}
+
+#[test]
+fn every_limit_is_refused_with_its_code_and_changes_nothing() {
+    let long = "x".repeat(129);
+    let deep = vec!["d"; 33].join("/");
+    let wide = "w".repeat(513);
+    let mut many_labels = Labels::new();
+    for index in 0..17 {
+        many_labels.insert(format!("k{index}"), "v".to_owned());
+    }
+    let mut long_label = Labels::new();
+    long_label.insert("k".to_owned(), long.clone());
+    let big_value = format!("\"{}\"", "v".repeat(256 * 1024));
+    let table: Vec<(Op, &str)> = vec![
+        (create(A, "agent-a", 999), "INVALID_ARGUMENT"),
+        (create(A, "agent-a", 3_600_001), "INVALID_ARGUMENT"),
+        (create(A, "", 1_000), "INVALID_ARGUMENT"),
+        (create(A, &long, 1_000), "INVALID_ARGUMENT"),
+        (
+            Op::CreateSession(NewSession {
+                labels: many_labels.clone(),
+                ..new_session(A, "a", 1_000)
+            }),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Op::CreateSession(NewSession {
+                labels: long_label.clone(),
+                ..new_session(A, "a", 1_000)
+            }),
+            "INVALID_ARGUMENT",
+        ),
+        (acquire_new(A, "agent-a", 1_000, &deep), "INVALID_ARGUMENT"),
+        (acquire_new(A, "agent-a", 1_000, &wide), "INVALID_ARGUMENT"),
+        (acquire_new(A, "agent-a", 1_000, "a//b"), "INVALID_ARGUMENT"),
+        (acquire_new(A, "agent-a", 1_000, "/a"), "INVALID_ARGUMENT"),
+        (acquire_new(A, "agent-a", 1_000, "a/"), "INVALID_ARGUMENT"),
+        (acquire_new(A, "agent-a", 1_000, ""), "INVALID_ARGUMENT"),
+        (
+            Op::Acquire {
+                resource: path("r"),
+                mode: LeaseMode::Exclusive,
+                owner: Owner::NewSession(new_session(A, "agent-a", 1_000)),
+                max_hold_ms: None,
+                labels: many_labels,
+            },
+            "INVALID_ARGUMENT",
+        ),
+        (put("k", &big_value, None), "PAYLOAD_TOO_LARGE"),
+        (put(&wide, "1", None), "INVALID_ARGUMENT"),
+    ];
+    for (op, expected) in table {
+        let mut machine = Machine::default();
+        machine.apply(&Batch::tick(5));
+        let before = machine.encode_snapshot().expect("encode");
+        assert_eq!(
+            step(&mut machine, 5, command(op.clone())),
+            expected,
+            "{op:?}"
+        );
+        assert_eq!(
+            machine.encode_snapshot().expect("encode"),
+            before,
+            "state untouched by {op:?}"
+        );
+    }
+    // The path limits themselves are the edges: 32 segments and 512 bytes are allowed.
+    let deepest = vec!["d"; 32].join("/");
+    let widest = "w".repeat(512);
+    check(vec![
+        (
+            0,
+            acquire_new(A, "agent-a", 1_000, &deepest),
+            "granted fence=1 expires_in=1000",
+        ),
+        (
+            0,
+            acquire_new(B, &"h".repeat(128), 3_600_000, &widest),
+            "granted fence=2 expires_in=3600000",
+        ),
+    ]);
+}
+
+#[test]
+fn stateful_limits_answer_resource_exhausted() {
+    let mut machine = with_limits(|limits| {
+        limits.leases_per_session_max = 2;
+        limits.sessions_per_namespace_max = 2;
+        limits.kv_keys_per_namespace_max = 1;
+    });
+    check_on(
+        &mut machine,
+        vec![
+            (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+            (0, acquire(A, "1"), "granted fence=1 expires_in=1000"),
+            (0, acquire(A, "2"), "granted fence=2 expires_in=1000"),
+            (0, acquire(A, "3"), "RESOURCE_EXHAUSTED"),
+            (0, release(A, "2"), "released fence=2"),
+            (0, acquire(A, "3"), "granted fence=3 expires_in=1000"),
+            (0, create(B, "agent-b", 1_000), "session expires_in=1000"),
+            (0, create(C, "agent-c", 1_000), "RESOURCE_EXHAUSTED"),
+            (
+                0,
+                acquire_new(C, "agent-c", 1_000, "4"),
+                "RESOURCE_EXHAUSTED",
+            ),
+            (0, put("k", "1", None), "written rev=5"),
+            (0, put("k", "2", None), "written rev=6"),
+            (0, put("j", "1", None), "RESOURCE_EXHAUSTED"),
+        ],
+    );
+    let mut other = Machine::default();
+    let limits = Limits {
+        leases_per_session_max: 1,
+        ..Limits::default()
+    };
+    assert_eq!(
+        step(&mut other, 0, Command::SetLimits(limits)),
+        "limits_set"
+    );
+    check_on(
+        &mut other,
+        vec![
+            (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+            (0, acquire(A, "1"), "granted fence=1 expires_in=1000"),
+            (0, acquire(A, "2"), "RESOURCE_EXHAUSTED"),
+        ],
+    );
+}
+
+#[test]
+fn events_resume_after_a_revision_and_refuse_one_outside_the_window() {
+    let mut machine = with_limits(|limits| limits.events_kept_max = 3);
+    for index in 0..5 {
+        step(
+            &mut machine,
+            0,
+            command(put(&format!("k{index}"), "1", None)),
+        );
+    }
+    assert_eq!(machine.revision(), 5);
+    let revisions = |events: Vec<Event>| {
+        events
+            .iter()
+            .map(|event| event.revision)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        machine.events_after(2, 10).map(revisions),
+        Some(vec![3, 4, 5])
+    );
+    assert_eq!(machine.events_after(3, 1).map(revisions), Some(vec![4]));
+    assert_eq!(machine.events_after(5, 10).map(revisions), Some(vec![]));
+    assert_eq!(
+        machine.events_after(1, 10),
+        None,
+        "revision 2 has left the window"
+    );
+}
+
+#[test]
+fn lists_page_through_live_leases_by_prefix() {
+    let mut machine = Machine::default();
+    step(&mut machine, 0, command(create(A, "agent-a", 1_000)));
+    step(&mut machine, 0, command(create(B, "agent-b", 5_000)));
+    for resource in ["p/a", "p/b", "p/c", "q/a"] {
+        step(&mut machine, 0, command(acquire(B, resource)));
+    }
+    step(&mut machine, 0, command(acquire(A, "p/bb")));
+    machine.apply(&Batch::tick(1_000));
+    let names = |page: &Page<LeaseView>| {
+        page.items
+            .iter()
+            .map(|lease| lease.resource.to_string())
+            .collect::<Vec<_>>()
+    };
+    let first = machine.leases(&namespace(), "p/", None, 2);
+    assert_eq!(names(&first), ["p/a", "p/b"]);
+    assert_eq!(first.next_cursor.as_deref(), Some("p/b"));
+    let second = machine.leases(&namespace(), "p/", first.next_cursor.as_deref(), 2);
+    assert_eq!(names(&second), ["p/c"], "the expired p/bb is not listed");
+    assert_eq!(second.next_cursor, None);
+    let (session, leases) = machine.session(&namespace(), SessionId(B)).expect("live");
+    assert_eq!((session.holder.as_str(), leases.len()), ("agent-b", 4));
+    assert!(machine.session(&namespace(), SessionId(A)).is_none());
+}
+
+#[test]
+fn namespaces_are_isolated() {
+    let mut machine = Machine::default();
+    let in_other = |op| Command::Namespaced {
+        namespace: Namespace("team-b".to_owned()),
+        idempotency: None,
+        op,
+    };
+    step(
+        &mut machine,
+        0,
+        command(acquire_new(A, "agent-a", 1_000, "r")),
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            0,
+            in_other(acquire_new(B, "agent-b", 1_000, "r"))
+        ),
+        "granted fence=2 expires_in=1000"
+    );
+    assert_eq!(step(&mut machine, 0, in_other(keepalive(A))), "LEASE_LOST");
+    let bad = Command::Namespaced {
+        namespace: Namespace("bad/ns".to_owned()),
+        idempotency: None,
+        op: put("k", "1", None),
+    };
+    assert_eq!(step(&mut machine, 0, bad), "INVALID_ARGUMENT");
+}
+
+#[test]
+fn snapshots_round_trip_and_refuse_garbage() {
+    let machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (
+            0,
+            acquire_max_hold(A, "a/b", 500),
+            "granted fence=1 expires_in=500",
+        ),
+        (
+            0,
+            acquire_subtree(A, "c"),
+            "granted fence=2 expires_in=1000",
+        ),
+        (0, put("k", "{\"x\":1}", fence(A, "c", 2)), "written rev=3"),
+    ]);
+    let bytes = machine.encode_snapshot().expect("encode");
+    let decoded = Machine::decode_snapshot(&bytes).expect("decode");
+    assert_eq!(decoded, machine);
+    assert_eq!(decoded.encode_snapshot().expect("encode"), bytes);
+
+    let mut future = bytes.clone();
+    future[4] = 2;
+    assert!(matches!(
+        Machine::decode_snapshot(&future),
+        Err(CodecError::UnsupportedVersion(2))
+    ));
+    assert!(matches!(
+        Machine::decode_snapshot(b"nope"),
+        Err(CodecError::BadMagic)
+    ));
+    for cut in [8, bytes.len() / 2, bytes.len() - 1] {
+        assert!(
+            Machine::decode_snapshot(&bytes[..cut]).is_err(),
+            "truncated at {cut}"
+        );
+    }
+    let mut trailing = bytes.clone();
+    trailing.push(0);
+    assert!(Machine::decode_snapshot(&trailing).is_err());
+
+    let batch = Batch {
+        stamp_ms: 7,
+        commands: vec![command(keepalive(A)), Command::Sweep { max: 3 }],
+    };
+    let encoded = encode_batch(&batch).expect("encode");
+    assert_eq!(decode_batch(&encoded).expect("decode"), batch);
+    let mut unknown_version = encoded.clone();
+    unknown_version[0] = 9;
+    assert!(decode_batch(&unknown_version).is_err());
+    assert!(decode_batch(&[]).is_err());
+}
+
+#[test]
+fn paths_parse_by_segments() {
+    let limits = Limits::default();
+    let parsed = ResourcePath::parse("a/b/c", &limits).expect("valid");
+    assert_eq!(parsed.ancestors().collect::<Vec<_>>(), ["a", "a/b"]);
+    assert!(parsed.is_within(&path("a/b")));
+    assert!(!path("a/bc").is_within(&path("a/b")));
+    assert!(
+        ResourcePath::parse("a/ /c", &limits).is_ok(),
+        "a blank segment is not empty"
+    );
+    assert_eq!(
+        SessionId::parse(&SessionId(255).to_string()).expect("round trip"),
+        SessionId(255)
+    );
+    assert!(SessionId::parse("FF").is_err());
+    assert!(SessionId::parse(&"G".repeat(32)).is_err());
+}

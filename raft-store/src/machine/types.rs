@@ -1,0 +1,289 @@
+//! Validated domain values: namespaces, resource paths, session ids, holders, labels, and the
+//! limits that bound them. Everything here is parsed once at the edge (`parse`) and then trusted
+//! by the rest of the machine. No I/O, no clock.
+
+use std::borrow::Borrow;
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+use super::command::Rejection;
+
+/// The limits of SPEC section 8, plus the few internal bounds the machine needs.
+///
+/// They are part of the replicated state (changed only through the `SetLimits` command), so
+/// every replica decides with the same numbers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    pub ttl_ms_min: u64,
+    pub ttl_ms_max: u64,
+    pub max_hold_ms_max: u64,
+    pub path_bytes_max: usize,
+    pub path_segments_max: usize,
+    pub namespace_bytes_max: usize,
+    pub holder_chars_max: usize,
+    pub label_chars_max: usize,
+    pub labels_max: usize,
+    pub leases_per_session_max: usize,
+    pub sessions_per_namespace_max: usize,
+    pub kv_keys_per_namespace_max: usize,
+    pub kv_value_bytes_max: usize,
+    pub task_payload_bytes_max: usize,
+    pub tasks_per_queue_max: usize,
+    pub list_page_max: usize,
+    pub idempotency_key_chars_min: usize,
+    pub idempotency_key_chars_max: usize,
+    pub idempotency_ttl_ms: u64,
+    pub idempotency_keys_max: usize,
+    pub events_kept_max: usize,
+    pub sweep_batch_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            ttl_ms_min: 1_000,
+            ttl_ms_max: 3_600_000,
+            max_hold_ms_max: 86_400_000,
+            path_bytes_max: 512,
+            path_segments_max: 32,
+            namespace_bytes_max: 128,
+            holder_chars_max: 128,
+            label_chars_max: 128,
+            labels_max: 16,
+            leases_per_session_max: 10_000,
+            sessions_per_namespace_max: 1_000_000,
+            kv_keys_per_namespace_max: 1_000_000,
+            kv_value_bytes_max: 256 * 1024,
+            task_payload_bytes_max: 256 * 1024,
+            tasks_per_queue_max: 1_000_000,
+            list_page_max: 1_000,
+            idempotency_key_chars_min: 16,
+            idempotency_key_chars_max: 255,
+            idempotency_ttl_ms: 24 * 60 * 60 * 1_000,
+            idempotency_keys_max: 1_000_000,
+            events_kept_max: 100_000,
+            sweep_batch_max: 1_000,
+        }
+    }
+}
+
+/// An isolated set of sessions, leases and keys. `[A-Za-z0-9._-]`, 1..=`namespace_bytes_max`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Namespace(pub(in crate::machine) String);
+
+impl Namespace {
+    pub fn parse(text: &str, limits: &Limits) -> Result<Namespace, Rejection> {
+        let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        if text.is_empty() || text.len() > limits.namespace_bytes_max {
+            return Err(Rejection::invalid(format!(
+                "namespace must be 1..={} bytes, got {}",
+                limits.namespace_bytes_max,
+                text.len()
+            )));
+        }
+        if !text.chars().all(valid_char) {
+            return Err(Rejection::invalid(format!(
+                "namespace {text:?} may only contain letters, digits, '.', '_' and '-'"
+            )));
+        }
+        Ok(Namespace(text.to_owned()))
+    }
+
+    pub fn default_namespace() -> Namespace {
+        Namespace("default".to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Namespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A `/`-separated path naming a resource or a key: 1..=`path_bytes_max` bytes, at most
+/// `path_segments_max` segments, no empty segment (so no leading, trailing or double `/`).
+///
+/// Ordered as its string, so the paths under `a/b` are exactly the range `a/b/` .. `a/b0`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct ResourcePath(pub(in crate::machine) String);
+
+impl ResourcePath {
+    pub fn parse(text: &str, limits: &Limits) -> Result<ResourcePath, Rejection> {
+        if text.is_empty() || text.len() > limits.path_bytes_max {
+            return Err(Rejection::invalid(format!(
+                "path must be 1..={} bytes, got {}",
+                limits.path_bytes_max,
+                text.len()
+            )));
+        }
+        let mut segments = 0;
+        for segment in text.split('/') {
+            if segment.is_empty() {
+                return Err(Rejection::invalid(format!(
+                    "path {text:?} has an empty segment: no leading, trailing or double '/'"
+                )));
+            }
+            segments += 1;
+        }
+        if segments > limits.path_segments_max {
+            return Err(Rejection::invalid(format!(
+                "path {text:?} has {segments} segments, at most {} are allowed",
+                limits.path_segments_max
+            )));
+        }
+        Ok(ResourcePath(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The proper ancestors of this path, nearest last: `a`, `a/b` for `a/b/c`.
+    pub fn ancestors(&self) -> impl Iterator<Item = &str> {
+        self.0
+            .char_indices()
+            .filter(|&(_, c)| c == '/')
+            .map(|(index, _)| &self.0[..index])
+    }
+
+    /// The bounds of the string range holding exactly the paths strictly below this one.
+    pub fn descendant_bounds(&self) -> (String, String) {
+        // '0' is the character right after '/', so [p/, p0) holds every "p/..." string.
+        (format!("{}/", self.0), format!("{}0", self.0))
+    }
+
+    /// Whether `self` is `other` or lies below it.
+    pub fn is_within(&self, other: &ResourcePath) -> bool {
+        self.0 == other.0
+            || (self.0.len() > other.0.len()
+                && self.0.starts_with(&other.0)
+                && self.0.as_bytes()[other.0.len()] == b'/')
+    }
+}
+
+impl Borrow<str> for ResourcePath {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ResourcePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A session's secret capability: 128 random bits chosen by the leader and carried in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SessionId(pub u128);
+
+impl SessionId {
+    /// Parses the 32 lowercase hex digits that `Display` prints.
+    pub fn parse(text: &str) -> Result<SessionId, Rejection> {
+        let well_formed = text.len() == 32
+            && text
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        match u128::from_str_radix(text, 16) {
+            Ok(value) if well_formed => Ok(SessionId(value)),
+            _ => Err(Rejection::invalid(
+                "session_id must be the 32 hex digits that session creation returned",
+            )),
+        }
+    }
+}
+
+impl fmt::Display for SessionId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+/// `exclusive` covers exactly its path; `subtree` covers its path and everything below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum LeaseMode {
+    Exclusive,
+    Subtree,
+}
+
+impl LeaseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseMode::Exclusive => "exclusive",
+            LeaseMode::Subtree => "subtree",
+        }
+    }
+}
+
+/// Free-form `key -> value` annotations, at most `labels_max`, each 1..=`label_chars_max`.
+pub type Labels = BTreeMap<String, String>;
+
+pub fn validate_labels(labels: &Labels, limits: &Limits) -> Result<(), Rejection> {
+    if labels.len() > limits.labels_max {
+        return Err(Rejection::invalid(format!(
+            "at most {} labels are allowed, got {}",
+            limits.labels_max,
+            labels.len()
+        )));
+    }
+    for (key, value) in labels {
+        validate_chars("label key", key, limits.label_chars_max)?;
+        validate_chars("label value", value, limits.label_chars_max)?;
+    }
+    Ok(())
+}
+
+pub fn validate_holder(holder: &str, limits: &Limits) -> Result<(), Rejection> {
+    validate_chars("holder", holder, limits.holder_chars_max)
+}
+
+pub fn validate_ttl(ttl_ms: u64, limits: &Limits) -> Result<(), Rejection> {
+    if ttl_ms < limits.ttl_ms_min || ttl_ms > limits.ttl_ms_max {
+        return Err(Rejection::invalid(format!(
+            "ttl_ms must be {}..={}, got {ttl_ms}",
+            limits.ttl_ms_min, limits.ttl_ms_max
+        )));
+    }
+    Ok(())
+}
+
+pub fn validate_max_hold(max_hold_ms: u64, limits: &Limits) -> Result<(), Rejection> {
+    if max_hold_ms == 0 || max_hold_ms > limits.max_hold_ms_max {
+        return Err(Rejection::invalid(format!(
+            "max_hold_ms must be 1..={}, got {max_hold_ms}",
+            limits.max_hold_ms_max
+        )));
+    }
+    Ok(())
+}
+
+pub fn validate_idempotency_key(key: &str, limits: &Limits) -> Result<(), Rejection> {
+    let chars = key.chars().count();
+    let printable = key.chars().all(|c| c.is_ascii_graphic());
+    if chars < limits.idempotency_key_chars_min
+        || chars > limits.idempotency_key_chars_max
+        || !printable
+    {
+        return Err(Rejection::invalid(format!(
+            "Idempotency-Key must be {}..={} printable ASCII characters (a UUIDv4 is the intended form)",
+            limits.idempotency_key_chars_min, limits.idempotency_key_chars_max
+        )));
+    }
+    Ok(())
+}
+
+fn validate_chars(what: &str, text: &str, chars_max: usize) -> Result<(), Rejection> {
+    let chars = text.chars().count();
+    if chars == 0 || chars > chars_max {
+        return Err(Rejection::invalid(format!(
+            "{what} must be 1..={chars_max} characters, got {chars}"
+        )));
+    }
+    Ok(())
+}
