@@ -1,12 +1,47 @@
-//! `batond`, the Baton server.
-//!
-//! The replicated server (openraft over sled, the HTTP API of SPEC section 5) is being built;
-//! until it lands this binary only reports the state machine format it was built with.
+//! `batond`, the Baton server: one node of a replicated lease service (openraft over sled,
+//! the HTTP API of SPEC section 5). `batond dev` runs a one-node cluster; `batond run` one
+//! member of a larger one. See `config` for the flags.
 
-fn main() {
-    eprintln!(
-        "batond {}: the replicated server is not built yet; `batond dev` arrives with it",
-        env!("CARGO_PKG_VERSION")
-    );
-    std::process::exit(1);
+mod clock;
+mod config;
+mod http;
+mod metrics;
+mod network;
+mod proposer;
+mod server;
+
+use std::io::IsTerminal;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use crate::config::{Cli, LogFormat, NodeConfig};
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let config = match NodeConfig::from_mode(cli.command) {
+        Ok(config) => config,
+        Err(error) => {
+            eprintln!("batond: {error:#}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let filter = EnvFilter::try_from_env("BATON_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,openraft=warn,sled=warn"));
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal());
+    match config.tuning.log_format {
+        LogFormat::Human => subscriber.init(),
+        LogFormat::Json => subscriber.json().init(),
+    }
+    match server::run(config).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => {
+            tracing::error!("batond stopped: {error:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -13,7 +13,7 @@ use super::{Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
 const SNAPSHOT_VERSION: u32 = 1;
-/// Larger than any snapshot the limits allow; a guard against absurd length prefixes.
+/// Larger than any snapshot the limits allow.
 const SNAPSHOT_BYTES_MAX: usize = 1 << 34;
 /// A batch holds at most a few thousand commands of at most a body each.
 const BATCH_BYTES_MAX: usize = 1 << 30;
@@ -60,26 +60,57 @@ struct SnapshotOwned {
     events: EventLog,
 }
 
+/// Encodes any serde value in the same bincode configuration `decode_value` reads. The store
+/// and the peer network use this pair too, so there is one bounded way to decode bytes.
+pub fn encode_value<T: Serialize>(value: &T) -> Result<Vec<u8>, CodecError> {
+    Ok(bincode::serde::encode_to_vec(value, config())?)
+}
+
 pub fn encode_batch(batch: &Batch) -> Result<Vec<u8>, CodecError> {
-    Ok(bincode::serde::encode_to_vec(batch, config())?)
+    encode_value(batch)
 }
 
 pub fn decode_batch(bytes: &[u8]) -> Result<Batch, CodecError> {
-    decode_exact(bytes, BATCH_BYTES_MAX)
+    decode_value(bytes, BATCH_BYTES_MAX)
 }
 
-fn decode_exact<T: serde::de::DeserializeOwned>(
+/// Decodes exactly one value from `bytes`, refusing garbage without ever attempting a huge
+/// allocation. bincode allocates a string as long as its length prefix claims before reading
+/// it, and counts decoded values at their in-memory size (a one-byte varint claims eight), so
+/// the decoder's limit is set to the smallest power of four at least `CLAIM_FACTOR` times the
+/// input: legitimate input always fits, and a forged prefix can make us allocate at most a
+/// few hundred times the bytes we were given.
+pub fn decode_value<T: serde::de::DeserializeOwned>(
     bytes: &[u8],
     bytes_max: usize,
 ) -> Result<T, CodecError> {
+    const CLAIM_FACTOR: usize = 64;
     if bytes.len() > bytes_max {
         return Err(CodecError::TooLarge(bytes.len()));
     }
-    let (value, read) = bincode::serde::decode_from_slice::<T, _>(bytes, config())?;
+    let claim = bytes.len().max(64).saturating_mul(CLAIM_FACTOR);
+    macro_rules! decode_with_limit_for {
+        ($($shift:literal)*) => {
+            match claim {
+                $(claim if claim <= 1 << $shift => decode_limited::<T, { 1 << $shift }>(bytes)?,)*
+                _ => decode_limited::<T, { 1 << 40 }>(bytes)?,
+            }
+        };
+    }
+    let (value, read) = decode_with_limit_for!(12 14 16 18 20 22 24 26 28 30 32 34 36 38);
     if read != bytes.len() {
         return Err(CodecError::TrailingBytes(bytes.len() - read));
     }
     Ok(value)
+}
+
+fn decode_limited<T: serde::de::DeserializeOwned, const LIMIT: usize>(
+    bytes: &[u8],
+) -> Result<(T, usize), CodecError> {
+    Ok(bincode::serde::decode_from_slice::<T, _>(
+        bytes,
+        bincode::config::standard().with_limit::<LIMIT>(),
+    )?)
 }
 
 impl Machine {
@@ -110,7 +141,7 @@ impl Machine {
         if version != SNAPSHOT_VERSION {
             return Err(CodecError::UnsupportedVersion(version));
         }
-        let body: SnapshotOwned = decode_exact(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+        let body: SnapshotOwned = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
         let mut machine = Machine {
             limits: body.limits,
             time_ms: body.time_ms,

@@ -32,10 +32,15 @@ impl EventLog {
             namespace: namespace.clone(),
             kind,
         });
+        self.trim(limits);
+        self.last_revision
+    }
+
+    /// Drops the oldest events beyond `events_kept_max`.
+    pub(super) fn trim(&mut self, limits: &Limits) {
         while self.window.len() > limits.events_kept_max {
             self.window.pop_front();
         }
-        self.last_revision
     }
 
     pub(super) fn last_revision(&self) -> u64 {

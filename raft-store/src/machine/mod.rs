@@ -27,7 +27,7 @@ use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
-pub use codec::{decode_batch, encode_batch, CodecError};
+pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecError};
 pub use command::{
     Batch, Command, Event, EventKind, FenceClaim, FenceStatus, Grant, IdempotencyTag, KvView,
     LeaseView, NewSession, Op, Owner, Page, Rejection, Reply, Response, SessionView,
@@ -157,6 +157,18 @@ impl Machine {
             .fold((0, 0), |(sessions, leases), state| {
                 (sessions + state.sessions.len(), leases + state.leases.len())
             })
+    }
+
+    /// Whether a `Sweep` would find something dead to remove at the applied cluster time: O(1).
+    pub fn sweep_due(&self) -> bool {
+        let due = |deadline_ms: u64| deadline_ms <= self.time_ms;
+        self.session_deadlines
+            .first()
+            .is_some_and(|(deadline_ms, _, _)| due(*deadline_ms))
+            || self
+                .max_hold_deadlines
+                .first()
+                .is_some_and(|(deadline_ms, _, _)| due(*deadline_ms))
     }
 
     /// The live lease on exactly `resource`, at the applied cluster time.
@@ -293,6 +305,9 @@ impl Machine {
             }
             Command::SetLimits(limits) => {
                 self.limits = limits.clone();
+                // Lowered bounds apply at once, so the state stays within them.
+                self.events.trim(&self.limits);
+                self.idempotency.prune(self.time_ms, &self.limits);
                 Response {
                     outcome: Ok(Reply::LimitsSet),
                     replayed: false,

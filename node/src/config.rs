@@ -1,0 +1,222 @@
+//! `batond`'s command line (SPEC section 6): `batond dev` and `batond run`, every flag also read
+//! from `BATON_<FLAG>`. Parsing ends here: the rest of the node takes a `NodeConfig`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use baton_raft_store::store::Member;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(name = "batond", version, about = "The Baton lease server")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Mode,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Mode {
+    /// A one-node cluster that initializes itself on first start and resumes from its data dir.
+    Dev {
+        #[arg(long, env = "BATON_DATA_DIR", default_value = "./baton-data")]
+        data_dir: PathBuf,
+        #[arg(long, env = "BATON_LISTEN", default_value = "127.0.0.1:7420")]
+        listen: SocketAddr,
+        #[arg(long, env = "BATON_PEER_LISTEN", default_value = "127.0.0.1:7421")]
+        peer_listen: SocketAddr,
+        #[command(flatten)]
+        tuning: Tuning,
+    },
+    /// One member of a replicated cluster.
+    Run {
+        /// This node's id: a positive integer, unique in the cluster.
+        #[arg(long, env = "BATON_ID")]
+        id: u64,
+        #[arg(long, env = "BATON_DATA_DIR")]
+        data_dir: PathBuf,
+        /// Client HTTP API address.
+        #[arg(long, env = "BATON_LISTEN")]
+        listen: SocketAddr,
+        /// Raft peer RPC address.
+        #[arg(long, env = "BATON_PEER_LISTEN")]
+        peer_listen: SocketAddr,
+        /// `1=API@PEER,2=API@PEER,...`; used only when the data dir is empty.
+        #[arg(long, env = "BATON_INITIAL_CLUSTER")]
+        initial_cluster: Option<String>,
+        #[command(flatten)]
+        tuning: Tuning,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct Tuning {
+    /// Shared secret that authenticates peer RPC; unset means unauthenticated.
+    #[arg(long, env = "BATON_CLUSTER_SECRET", hide_env_values = true)]
+    pub cluster_secret: Option<String>,
+    #[arg(long, env = "BATON_HEARTBEAT_MS", default_value_t = 100)]
+    pub heartbeat_ms: u64,
+    /// Minimum election timeout; the maximum is twice this.
+    #[arg(long, env = "BATON_ELECTION_TIMEOUT_MS", default_value_t = 1_000)]
+    pub election_timeout_ms: u64,
+    /// How often an idle leader commits a tick so cluster time keeps pace.
+    #[arg(long, env = "BATON_TICK_MS", default_value_t = 250)]
+    pub tick_ms: u64,
+    /// How often the leader sweeps expired leases (in bounded batches).
+    #[arg(long, env = "BATON_SWEEP_MS", default_value_t = 1_000)]
+    pub sweep_ms: u64,
+    /// Take a snapshot after this many log entries; older entries are then purged.
+    #[arg(long, env = "BATON_SNAPSHOT_LOG_ENTRIES", default_value_t = 10_000)]
+    pub snapshot_log_entries: u64,
+    /// Most commands grouped into one log entry (group commit); 1 turns grouping off.
+    #[arg(long, env = "BATON_GROUP_COMMIT_MAX", default_value_t = 1_024)]
+    pub group_commit_max: usize,
+    #[arg(long, env = "BATON_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+    /// Test only: allow `POST /v1/debug/clock` to change this node's clock rate and offset.
+    #[arg(long, env = "BATON_CLOCK_CONTROL", default_value_t = false)]
+    pub clock_control: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Human,
+    Json,
+}
+
+/// Everything a node needs to start, validated.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub id: u64,
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    pub peer_listen: SocketAddr,
+    /// The members to bootstrap with when the data dir is empty; `None` joins an existing
+    /// cluster (it must be added through the membership API).
+    pub initial_cluster: Option<BTreeMap<u64, Member>>,
+    pub tuning: Tuning,
+}
+
+impl NodeConfig {
+    pub fn from_mode(mode: Mode) -> anyhow::Result<NodeConfig> {
+        let config = match mode {
+            Mode::Dev {
+                data_dir,
+                listen,
+                peer_listen,
+                tuning,
+            } => {
+                let me = Member {
+                    api_addr: listen.to_string(),
+                    peer_addr: peer_listen.to_string(),
+                };
+                NodeConfig {
+                    id: 1,
+                    data_dir,
+                    listen,
+                    peer_listen,
+                    initial_cluster: Some(BTreeMap::from([(1, me)])),
+                    tuning,
+                }
+            }
+            Mode::Run {
+                id,
+                data_dir,
+                listen,
+                peer_listen,
+                initial_cluster,
+                tuning,
+            } => NodeConfig {
+                id,
+                data_dir,
+                listen,
+                peer_listen,
+                initial_cluster: initial_cluster
+                    .as_deref()
+                    .map(parse_initial_cluster)
+                    .transpose()?,
+                tuning,
+            },
+        };
+        if config.id == 0 {
+            bail!("--id must be a positive integer");
+        }
+        if let Some(members) = &config.initial_cluster {
+            if !members.contains_key(&config.id) {
+                bail!("--initial-cluster must list this node's --id {}", config.id);
+            }
+        }
+        let tuning = &config.tuning;
+        if tuning.heartbeat_ms == 0 || tuning.election_timeout_ms <= tuning.heartbeat_ms * 2 {
+            bail!(
+                "--election-timeout-ms must be more than twice --heartbeat-ms (and both positive)"
+            );
+        }
+        if tuning.tick_ms == 0
+            || tuning.sweep_ms == 0
+            || tuning.snapshot_log_entries == 0
+            || tuning.group_commit_max == 0
+        {
+            bail!("--tick-ms, --sweep-ms, --snapshot-log-entries and --group-commit-max must be positive");
+        }
+        Ok(config)
+    }
+}
+
+/// Parses `1=127.0.0.1:7420@127.0.0.1:7421,2=...`.
+pub fn parse_initial_cluster(text: &str) -> anyhow::Result<BTreeMap<u64, Member>> {
+    let mut members = BTreeMap::new();
+    for item in text
+        .split(',')
+        .map(str::trim)
+        .filter(|item| !item.is_empty())
+    {
+        let (id, addresses) = item
+            .split_once('=')
+            .with_context(|| format!("--initial-cluster member {item:?} is not id=api@peer"))?;
+        let (api_addr, peer_addr) = addresses
+            .split_once('@')
+            .with_context(|| format!("--initial-cluster member {item:?} is not id=api@peer"))?;
+        let id: u64 = id
+            .parse()
+            .with_context(|| format!("--initial-cluster id {id:?} is not a number"))?;
+        for address in [api_addr, peer_addr] {
+            address.parse::<SocketAddr>().with_context(|| {
+                format!("--initial-cluster address {address:?} is not host:port")
+            })?;
+        }
+        let member = Member {
+            api_addr: api_addr.to_owned(),
+            peer_addr: peer_addr.to_owned(),
+        };
+        if members.insert(id, member).is_some() {
+            bail!("--initial-cluster lists id {id} twice");
+        }
+    }
+    if members.is_empty() {
+        bail!("--initial-cluster names no member");
+    }
+    Ok(members)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_cluster_parses_and_refuses_bad_members() {
+        let members = parse_initial_cluster("1=127.0.0.1:1@127.0.0.1:2, 2=127.0.0.1:3@127.0.0.1:4")
+            .expect("valid");
+        assert_eq!(members[&2].peer_addr, "127.0.0.1:4");
+        for bad in [
+            "",
+            "1=127.0.0.1:1",
+            "x=127.0.0.1:1@127.0.0.1:2",
+            "1=a@b",
+            "1=127.0.0.1:1@127.0.0.1:2,1=127.0.0.1:3@127.0.0.1:4",
+        ] {
+            assert!(parse_initial_cluster(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Node-local routes (`/v1/cluster`, `/v1/debug/*`, health, metrics) and the membership routes.
+//! Local routes describe the answering node and are never forwarded (SPEC G1 exemptions).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use baton_client::api::{AddMemberRequest, ClusterStatus, Digest, ErrorCode, Member as WireMember};
+use baton_raft_store::store::Member;
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::ChangeMembers;
+use serde::Deserialize;
+use sha2::Sha256;
+
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath};
+use super::{Answer, AppState};
+
+/// How far a node's applied index may trail its log and still call itself ready.
+const READY_LAG_MAX: u64 = 64;
+
+fn cluster_status(app: &AppState) -> ClusterStatus {
+    let metrics = app.raft.metrics();
+    let metrics = metrics.borrow();
+    let membership = metrics.membership_config.membership();
+    let voters: BTreeSet<u64> = membership.voter_ids().collect();
+    let members = membership
+        .nodes()
+        .map(|(id, member)| WireMember {
+            id: *id,
+            api_addr: member.api_addr.clone(),
+            peer_addr: member.peer_addr.clone(),
+            voter: voters.contains(id),
+        })
+        .collect();
+    ClusterStatus {
+        node_id: app.node_id,
+        leader_id: metrics.current_leader,
+        term: metrics.current_term,
+        // Every applied entry is known committed; a node's own view of its commit index.
+        commit_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
+        members,
+    }
+}
+
+fn local_time(app: &AppState) -> u64 {
+    app.machine
+        .read(|machine, _| machine.time_ms())
+        .unwrap_or_default()
+}
+
+pub async fn status(State(app): State<AppState>) -> Answer {
+    Answer::new(StatusCode::OK, &cluster_status(&app), local_time(&app))
+}
+
+fn membership_error(error: RaftError<u64, ClientWriteError<u64, Member>>) -> ApiError {
+    match error {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+            ApiError::no_leader(forward.leader_id)
+        }
+        RaftError::APIError(ClientWriteError::ChangeMembershipError(error)) => ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("membership change refused: {error}"),
+        ),
+        RaftError::Fatal(fatal) => ApiError::outcome_unknown(fatal),
+    }
+}
+
+pub async fn add_member(
+    State(app): State<AppState>,
+    body: ApiJson<AddMemberRequest>,
+) -> Result<Answer, ApiError> {
+    let request = body.value;
+    if request.id == 0 {
+        return Err(ApiError::invalid("id must be a positive integer"));
+    }
+    for address in [&request.api_addr, &request.peer_addr] {
+        address
+            .parse::<std::net::SocketAddr>()
+            .map_err(|_| ApiError::invalid(format!("{address:?} is not host:port")))?;
+    }
+    let member = Member {
+        api_addr: request.api_addr,
+        peer_addr: request.peer_addr,
+    };
+    app.raft
+        .add_learner(request.id, member, true)
+        .await
+        .map_err(membership_error)?;
+    if request.voter {
+        let voters = ChangeMembers::AddVoterIds(BTreeSet::from([request.id]));
+        app.raft
+            .change_membership(voters, false)
+            .await
+            .map_err(membership_error)?;
+    }
+    Ok(Answer::new(
+        StatusCode::OK,
+        &cluster_status(&app),
+        local_time(&app),
+    ))
+}
+
+pub async fn remove_member(
+    State(app): State<AppState>,
+    ApiPath(id): ApiPath<u64>,
+) -> Result<Answer, ApiError> {
+    let (is_voter, is_member) = {
+        let metrics = app.raft.metrics();
+        let metrics = metrics.borrow();
+        let membership = metrics.membership_config.membership();
+        (
+            membership.voter_ids().any(|voter| voter == id),
+            membership.get_node(&id).is_some(),
+        )
+    };
+    if !is_member {
+        return Err(ApiError::not_found(format!("node {id} is not a member")));
+    }
+    let change = if is_voter {
+        ChangeMembers::RemoveVoters(BTreeSet::from([id]))
+    } else {
+        ChangeMembers::RemoveNodes(BTreeSet::from([id]))
+    };
+    app.raft
+        .change_membership(change, false)
+        .await
+        .map_err(membership_error)?;
+    Ok(Answer::new(
+        StatusCode::OK,
+        &cluster_status(&app),
+        local_time(&app),
+    ))
+}
+
+pub async fn digest(State(app): State<AppState>) -> Result<Answer, ApiError> {
+    use sha2::Digest as _;
+    let (snapshot, applied_index, cluster_time_ms) = app
+        .machine
+        .read(|machine, applied| {
+            (
+                machine.encode_snapshot(),
+                applied.map_or(0, |log_id| log_id.index),
+                machine.time_ms(),
+            )
+        })
+        .map_err(ApiError::internal)?;
+    let bytes = snapshot.map_err(ApiError::internal)?;
+    let hash = Sha256::digest(&bytes);
+    let digest = hash.iter().map(|byte| format!("{byte:02x}")).collect();
+    let answer = Digest {
+        node_id: app.node_id,
+        applied_index,
+        cluster_time_ms,
+        digest,
+    };
+    Ok(Answer::new(StatusCode::OK, &answer, cluster_time_ms))
+}
+
+/// Test-only clock control (`--clock-control`): the monotonic rate and the wall-clock offset.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClockRequest {
+    rate: Option<f64>,
+    wall_offset_ms: Option<i64>,
+}
+
+pub async fn set_clock(
+    State(app): State<AppState>,
+    body: ApiJson<ClockRequest>,
+) -> Result<Answer, ApiError> {
+    if !app.clock_control {
+        return Err(ApiError::new(
+            ErrorCode::PermissionDenied,
+            "clock control is off: start batond with --clock-control",
+        ));
+    }
+    if let Some(rate) = body.value.rate {
+        if !(0.0..=10.0).contains(&rate) {
+            return Err(ApiError::invalid("rate must be within 0..=10"));
+        }
+        app.clock.set_rate(rate);
+    }
+    if let Some(offset_ms) = body.value.wall_offset_ms {
+        app.clock.set_wall_offset_ms(offset_ms);
+    }
+    tracing::warn!(rate = ?body.value.rate, wall_offset_ms = ?body.value.wall_offset_ms, "clock changed by test control");
+    Ok(Answer::new(
+        StatusCode::OK,
+        &BTreeMap::from([("ok", true)]),
+        local_time(&app),
+    ))
+}
+
+pub async fn healthz(State(app): State<AppState>) -> Answer {
+    Answer::new(
+        StatusCode::OK,
+        &BTreeMap::from([("status", "ok")]),
+        local_time(&app),
+    )
+}
+
+pub async fn readyz(State(app): State<AppState>) -> Result<Answer, ApiError> {
+    let ready = {
+        let metrics = app.raft.metrics();
+        let metrics = metrics.borrow();
+        let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
+        let lag = metrics.last_log_index.unwrap_or(0).saturating_sub(applied);
+        metrics.running_state.is_ok() && metrics.current_leader.is_some() && lag <= READY_LAG_MAX
+    };
+    if !ready {
+        return Err(ApiError::no_leader(None));
+    }
+    Ok(Answer::new(
+        StatusCode::OK,
+        &BTreeMap::from([("status", "ready")]),
+        local_time(&app),
+    ))
+}
+
+pub async fn metrics(State(app): State<AppState>) -> Response {
+    let (sessions, leases) = app
+        .machine
+        .read(|machine, _| machine.counts())
+        .unwrap_or_default();
+    let text = {
+        let metrics = app.raft.metrics();
+        let metrics = metrics.borrow();
+        app.metrics.render(&metrics, sessions, leases)
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}

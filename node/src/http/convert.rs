@@ -1,0 +1,161 @@
+//! Hand-written conversions from the machine's log types to the client's wire types
+//! (STYLE rule 3), and the informational RFC 3339 times.
+
+use baton_client::api;
+use baton_raft_store::machine::{Grant, LeaseMode, LeaseView, SessionId, SessionView};
+
+/// The two clocks an answer is rendered with: the answering node's wall clock, for the
+/// informational `*_at` fields, and the cluster time the answer was decided at, which every
+/// `expires_in_ms` is relative to.
+#[derive(Debug, Clone, Copy)]
+pub struct Clocks {
+    pub wall_ms: i64,
+    pub cluster_ms: u64,
+}
+
+impl Clocks {
+    /// `expires_in_ms` from now, as a wall-clock time.
+    pub fn expires_at(&self, expires_in_ms: u64) -> String {
+        rfc3339(
+            self.wall_ms
+                .saturating_add(i64::try_from(expires_in_ms).unwrap_or(i64::MAX)),
+        )
+    }
+
+    /// A cluster time in the past (like `acquired_at`), as a wall-clock time.
+    pub fn at(&self, cluster_time_ms: u64) -> String {
+        let ago_ms =
+            i64::try_from(self.cluster_ms.saturating_sub(cluster_time_ms)).unwrap_or(i64::MAX);
+        rfc3339(self.wall_ms.saturating_sub(ago_ms))
+    }
+}
+
+pub fn session_id(id: SessionId) -> api::SessionId {
+    api::SessionId::new(id.to_string())
+}
+
+pub fn mode(mode: LeaseMode) -> api::LeaseMode {
+    match mode {
+        LeaseMode::Exclusive => api::LeaseMode::Exclusive,
+        LeaseMode::Subtree => api::LeaseMode::Subtree,
+    }
+}
+
+pub fn mode_from_wire(mode: api::LeaseMode) -> LeaseMode {
+    match mode {
+        api::LeaseMode::Exclusive => LeaseMode::Exclusive,
+        api::LeaseMode::Subtree => LeaseMode::Subtree,
+    }
+}
+
+pub fn lease(view: &LeaseView, clocks: Clocks) -> api::Lease {
+    api::Lease {
+        resource: view.resource.to_string(),
+        fence: view.fence,
+        holder: view.holder.clone(),
+        mode: mode(view.mode),
+        labels: view.labels.clone(),
+        max_hold_ms: None,
+        acquired_at: clocks.at(view.acquired_at_ms),
+        expires_in_ms: view.expires_in_ms,
+        expires_at: clocks.expires_at(view.expires_in_ms),
+    }
+}
+
+pub fn held_by(view: &LeaseView, clocks: Clocks) -> api::HeldBy {
+    api::HeldBy::from(lease(view, clocks))
+}
+
+pub fn grant(grant: &Grant, clocks: Clocks) -> api::Grant {
+    let lease = lease(&grant.lease, clocks);
+    api::Grant {
+        resource: lease.resource,
+        fence: lease.fence,
+        session_id: session_id(grant.session_id),
+        holder: lease.holder,
+        mode: lease.mode,
+        labels: lease.labels,
+        max_hold_ms: None,
+        acquired_at: lease.acquired_at,
+        expires_in_ms: lease.expires_in_ms,
+        expires_at: lease.expires_at,
+    }
+}
+
+pub fn created_session(view: &SessionView, clocks: Clocks) -> api::CreateSessionResponse {
+    api::CreateSessionResponse {
+        session_id: session_id(view.session_id),
+        holder: view.holder.clone(),
+        ttl_ms: view.ttl_ms,
+        expires_in_ms: view.expires_in_ms,
+        expires_at: clocks.expires_at(view.expires_in_ms),
+    }
+}
+
+pub fn session_info(view: &SessionView, leases: &[LeaseView], clocks: Clocks) -> api::SessionInfo {
+    api::SessionInfo {
+        session_id: session_id(view.session_id),
+        holder: view.holder.clone(),
+        ttl_ms: view.ttl_ms,
+        labels: view.labels.clone(),
+        expires_in_ms: view.expires_in_ms,
+        expires_at: clocks.expires_at(view.expires_in_ms),
+        leases: leases.iter().map(|view| lease(view, clocks)).collect(),
+    }
+}
+
+/// Milliseconds since the Unix epoch as `2026-11-30T02:48:59.123Z`.
+pub fn rfc3339(epoch_ms: i64) -> String {
+    let days = epoch_ms.div_euclid(86_400_000);
+    let ms_of_day = epoch_ms.rem_euclid(86_400_000);
+    let (year, month, day) = civil_from_days(days);
+    let (hour, minute, second, millis) = (
+        ms_of_day / 3_600_000,
+        ms_of_day / 60_000 % 60,
+        ms_of_day / 1_000 % 60,
+        ms_of_day % 1_000,
+    );
+    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z")
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z.rem_euclid(146_097);
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_rfc3339_in_utc() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_796_006_939_123), "2026-11-30T02:48:59.123Z");
+        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn past_cluster_times_map_back_onto_the_wall_clock() {
+        let clocks = Clocks {
+            wall_ms: 10_000,
+            cluster_ms: 500,
+        };
+        assert_eq!(clocks.at(400), rfc3339(9_900));
+        assert_eq!(clocks.expires_at(2_000), rfc3339(12_000));
+    }
+}

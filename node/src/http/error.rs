@@ -1,0 +1,184 @@
+//! The one error type of the HTTP API and the one table from error code to status.
+//! Every refusal leaves as `application/problem+json` with a code of SPEC section 5.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use baton_client::api::{ErrorCode, HeldBy, Problem, HEADER_CLUSTER_TIME, PROBLEM_CONTENT_TYPE};
+use baton_raft_store::machine::Rejection;
+
+use crate::proposer::ProposeError;
+
+/// How long a caller should wait before retrying after `NO_LEADER` or overload.
+const RETRY_AFTER_MS: u64 = 1_000;
+
+/// A refused or failed request, ready to be sent as problem+json.
+#[derive(Debug)]
+pub struct ApiError {
+    pub problem: Box<Problem>,
+    /// The cluster time the refusal was decided at, when it was decided by the machine.
+    pub cluster_time_ms: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> ApiError {
+        let mut problem = Problem::new(code, message);
+        if matches!(code, ErrorCode::NoLeader | ErrorCode::ResourceExhausted) {
+            problem.retry_after_ms = Some(RETRY_AFTER_MS);
+        }
+        ApiError {
+            problem: Box::new(problem),
+            cluster_time_ms: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(ErrorCode::InvalidArgument, message)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(ErrorCode::NotFound, message)
+    }
+
+    pub fn internal(message: impl std::fmt::Display) -> ApiError {
+        tracing::error!(error = %message, "internal error");
+        ApiError::new(ErrorCode::Internal, "internal error: see the server log")
+    }
+
+    pub fn no_leader(leader: Option<u64>) -> ApiError {
+        let mut error = ApiError::new(
+            ErrorCode::NoLeader,
+            "no leader is reachable right now; the request was not applied: retry after Retry-After",
+        );
+        error.problem.leader = leader;
+        error
+    }
+
+    pub fn outcome_unknown(reason: impl std::fmt::Display) -> ApiError {
+        ApiError::new(
+            ErrorCode::OutcomeUnknown,
+            format!("the request may or may not have been applied ({reason}); retry with the same Idempotency-Key"),
+        )
+    }
+
+    /// A refusal found while parsing a request, before anything was proposed.
+    pub fn from_rejection(rejection: Rejection) -> ApiError {
+        ApiError::rejected(rejection, None, None)
+    }
+
+    /// A refusal decided by the state machine at `cluster_time_ms`. `held_by` is the denial's
+    /// lease, already in wire form.
+    pub fn rejected(
+        rejection: Rejection,
+        held_by: Option<HeldBy>,
+        cluster_time_ms: Option<u64>,
+    ) -> ApiError {
+        let code = match &rejection {
+            Rejection::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            Rejection::NotFound(_) => ErrorCode::NotFound,
+            Rejection::LeaseHeld { .. } => ErrorCode::LeaseHeld,
+            Rejection::LeaseLost(_) => ErrorCode::LeaseLost,
+            Rejection::StaleFence { .. } => ErrorCode::StaleFence,
+            Rejection::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
+            Rejection::IdempotencyKeyReused(_) => ErrorCode::IdempotencyKeyReused,
+            Rejection::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
+        };
+        let mut error = ApiError::new(code, rejection.message());
+        if let Rejection::StaleFence { current_fence, .. } = rejection {
+            error.problem.current_fence = current_fence;
+        }
+        error.problem.held_by = held_by;
+        error.cluster_time_ms = cluster_time_ms;
+        error
+    }
+}
+
+impl From<ProposeError> for ApiError {
+    fn from(error: ProposeError) -> ApiError {
+        match error {
+            ProposeError::NotLeader { leader } => ApiError::no_leader(leader),
+            ProposeError::Overloaded => ApiError::new(
+                ErrorCode::ResourceExhausted,
+                "the server is overloaded; the request was not applied: retry after Retry-After",
+            ),
+            ProposeError::Unknown(reason) => ApiError::outcome_unknown(reason),
+        }
+    }
+}
+
+/// The status of each code (SPEC section 5). The only place that knows it.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::InvalidArgument => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthenticated => StatusCode::UNAUTHORIZED,
+        ErrorCode::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::LeaseHeld | ErrorCode::LeaseLost | ErrorCode::StaleFence => StatusCode::CONFLICT,
+        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        ErrorCode::NoLeader => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = status_of(self.problem.code);
+        let body = serde_json::to_vec(&self.problem).unwrap_or_default();
+        let mut response = (status, body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(PROBLEM_CONTENT_TYPE),
+        );
+        if let Some(retry_after_ms) = self.problem.retry_after_ms {
+            headers.insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(retry_after_ms.div_ceil(1_000)),
+            );
+        }
+        if let Some(cluster_time_ms) = self.cluster_time_ms {
+            headers.insert(HEADER_CLUSTER_TIME, HeaderValue::from(cluster_time_ms));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_has_the_status_of_the_spec() {
+        let table = [
+            (ErrorCode::InvalidArgument, 400),
+            (ErrorCode::Unauthenticated, 401),
+            (ErrorCode::PermissionDenied, 403),
+            (ErrorCode::NotFound, 404),
+            (ErrorCode::LeaseHeld, 409),
+            (ErrorCode::LeaseLost, 409),
+            (ErrorCode::StaleFence, 409),
+            (ErrorCode::PayloadTooLarge, 413),
+            (ErrorCode::IdempotencyKeyReused, 422),
+            (ErrorCode::ResourceExhausted, 429),
+            (ErrorCode::NoLeader, 503),
+            (ErrorCode::OutcomeUnknown, 504),
+            (ErrorCode::Internal, 500),
+        ];
+        for (code, status) in table {
+            assert_eq!(status_of(code).as_u16(), status, "{code}");
+        }
+    }
+
+    #[test]
+    fn retryable_refusals_carry_retry_after() {
+        let response = ApiError::no_leader(Some(2)).into_response();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "1");
+        assert_eq!(
+            response.headers()[header::CONTENT_TYPE],
+            PROBLEM_CONTENT_TYPE
+        );
+    }
+}

@@ -1,0 +1,131 @@
+//! Request extractors that refuse bad input with the spec's codes: the namespace header, the
+//! idempotency key, JSON bodies (with their canonical bytes, for fingerprints), path and query
+//! parameters. Every rejection is an `ApiError`, never axum's plain-text default.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use baton_client::api::{HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
+use baton_raft_store::machine::{validate_idempotency_key, Namespace};
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use super::AppState;
+
+/// The request's namespace (`Baton-Namespace`, default `default`).
+#[derive(Debug)]
+pub struct Ns(pub Namespace);
+
+impl FromRequestParts<AppState> for Ns {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Ns, ApiError> {
+        let Some(value) = parts.headers.get(HEADER_NAMESPACE) else {
+            return Ok(Ns(Namespace::default_namespace()));
+        };
+        let text = value
+            .to_str()
+            .map_err(|_| ApiError::invalid(format!("{HEADER_NAMESPACE} must be ASCII")))?;
+        Namespace::parse(text, &app.limits())
+            .map(Ns)
+            .map_err(ApiError::from_rejection)
+    }
+}
+
+/// The `Idempotency-Key` header, if any, checked for length.
+#[derive(Debug)]
+pub struct IdempotencyKey(pub Option<String>);
+
+impl FromRequestParts<AppState> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        app: &AppState,
+    ) -> Result<IdempotencyKey, ApiError> {
+        let Some(value) = parts.headers.get(HEADER_IDEMPOTENCY_KEY) else {
+            return Ok(IdempotencyKey(None));
+        };
+        let key = value.to_str().map_err(|_| {
+            ApiError::invalid(format!("{HEADER_IDEMPOTENCY_KEY} must be printable ASCII"))
+        })?;
+        validate_idempotency_key(key, &app.limits()).map_err(ApiError::from_rejection)?;
+        Ok(IdempotencyKey(Some(key.to_owned())))
+    }
+}
+
+/// A JSON body: the typed value and its canonical encoding (keys sorted), which the
+/// idempotency fingerprint covers. An empty body reads as `{}`.
+#[derive(Debug)]
+pub struct ApiJson<T> {
+    pub value: T,
+    pub canonical: Vec<u8>,
+}
+
+impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, app: &AppState) -> Result<ApiJson<T>, ApiError> {
+        let bytes = Bytes::from_request(request, app)
+            .await
+            .map_err(|rejection| {
+                if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        baton_client::api::ErrorCode::PayloadTooLarge,
+                        format!("the request body is over {} bytes", super::BODY_BYTES_MAX),
+                    )
+                } else {
+                    ApiError::invalid(format!("could not read the request body: {rejection}"))
+                }
+            })?;
+        let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+            b"{}"
+        } else {
+            &bytes
+        };
+        let json: serde_json::Value = serde_json::from_slice(bytes)
+            .map_err(|error| ApiError::invalid(format!("malformed JSON body: {error}")))?;
+        let canonical = serde_json::to_vec(&json).map_err(ApiError::internal)?;
+        let value = T::deserialize(json)
+            .map_err(|error| ApiError::invalid(format!("invalid request body: {error}")))?;
+        Ok(ApiJson { value, canonical })
+    }
+}
+
+/// Path parameters; a mismatch is `INVALID_ARGUMENT`.
+#[derive(Debug)]
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send> FromRequestParts<AppState> for ApiPath<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<ApiPath<T>, ApiError> {
+        Path::<T>::from_request_parts(parts, app)
+            .await
+            .map(|Path(value)| ApiPath(value))
+            .map_err(|rejection| {
+                ApiError::invalid(format!("invalid path: {}", rejection.body_text()))
+            })
+    }
+}
+
+/// Query parameters; unknown or malformed ones are `INVALID_ARGUMENT`.
+#[derive(Debug)]
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned> FromRequestParts<AppState> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        app: &AppState,
+    ) -> Result<ApiQuery<T>, ApiError> {
+        Query::<T>::from_request_parts(parts, app)
+            .await
+            .map(|Query(value)| ApiQuery(value))
+            .map_err(|rejection| {
+                ApiError::invalid(format!("invalid query: {}", rejection.body_text()))
+            })
+    }
+}

@@ -1,0 +1,135 @@
+//! The fenced key-value routes (G4): JSON values under paths; a write may carry the fence of a
+//! live lease and the session that holds it.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use baton_client::api::{
+    self, FencedBy, KvDeleteRequest, KvDeleteResponse, KvPutRequest, KvPutResponse,
+};
+use baton_raft_store::machine::{FenceClaim, Op, Reply, ResourcePath, SessionId};
+
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, IdempotencyKey, Ns};
+use super::{Answer, AppState};
+
+fn fence_claim(
+    app: &AppState,
+    fenced_by: Result<Option<FencedBy<'_>>, String>,
+) -> Result<Option<FenceClaim>, ApiError> {
+    let Some(fenced_by) = fenced_by.map_err(ApiError::invalid)? else {
+        return Ok(None);
+    };
+    Ok(Some(FenceClaim {
+        resource: ResourcePath::parse(&fenced_by.fence.resource, &app.limits())
+            .map_err(ApiError::from_rejection)?,
+        token: fenced_by.fence.token,
+        session_id: SessionId::parse(fenced_by.session_id.as_str())
+            .map_err(ApiError::from_rejection)?,
+    }))
+}
+
+pub async fn put(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath(path): ApiPath<String>,
+    body: ApiJson<KvPutRequest>,
+) -> Result<Answer, ApiError> {
+    let key_path = ResourcePath::parse(&path, &app.limits()).map_err(ApiError::from_rejection)?;
+    let tag = AppState::idempotency_tag(
+        key,
+        &namespace,
+        "PUT",
+        "/v1/kv/{*key}",
+        &[&path],
+        &body.canonical,
+    );
+    let fence = fence_claim(&app, body.value.fenced_by())?;
+    let value = serde_json::to_string(&body.value.value).map_err(ApiError::internal)?;
+    let size_bytes = value.len() + 128;
+    let written = app
+        .write(
+            &namespace,
+            tag,
+            Op::KvPut {
+                key: key_path,
+                value,
+                fence,
+            },
+            size_bytes,
+        )
+        .await?;
+    match &written.reply {
+        Reply::KvWritten { revision } => Ok(written.answer(
+            StatusCode::OK,
+            &KvPutResponse {
+                revision: *revision,
+            },
+        )),
+        _ => Err(written.unexpected()),
+    }
+}
+
+pub async fn get(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    ApiPath(path): ApiPath<String>,
+) -> Result<Answer, ApiError> {
+    let key_path = ResourcePath::parse(&path, &app.limits()).map_err(ApiError::from_rejection)?;
+    let (entry, clocks) = app
+        .read(|machine| machine.kv_get(&namespace, &key_path))
+        .await?;
+    let entry =
+        entry.ok_or_else(|| ApiError::not_found(format!("no value is stored under {path}")))?;
+    let value = serde_json::from_str(&entry.value).map_err(ApiError::internal)?;
+    let answer = api::KvEntry {
+        key: entry.key.to_string(),
+        value,
+        revision: entry.revision,
+        fence: entry.fence.map(|(resource, token)| api::FenceRef {
+            resource: resource.to_string(),
+            token,
+        }),
+    };
+    Ok(Answer::new(StatusCode::OK, &answer, clocks.cluster_ms))
+}
+
+pub async fn delete(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath(path): ApiPath<String>,
+    body: ApiJson<KvDeleteRequest>,
+) -> Result<Answer, ApiError> {
+    let key_path = ResourcePath::parse(&path, &app.limits()).map_err(ApiError::from_rejection)?;
+    let tag = AppState::idempotency_tag(
+        key,
+        &namespace,
+        "DELETE",
+        "/v1/kv/{*key}",
+        &[&path],
+        &body.canonical,
+    );
+    let fence = fence_claim(&app, body.value.fenced_by())?;
+    let written = app
+        .write(
+            &namespace,
+            tag,
+            Op::KvDelete {
+                key: key_path,
+                fence,
+            },
+            256,
+        )
+        .await?;
+    match &written.reply {
+        Reply::KvDeleted { revision } => Ok(written.answer(
+            StatusCode::OK,
+            &KvDeleteResponse {
+                deleted: true,
+                revision: Some(*revision),
+            },
+        )),
+        _ => Err(written.unexpected()),
+    }
+}

@@ -1,0 +1,282 @@
+//! Session, lease and fence-check routes. Handlers parse the request into machine types, hand
+//! writes to the proposer, and read through the linearizable path.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use baton_client::api::{
+    AcquireRequest, CreateSessionRequest, EndSessionResponse, FenceCheckRequest,
+    FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, Owner as WireOwner,
+    ReleaseRequest, ReleaseResponse,
+};
+use baton_raft_store::machine::{NewSession, Op, Owner, Reply, ResourcePath, SessionId};
+
+use super::convert;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
+use super::{Answer, AppState};
+
+/// A request's estimated share of a log entry, for bounding batches.
+fn size_of(canonical: &[u8]) -> usize {
+    canonical.len() + 64
+}
+
+fn parse_session_id(text: &str) -> Result<SessionId, ApiError> {
+    SessionId::parse(text).map_err(ApiError::from_rejection)
+}
+
+fn parse_path(app: &AppState, text: &str) -> Result<ResourcePath, ApiError> {
+    ResourcePath::parse(text, &app.limits()).map_err(ApiError::from_rejection)
+}
+
+pub async fn create_session(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    body: ApiJson<CreateSessionRequest>,
+) -> Result<Answer, ApiError> {
+    let tag = AppState::idempotency_tag(
+        key,
+        &namespace,
+        "POST",
+        "/v1/sessions",
+        &[],
+        &body.canonical,
+    );
+    let request = body.value;
+    let op = Op::CreateSession(NewSession {
+        session_id: app.new_session_id(),
+        holder: request.holder,
+        ttl_ms: request.ttl_ms,
+        labels: request.labels,
+    });
+    let written = app
+        .write(&namespace, tag, op, size_of(&body.canonical))
+        .await?;
+    match &written.reply {
+        Reply::SessionCreated(view) => Ok(written.answer(
+            StatusCode::CREATED,
+            &convert::created_session(view, written.clocks),
+        )),
+        _ => Err(written.unexpected()),
+    }
+}
+
+pub async fn keepalive(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Answer, ApiError> {
+    let session_id = parse_session_id(&id)?;
+    let tag = AppState::idempotency_tag(
+        key,
+        &namespace,
+        "POST",
+        "/v1/sessions/{id}/keepalive",
+        &[&id],
+        b"",
+    );
+    let written = app
+        .write(&namespace, tag, Op::Keepalive { session_id }, 64)
+        .await?;
+    match &written.reply {
+        Reply::KeptAlive {
+            session_id,
+            expires_in_ms,
+        } => Ok(written.answer(
+            StatusCode::OK,
+            &KeepaliveResponse {
+                session_id: convert::session_id(*session_id),
+                expires_in_ms: *expires_in_ms,
+                expires_at: written.clocks.expires_at(*expires_in_ms),
+            },
+        )),
+        _ => Err(written.unexpected()),
+    }
+}
+
+pub async fn release(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath(id): ApiPath<String>,
+    body: ApiJson<ReleaseRequest>,
+) -> Result<Answer, ApiError> {
+    let session_id = parse_session_id(&id)?;
+    let resource = parse_path(&app, &body.value.resource)?;
+    let tag = AppState::idempotency_tag(
+        key,
+        &namespace,
+        "POST",
+        "/v1/sessions/{id}/release",
+        &[&id],
+        &body.canonical,
+    );
+    let written = app
+        .write(
+            &namespace,
+            tag,
+            Op::Release {
+                session_id,
+                resource,
+            },
+            size_of(&body.canonical),
+        )
+        .await?;
+    match &written.reply {
+        Reply::Released { resource, .. } => Ok(written.answer(
+            StatusCode::OK,
+            &ReleaseResponse {
+                released: resource.to_string(),
+            },
+        )),
+        _ => Err(written.unexpected()),
+    }
+}
+
+pub async fn end_session(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Answer, ApiError> {
+    let session_id = parse_session_id(&id)?;
+    let tag =
+        AppState::idempotency_tag(key, &namespace, "DELETE", "/v1/sessions/{id}", &[&id], b"");
+    let written = app
+        .write(&namespace, tag, Op::EndSession { session_id }, 64)
+        .await?;
+    match &written.reply {
+        Reply::SessionEnded { released } => Ok(written.answer(
+            StatusCode::OK,
+            &EndSessionResponse {
+                released: released.iter().map(ToString::to_string).collect(),
+            },
+        )),
+        _ => Err(written.unexpected()),
+    }
+}
+
+pub async fn get_session(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Answer, ApiError> {
+    let session_id = parse_session_id(&id)?;
+    let (session, clocks) = app
+        .read(|machine| machine.session(&namespace, session_id))
+        .await?;
+    let (view, leases) = session
+        .ok_or_else(|| ApiError::not_found("no live session with this id: it ended or expired"))?;
+    Ok(Answer::new(
+        StatusCode::OK,
+        &convert::session_info(&view, &leases, clocks),
+        clocks.cluster_ms,
+    ))
+}
+
+pub async fn acquire(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    body: ApiJson<AcquireRequest>,
+) -> Result<Answer, ApiError> {
+    let tag =
+        AppState::idempotency_tag(key, &namespace, "POST", "/v1/leases", &[], &body.canonical);
+    let request = &body.value;
+    let resource = parse_path(&app, &request.resource)?;
+    let owner = match request.owner().map_err(ApiError::invalid)? {
+        WireOwner::Session(id) => Owner::Session(parse_session_id(id.as_str())?),
+        WireOwner::NewSession { holder, ttl_ms } => Owner::NewSession(NewSession {
+            session_id: app.new_session_id(),
+            holder: holder.to_owned(),
+            ttl_ms,
+            labels: Default::default(),
+        }),
+    };
+    let mut labels = request.labels.clone();
+    if let Some(reason) = &request.reason {
+        labels.insert("reason".to_owned(), reason.clone());
+    }
+    let op = Op::Acquire {
+        resource,
+        mode: convert::mode_from_wire(request.mode),
+        owner,
+        max_hold_ms: request.max_hold_ms,
+        labels,
+    };
+    let written = app
+        .write(&namespace, tag, op, size_of(&body.canonical))
+        .await?;
+    match &written.reply {
+        Reply::Granted(grant) => {
+            Ok(written.answer(StatusCode::CREATED, &convert::grant(grant, written.clocks)))
+        }
+        _ => Err(written.unexpected()),
+    }
+}
+
+pub async fn get_lease(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    ApiPath(resource): ApiPath<String>,
+) -> Result<Answer, ApiError> {
+    let resource = parse_path(&app, &resource)?;
+    let (lease, clocks) = app
+        .read(|machine| machine.lease(&namespace, &resource))
+        .await?;
+    let lease =
+        lease.ok_or_else(|| ApiError::not_found(format!("{resource} has no live lease")))?;
+    Ok(Answer::new(
+        StatusCode::OK,
+        &convert::lease(&lease, clocks),
+        clocks.cluster_ms,
+    ))
+}
+
+pub async fn list_leases(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    ApiQuery(query): ApiQuery<ListLeasesQuery>,
+) -> Result<Answer, ApiError> {
+    let limits = app.limits();
+    let limit = query
+        .limit
+        .map_or(limits.list_page_max, |limit| limit as usize);
+    if limit == 0 || limit > limits.list_page_max {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1..={}",
+            limits.list_page_max
+        )));
+    }
+    let prefix = query.prefix.unwrap_or_default();
+    let (page, clocks) = app
+        .read(|machine| machine.leases(&namespace, &prefix, query.cursor.as_deref(), limit))
+        .await?;
+    let list = LeaseList {
+        leases: page
+            .items
+            .iter()
+            .map(|lease| convert::lease(lease, clocks))
+            .collect(),
+        next_cursor: page.next_cursor,
+    };
+    Ok(Answer::new(StatusCode::OK, &list, clocks.cluster_ms))
+}
+
+pub async fn fence_check(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    body: ApiJson<FenceCheckRequest>,
+) -> Result<Answer, ApiError> {
+    let resource = parse_path(&app, &body.value.resource)?;
+    let fence = body.value.fence;
+    let (status, clocks) = app
+        .read(|machine| machine.fence_status(&namespace, &resource, fence))
+        .await?;
+    let answer = FenceCheckResponse {
+        current: status.current,
+        fence: status.live_fence,
+    };
+    Ok(Answer::new(StatusCode::OK, &answer, clocks.cluster_ms))
+}

@@ -1,0 +1,430 @@
+//! The client HTTP API of SPEC section 5: routing, the shared `AppState`, and the middleware
+//! every answer passes through (forwarding to the leader, `Baton-Leader` and
+//! `Baton-Cluster-Time` headers, request metrics).
+//!
+//! Writes become `Command`s for the proposer; reads are linearizable (a read index on the
+//! leader, then the applied state) and answered at the applied state's cluster time. A follower
+//! forwards every non-local request to the leader, so any node answers any request. This module
+//! tree is the only place that knows HTTP status codes (`error::status_of`).
+
+mod cluster;
+mod convert;
+mod error;
+mod extract;
+mod kv;
+mod leases;
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::{from_fn_with_state, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::Router;
+use baton_client::api::{
+    ErrorCode, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY, HEADER_IDEMPOTENT_REPLAYED,
+    HEADER_LEADER, HEADER_NAMESPACE,
+};
+use baton_raft_store::machine::{
+    IdempotencyTag, Limits, Machine, Namespace, Op, Rejection, Reply, SessionId,
+};
+use baton_raft_store::store::{MachineHandle, TypeConfig};
+use openraft::Raft;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::clock::NodeClock;
+use crate::metrics::Metrics;
+use crate::proposer::Proposer;
+
+pub use convert::Clocks;
+pub use error::ApiError;
+
+/// The largest request body accepted (SPEC section 8).
+pub const BODY_BYTES_MAX: usize = 1 << 20;
+/// Marks a request a follower forwarded, so it is never forwarded twice.
+const HEADER_FORWARDED: &str = "baton-forwarded";
+/// How long a linearizable read may wait for the leader to confirm its leadership.
+const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a forwarded request may take (longer than the leader's own apply timeout).
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// What every handler shares. Cheap to clone.
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+pub struct Shared {
+    pub node_id: u64,
+    pub raft: Raft<TypeConfig>,
+    pub machine: MachineHandle,
+    pub proposer: Proposer,
+    pub clock: Arc<NodeClock>,
+    pub forwarder: reqwest::Client,
+    pub metrics: Metrics,
+    pub clock_control: bool,
+}
+
+impl Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+impl AppState {
+    pub fn new(shared: Shared) -> AppState {
+        AppState(Arc::new(shared))
+    }
+
+    /// The limits of the applied state, for validating input at the edge.
+    pub fn limits(&self) -> Limits {
+        self.machine
+            .read(|machine, _| machine.limits().clone())
+            .unwrap_or_default()
+    }
+
+    pub fn leader(&self) -> Option<u64> {
+        self.raft.metrics().borrow().current_leader
+    }
+
+    fn is_leader(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.state.is_leader() && metrics.current_leader == Some(self.node_id)
+    }
+
+    /// A fresh session id: 128 random bits, chosen here on the leader and carried in the log.
+    pub fn new_session_id(&self) -> SessionId {
+        SessionId(rand::random())
+    }
+
+    pub fn clocks(&self, cluster_ms: u64) -> Clocks {
+        Clocks {
+            wall_ms: self.clock.wall_ms(),
+            cluster_ms,
+        }
+    }
+
+    /// Replicates one operation and returns its reply with the clocks to render it.
+    pub async fn write(
+        &self,
+        namespace: &Namespace,
+        idempotency: Option<IdempotencyTag>,
+        op: Op,
+        size_bytes: usize,
+    ) -> Result<Written, ApiError> {
+        let command = baton_raft_store::machine::Command::Namespaced {
+            namespace: namespace.clone(),
+            idempotency,
+            op,
+        };
+        let committed = self.proposer.propose(command, size_bytes).await?;
+        let clocks = self.clocks(committed.time_ms);
+        match committed.response.outcome {
+            Ok(reply) => Ok(Written {
+                reply,
+                clocks,
+                replayed: committed.response.replayed,
+            }),
+            Err(rejection) => Err(self.refusal(rejection, clocks)),
+        }
+    }
+
+    /// Runs `query` on the applied state after a read index: linearizable (G1).
+    pub async fn read<T>(
+        &self,
+        query: impl FnOnce(&Machine) -> T,
+    ) -> Result<(T, Clocks), ApiError> {
+        match tokio::time::timeout(READ_TIMEOUT, self.raft.ensure_linearizable()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "read index refused");
+                return Err(ApiError::no_leader(
+                    self.leader().filter(|id| *id != self.node_id),
+                ));
+            }
+            Err(_) => return Err(ApiError::no_leader(None)),
+        }
+        let (value, cluster_ms) = self
+            .machine
+            .read(|machine, _| (query(machine), machine.time_ms()))
+            .map_err(ApiError::internal)?;
+        Ok((value, self.clocks(cluster_ms)))
+    }
+
+    /// A machine refusal as an API error, with the denial's lease in wire form.
+    pub fn refusal(&self, rejection: Rejection, clocks: Clocks) -> ApiError {
+        let held_by = match &rejection {
+            Rejection::LeaseHeld { held_by, .. } => Some(convert::held_by(held_by, clocks)),
+            _ => None,
+        };
+        ApiError::rejected(rejection, held_by, Some(clocks.cluster_ms))
+    }
+
+    /// The idempotency tag of a mutation: its key and a fingerprint of everything that
+    /// identifies the request (G8).
+    pub fn idempotency_tag(
+        key: Option<String>,
+        namespace: &Namespace,
+        method: &str,
+        route: &str,
+        parameters: &[&str],
+        canonical_body: &[u8],
+    ) -> Option<IdempotencyTag> {
+        let key = key?;
+        let mut hasher = Sha256::new();
+        for part in [
+            namespace.as_str().as_bytes(),
+            method.as_bytes(),
+            route.as_bytes(),
+        ]
+        .into_iter()
+        .chain(parameters.iter().map(|parameter| parameter.as_bytes()))
+        .chain([canonical_body])
+        {
+            hasher.update((part.len() as u64).to_le_bytes());
+            hasher.update(part);
+        }
+        Some(IdempotencyTag {
+            key,
+            fingerprint: hasher.finalize().into(),
+        })
+    }
+}
+
+/// A committed write: its reply, the clocks to render it with, and whether it was a replay.
+#[derive(Debug)]
+pub struct Written {
+    pub reply: Reply,
+    pub clocks: Clocks,
+    pub replayed: bool,
+}
+
+impl Written {
+    pub fn answer<T: Serialize>(&self, status: StatusCode, body: &T) -> Answer {
+        Answer::new(status, body, self.clocks.cluster_ms).replayed(self.replayed)
+    }
+
+    /// A reply of an unexpected kind: a bug, reported as INTERNAL.
+    pub fn unexpected(&self) -> ApiError {
+        ApiError::internal(format!("unexpected reply {:?}", self.reply))
+    }
+}
+
+/// A successful JSON answer with the cluster time it was decided at.
+#[derive(Debug)]
+pub struct Answer {
+    status: StatusCode,
+    body: Vec<u8>,
+    cluster_time_ms: u64,
+    replayed: bool,
+}
+
+impl Answer {
+    pub fn new<T: Serialize>(status: StatusCode, body: &T, cluster_time_ms: u64) -> Answer {
+        Answer {
+            status,
+            body: serde_json::to_vec(body).unwrap_or_default(),
+            cluster_time_ms,
+            replayed: false,
+        }
+    }
+
+    fn replayed(mut self, replayed: bool) -> Answer {
+        self.replayed = replayed;
+        self
+    }
+}
+
+impl IntoResponse for Answer {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, self.body).into_response();
+        let headers = response.headers_mut();
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        headers.insert(HEADER_CLUSTER_TIME, HeaderValue::from(self.cluster_time_ms));
+        if self.replayed {
+            headers.insert(HEADER_IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+        }
+        response
+    }
+}
+
+/// The API router: leader routes (forwarded by followers) and node-local routes.
+pub fn router(app: AppState) -> Router {
+    let leader_routes = Router::new()
+        .route("/v1/sessions", post(leases::create_session))
+        .route(
+            "/v1/sessions/{id}",
+            get(leases::get_session).delete(leases::end_session),
+        )
+        .route("/v1/sessions/{id}/keepalive", post(leases::keepalive))
+        .route("/v1/sessions/{id}/release", post(leases::release))
+        .route("/v1/leases", post(leases::acquire).get(leases::list_leases))
+        .route("/v1/leases/{*resource}", get(leases::get_lease))
+        .route("/v1/fence/check", post(leases::fence_check))
+        .route(
+            "/v1/kv/{*key}",
+            get(kv::get).put(kv::put).delete(kv::delete),
+        )
+        .route("/v1/cluster/members", post(cluster::add_member))
+        .route("/v1/cluster/members/{id}", delete(cluster::remove_member))
+        .layer(from_fn_with_state(app.clone(), forward_unless_leader));
+    let local_routes = Router::new()
+        .route("/v1/cluster", get(cluster::status))
+        .route("/v1/debug/digest", get(cluster::digest))
+        .route("/v1/debug/clock", post(cluster::set_clock))
+        .route("/healthz", get(cluster::healthz))
+        .route("/readyz", get(cluster::readyz))
+        .route("/metrics", get(cluster::metrics));
+    leader_routes
+        .merge(local_routes)
+        .fallback(unknown_route)
+        .layer(from_fn_with_state(app.clone(), observe))
+        .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
+        .with_state(app)
+}
+
+async fn unknown_route(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no route for {method} {}", uri.path()))
+}
+
+/// Adds `Baton-Leader` and `Baton-Cluster-Time` to every answer that lacks them, and records
+/// the request in the metrics by route pattern (never the raw path: it may hold a session id).
+async fn observe(State(app): State<AppState>, request: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |path| path.as_str().to_owned());
+    let method = request.method().clone();
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    if !headers.contains_key(HEADER_LEADER) {
+        let leader = app.leader().map(|id| id.to_string()).unwrap_or_default();
+        headers.insert(
+            HEADER_LEADER,
+            HeaderValue::from_str(&leader).unwrap_or(HeaderValue::from_static("")),
+        );
+    }
+    if !headers.contains_key(HEADER_CLUSTER_TIME) {
+        if let Ok(time_ms) = app.machine.read(|machine, _| machine.time_ms()) {
+            headers.insert(HEADER_CLUSTER_TIME, HeaderValue::from(time_ms));
+        }
+    }
+    app.metrics.observe(
+        &route,
+        method.as_str(),
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    tracing::debug!(%method, %route, status = response.status().as_u16(), "request");
+    response
+}
+
+/// On a follower, sends the request to the leader and relays its answer. A request that may
+/// have reached the leader and then failed is `OUTCOME_UNKNOWN`, never `NO_LEADER`.
+async fn forward_unless_leader(
+    State(app): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if app.is_leader() {
+        return next.run(request).await;
+    }
+    if request.headers().contains_key(HEADER_FORWARDED) {
+        return ApiError::no_leader(None).into_response();
+    }
+    let leader_address = app.leader().and_then(|leader| {
+        let metrics = app.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .get_node(&leader)
+            .map(|member| (leader, member.api_addr.clone()))
+    });
+    let Some((leader, api_addr)) = leader_address else {
+        return ApiError::no_leader(None).into_response();
+    };
+    match forward(&app, request, &api_addr).await {
+        Ok(response) => response,
+        Err(error) => {
+            let mut error = error;
+            error.problem.leader = Some(leader);
+            error.into_response()
+        }
+    }
+}
+
+async fn forward(app: &AppState, request: Request, api_addr: &str) -> Result<Response, ApiError> {
+    let (parts, body) = request.into_parts();
+    let body = axum::body::to_bytes(body, BODY_BYTES_MAX)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("the request body is over {BODY_BYTES_MAX} bytes"),
+            )
+        })?;
+    let path_and_query = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+    let url = format!("http://{api_addr}{path_and_query}");
+    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
+        .map_err(ApiError::internal)?;
+    let mut outgoing = app
+        .forwarder
+        .request(method, url)
+        .timeout(FORWARD_TIMEOUT)
+        .body(body);
+    let relayed = [
+        header::CONTENT_TYPE.as_str(),
+        header::ACCEPT.as_str(),
+        HEADER_NAMESPACE,
+        HEADER_IDEMPOTENCY_KEY,
+    ];
+    for name in relayed {
+        if let Some(value) = parts.headers.get(name) {
+            outgoing = outgoing.header(name, value.as_bytes());
+        }
+    }
+    outgoing = outgoing.header(HEADER_FORWARDED, app.node_id.to_string());
+    let answer = match outgoing.send().await {
+        Ok(answer) => answer,
+        // Never connected: the leader surely did not see it.
+        Err(error) if error.is_connect() || parts.method == Method::GET => {
+            tracing::debug!(%error, "forward to the leader failed before it was delivered");
+            return Err(ApiError::no_leader(None));
+        }
+        Err(error) => {
+            return Err(ApiError::outcome_unknown(format!(
+                "forwarding to the leader failed: {error}"
+            )))
+        }
+    };
+    let status = StatusCode::from_u16(answer.status().as_u16()).map_err(ApiError::internal)?;
+    let mut headers = HeaderMap::new();
+    for (name, value) in answer.headers() {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_str().as_bytes()),
+            HeaderValue::from_bytes(value.as_bytes()),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+    let body = answer.bytes().await.map_err(|error| {
+        ApiError::outcome_unknown(format!("the leader's answer was cut off: {error}"))
+    })?;
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::TRANSFER_ENCODING);
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    Ok(response)
+}

@@ -1,0 +1,335 @@
+//! The proposer: the one place where commands become log entries.
+//!
+//! Request handlers hand a `Command` to `Proposer::propose`; one batcher task groups whatever
+//! is waiting into a `Batch` (group commit: openraft 0.9 awaits each append, so batching is
+//! ours), stamps it with the leader's cluster time, and hands it to openraft in stamp order.
+//! At most `BATCHES_IN_FLIGHT_MAX` batches are replicating at once; while they are, new
+//! requests queue up and ride in the next batch, so throughput grows with concurrency.
+//!
+//! Time (SPEC section 3): the leader's clock starts only once it has applied every entry that
+//! was in its log when it became (or, after a restart, resumed as) leader, at the cluster time
+//! of that applied state, and then advances with the node's monotonic clock. The same task
+//! commits an idle tick every `tick_ms` and a bounded `Sweep` when something has expired.
+//!
+//! Never here: HTTP, request validation, or reading the wall clock.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use baton_raft_store::machine::{Batch, Command, Response};
+use baton_raft_store::store::{MachineHandle, TypeConfig};
+use openraft::error::ClientWriteError;
+use openraft::Raft;
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+
+use crate::clock::Clock;
+
+/// Proposals waiting for the batcher; past this, requests are refused as overload.
+const QUEUE_MAX: usize = 16_384;
+/// Batches handed to openraft and not yet applied.
+const BATCHES_IN_FLIGHT_MAX: usize = 8;
+/// Approximate encoded bytes of one log entry.
+const BATCH_BYTES_MAX: usize = 4 << 20;
+/// How long a request waits for its entry to be applied before its outcome is unknown.
+const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What a committed command produced, and the cluster time it was decided at.
+#[derive(Debug)]
+pub struct Committed {
+    pub response: Response,
+    pub time_ms: u64,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProposeError {
+    /// Surely not applied: this node is not the leader (or stopped being it before appending).
+    #[error("this node is not the leader")]
+    NotLeader { leader: Option<u64> },
+    /// Surely not applied: too many requests are waiting.
+    #[error("too many requests are waiting to be replicated")]
+    Overloaded,
+    /// May or may not have been applied.
+    #[error("the outcome is unknown: {0}")]
+    Unknown(String),
+}
+
+/// How the batcher paces its own entries and sizes batches.
+#[derive(Debug, Clone, Copy)]
+pub struct ProposerSettings {
+    /// An idle leader commits a tick this often, so cluster time keeps pace.
+    pub tick: Duration,
+    /// How often the leader checks whether something expired and sweeps it.
+    pub sweep: Duration,
+    /// Dead leases and sessions removed by one sweep entry at most.
+    pub sweep_batch_max: u32,
+    /// Commands in one log entry at most (group commit; 1 turns it off).
+    pub batch_commands_max: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct Proposer {
+    sender: mpsc::Sender<Proposal>,
+}
+
+#[derive(Debug)]
+struct Proposal {
+    command: Command,
+    size_bytes: usize,
+    reply: oneshot::Sender<Result<Committed, ProposeError>>,
+}
+
+impl Proposer {
+    /// Starts the batcher task for this node.
+    pub fn spawn(
+        raft: Raft<TypeConfig>,
+        machine: MachineHandle,
+        clock: Arc<dyn Clock>,
+        node_id: u64,
+        settings: ProposerSettings,
+    ) -> Proposer {
+        let (sender, receiver) = mpsc::channel(QUEUE_MAX);
+        let batcher = Batcher {
+            raft,
+            machine,
+            clock,
+            node_id,
+            receiver,
+            in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX)),
+            leader_clock: None,
+            settings,
+        };
+        tokio::spawn(batcher.run());
+        Proposer { sender }
+    }
+
+    /// Replicates `command` and returns its response once applied on this node.
+    /// `size_bytes` is an estimate of its encoded size, for bounding batches.
+    pub async fn propose(
+        &self,
+        command: Command,
+        size_bytes: usize,
+    ) -> Result<Committed, ProposeError> {
+        let (reply, answer) = oneshot::channel();
+        let proposal = Proposal {
+            command,
+            size_bytes,
+            reply,
+        };
+        self.sender
+            .try_send(proposal)
+            .map_err(|error| match error {
+                mpsc::error::TrySendError::Full(_) => ProposeError::Overloaded,
+                mpsc::error::TrySendError::Closed(_) => ProposeError::NotLeader { leader: None },
+            })?;
+        match tokio::time::timeout(APPLY_TIMEOUT, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(ProposeError::Unknown("the proposer stopped".to_owned())),
+            Err(_) => Err(ProposeError::Unknown(format!(
+                "not applied within {APPLY_TIMEOUT:?}"
+            ))),
+        }
+    }
+}
+
+/// The clock of the current leadership: cluster time `base_ms` at clock reading `base_reading_ms`.
+#[derive(Debug, Clone, Copy)]
+struct LeaderClock {
+    term: u64,
+    base_ms: u64,
+    base_reading_ms: u64,
+}
+
+struct Batcher {
+    raft: Raft<TypeConfig>,
+    machine: MachineHandle,
+    clock: Arc<dyn Clock>,
+    node_id: u64,
+    receiver: mpsc::Receiver<Proposal>,
+    in_flight: Arc<Semaphore>,
+    leader_clock: Option<LeaderClock>,
+    settings: ProposerSettings,
+}
+
+/// The commands of one entry and, aligned with them, who waits for each answer (none for the
+/// node's own tick and sweep commands).
+#[derive(Default)]
+struct Pending {
+    commands: Vec<Command>,
+    replies: Vec<Option<oneshot::Sender<Result<Committed, ProposeError>>>>,
+    size_bytes: usize,
+}
+
+impl Pending {
+    fn push(&mut self, proposal: Proposal) {
+        self.size_bytes += proposal.size_bytes;
+        self.commands.push(proposal.command);
+        self.replies.push(Some(proposal.reply));
+    }
+
+    fn is_full(&self, commands_max: usize) -> bool {
+        self.commands.len() >= commands_max || self.size_bytes >= BATCH_BYTES_MAX
+    }
+
+    fn fail(self, error: impl Fn() -> ProposeError) {
+        for reply in self.replies.into_iter().flatten() {
+            let _ = reply.send(Err(error()));
+        }
+    }
+}
+
+impl Batcher {
+    async fn run(mut self) {
+        let mut tick = tokio::time::interval(self.settings.tick);
+        let mut sweep = tokio::time::interval(self.settings.sweep);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_proposed = Instant::now();
+        loop {
+            let mut pending = Pending::default();
+            tokio::select! {
+                proposal = self.receiver.recv() => match proposal {
+                    Some(proposal) => pending.push(proposal),
+                    None => return,
+                },
+                _ = tick.tick() => {
+                    if last_proposed.elapsed() < self.settings.tick || !self.is_leader() {
+                        continue;
+                    }
+                }
+                _ = sweep.tick() => {
+                    if !self.is_leader() || !self.machine.read(|machine, _| machine.sweep_due()).unwrap_or(false) {
+                        continue;
+                    }
+                    pending.commands.push(Command::Sweep { max: self.settings.sweep_batch_max });
+                    pending.replies.push(None);
+                }
+            }
+            let permit = self
+                .in_flight
+                .clone()
+                .acquire_owned()
+                .await
+                .expect("the semaphore is never closed");
+            // Group commit: everything that queued while the earlier batches replicated.
+            while !pending.is_full(self.settings.batch_commands_max) {
+                match self.receiver.try_recv() {
+                    Ok(proposal) => pending.push(proposal),
+                    Err(_) => break,
+                }
+            }
+            let stamp_ms = match self.leader_stamp().await {
+                Ok(stamp_ms) => stamp_ms,
+                Err(leader) => {
+                    pending.fail(|| ProposeError::NotLeader { leader });
+                    continue;
+                }
+            };
+            last_proposed = Instant::now();
+            self.submit(stamp_ms, pending, permit).await;
+        }
+    }
+
+    async fn submit(&self, stamp_ms: u64, pending: Pending, permit: OwnedSemaphorePermit) {
+        let Pending {
+            commands, replies, ..
+        } = pending;
+        let receiver = match self
+            .raft
+            .client_write_ff(Batch { stamp_ms, commands })
+            .await
+        {
+            Ok(receiver) => receiver,
+            Err(fatal) => {
+                tracing::error!(error = %fatal, "raft stopped; refusing proposals");
+                for reply in replies.into_iter().flatten() {
+                    let _ = reply.send(Err(ProposeError::NotLeader { leader: None }));
+                }
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            let outcome = receiver.await;
+            drop(permit);
+            let result: Result<Vec<Response>, ProposeError> = match outcome {
+                Ok(Ok(written)) if written.data.responses.len() == replies.len() => {
+                    let time_ms = written.data.time_ms;
+                    for (reply, response) in replies.into_iter().zip(written.data.responses) {
+                        if let Some(reply) = reply {
+                            let _ = reply.send(Ok(Committed { response, time_ms }));
+                        }
+                    }
+                    return;
+                }
+                Ok(Ok(written)) => Err(ProposeError::Unknown(format!(
+                    "applied {} responses for {} commands",
+                    written.data.responses.len(),
+                    replies.len()
+                ))),
+                // Refused before appending, or appended and then truncated by a new leader:
+                // either way this entry can never be applied.
+                Ok(Err(ClientWriteError::ForwardToLeader(forward))) => {
+                    Err(ProposeError::NotLeader {
+                        leader: forward.leader_id,
+                    })
+                }
+                Ok(Err(other)) => Err(ProposeError::Unknown(other.to_string())),
+                Err(_) => Err(ProposeError::Unknown("raft dropped the request".to_owned())),
+            };
+            if let Err(error) = result {
+                for reply in replies.into_iter().flatten() {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        });
+    }
+
+    fn is_leader(&self) -> bool {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics.state.is_leader() && metrics.current_leader == Some(self.node_id)
+    }
+
+    /// The cluster time to stamp the next entry with, or the known leader if this node is not
+    /// the leader. Starts the leader clock for a new term first (see the module docs).
+    async fn leader_stamp(&mut self) -> Result<u64, Option<u64>> {
+        let (term, last_log_index, leader) = {
+            let metrics = self.raft.metrics();
+            let metrics = metrics.borrow();
+            if !metrics.state.is_leader() || metrics.current_leader != Some(self.node_id) {
+                return Err(metrics.current_leader);
+            }
+            (
+                metrics.current_term,
+                metrics.last_log_index,
+                metrics.current_leader,
+            )
+        };
+        let started = self.leader_clock.filter(|clock| clock.term == term);
+        let clock = match started {
+            Some(clock) => clock,
+            None => {
+                let wait = self.raft.wait(Some(APPLY_TIMEOUT));
+                if wait
+                    .applied_index_at_least(last_log_index, "leader clock start")
+                    .await
+                    .is_err()
+                {
+                    return Err(leader.filter(|id| *id != self.node_id));
+                }
+                let base_ms = self
+                    .machine
+                    .read(|machine, _| machine.time_ms())
+                    .map_err(|_| None)?;
+                let clock = LeaderClock {
+                    term,
+                    base_ms,
+                    base_reading_ms: self.clock.now_ms(),
+                };
+                tracing::info!(term, cluster_time_ms = base_ms, "leader clock started");
+                self.leader_clock = Some(clock);
+                clock
+            }
+        };
+        Ok(clock.base_ms + self.clock.now_ms().saturating_sub(clock.base_reading_ms))
+    }
+}

@@ -1,0 +1,158 @@
+//! Starting and stopping one `batond` node: open the store, start openraft with the peer
+//! network, bootstrap from `--initial-cluster` on an empty data dir, serve the peer and client
+//! APIs, and run until SIGTERM/SIGINT or until openraft stops on a fatal (storage) error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use baton_raft_store::store;
+use openraft::{Raft, SnapshotPolicy};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::clock::NodeClock;
+use crate::config::NodeConfig;
+use crate::http::{self, AppState, Shared};
+use crate::metrics::Metrics;
+use crate::network::{peer_router, PeerNetwork};
+use crate::proposer::{Proposer, ProposerSettings};
+
+/// Runs the node until it is told to stop. An error means the node could not start, or
+/// openraft stopped on a fatal error (a storage error stops the node: SPEC G5, STYLE rule 4).
+pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
+    let tuning = &config.tuning;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
+    let (log_store, state_machine) = store::open(&config.data_dir)
+        .with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
+    let machine = state_machine.handle();
+    let raft_config = openraft::Config {
+        cluster_name: "baton".to_owned(),
+        heartbeat_interval: tuning.heartbeat_ms,
+        election_timeout_min: tuning.election_timeout_ms,
+        election_timeout_max: tuning.election_timeout_ms * 2,
+        snapshot_policy: SnapshotPolicy::LogsSinceLast(tuning.snapshot_log_entries),
+        max_in_snapshot_log_to_keep: tuning.snapshot_log_entries.min(1_000),
+        install_snapshot_timeout: 10_000,
+        ..Default::default()
+    }
+    .validate()
+    .context("raft configuration")?;
+    let network = PeerNetwork::new(config.id, config.tuning.cluster_secret.clone())?;
+    let raft = Raft::new(
+        config.id,
+        Arc::new(raft_config),
+        network,
+        log_store,
+        state_machine,
+    )
+    .await
+    .context("starting raft")?;
+
+    if let Some(members) = &config.initial_cluster {
+        let first = members.keys().next().copied();
+        if !raft.is_initialized().await? && first == Some(config.id) {
+            tracing::info!(
+                members = members.len(),
+                "bootstrapping a new cluster from --initial-cluster"
+            );
+            if let Err(error) = raft.initialize(members.clone()).await {
+                tracing::warn!(%error, "bootstrap refused (already initialized?)");
+            }
+        }
+    }
+
+    let peer_listener = TcpListener::bind(config.peer_listen)
+        .await
+        .with_context(|| format!("binding --peer-listen {}", config.peer_listen))?;
+    let api_listener = TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding --listen {}", config.listen))?;
+
+    let clock = Arc::new(NodeClock::default());
+    let limits = machine.read(|machine, _| machine.limits().clone())?;
+    let proposer = Proposer::spawn(
+        raft.clone(),
+        machine.clone(),
+        clock.clone(),
+        config.id,
+        ProposerSettings {
+            tick: Duration::from_millis(tuning.tick_ms),
+            sweep: Duration::from_millis(tuning.sweep_ms),
+            sweep_batch_max: u32::try_from(limits.sweep_batch_max).unwrap_or(u32::MAX),
+            batch_commands_max: tuning.group_commit_max,
+        },
+    );
+    let forwarder = reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_secs(1))
+        .tcp_nodelay(true)
+        .build()?;
+    let app = AppState::new(Shared {
+        node_id: config.id,
+        raft: raft.clone(),
+        machine,
+        proposer,
+        clock,
+        forwarder,
+        metrics: Metrics::default(),
+        clock_control: tuning.clock_control,
+    });
+
+    let (stop, stopped) = watch::channel(false);
+    let until_stopped = |mut stopped: watch::Receiver<bool>| async move {
+        let _ = stopped.wait_for(|stop| *stop).await;
+    };
+    let peer_server = axum::serve(
+        peer_listener,
+        peer_router(raft.clone(), tuning.cluster_secret.clone()),
+    )
+    .with_graceful_shutdown(until_stopped(stopped.clone()));
+    let api_server = axum::serve(api_listener, http::router(app))
+        .with_graceful_shutdown(until_stopped(stopped.clone()));
+    let peer_task = tokio::spawn(async move { peer_server.await });
+    let api_task = tokio::spawn(async move { api_server.await });
+    tracing::info!(id = config.id, listen = %config.listen, peer_listen = %config.peer_listen, "batond is serving");
+
+    let outcome = tokio::select! {
+        () = shutdown_signal() => {
+            tracing::info!("shutting down on signal");
+            Ok(())
+        }
+        fatal = raft_stopped(&raft) => Err(anyhow::anyhow!("raft stopped: {fatal}")),
+    };
+    let _ = stop.send(true);
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = api_task.await;
+        let _ = peer_task.await;
+    })
+    .await;
+    if let Err(error) = raft.shutdown().await {
+        tracing::warn!(%error, "raft shutdown");
+    }
+    outcome
+}
+
+/// Resolves when openraft's core stops with a fatal error, with its description.
+async fn raft_stopped(raft: &Raft<store::TypeConfig>) -> String {
+    let mut metrics = raft.metrics();
+    loop {
+        if let Err(fatal) = &metrics.borrow().running_state {
+            return fatal.to_string();
+        }
+        if metrics.changed().await.is_err() {
+            return "the raft core is gone".to_owned();
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let interrupt = tokio::signal::ctrl_c();
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing SIGTERM handler");
+    tokio::select! {
+        _ = interrupt => {}
+        _ = terminate.recv() => {}
+    }
+}

@@ -1,0 +1,282 @@
+//! The Raft log and vote on sled: `LogStore` implements openraft's `RaftLogStorage` and
+//! `RaftLogReader`.
+//!
+//! Entries live in the `log` tree keyed by their big-endian index, so sled's key order is log
+//! order; each value is the bincode of the whole `openraft::Entry`. The vote, the committed log
+//! id and the last purged log id live in the `meta` tree. Nothing here looks inside a `Batch`.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::{Bound, RangeBounds};
+
+use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
+use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, Vote};
+
+use super::{
+    decode, encode, log_key, read_meta, storage_error, Database, StorageResult, StoreError,
+    TypeConfig,
+};
+
+const VOTE_KEY: &[u8] = b"vote";
+const COMMITTED_KEY: &[u8] = b"committed";
+const LAST_PURGED_KEY: &[u8] = b"last_purged";
+
+/// The durable Raft log and vote of one node.
+///
+/// Cloning is cheap and gives another handle on the same sled trees; openraft uses clones as
+/// log readers for replication, concurrently with the one writer.
+#[derive(Debug, Clone)]
+pub struct LogStore {
+    database: Database,
+}
+
+/// Reads entries for openraft's replication streams and for startup.
+///
+/// Guarantees: returns the entries present in `range`, in index order, with no gaps among
+/// them; an entry that is absent (purged, or never written) is simply not returned. A sled
+/// error, undecodable bytes, or an entry stored under another index than its own is a
+/// `StorageError` (a corrupt log stops the node rather than replicating garbage).
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
+        self.read_entries(range)
+            .map_err(|error| storage_error(ErrorSubject::Logs, ErrorVerb::Read, error))
+    }
+}
+
+/// The log storage contract Baton relies on.
+///
+/// - Writes are serialized: openraft calls these methods one at a time from its core task
+///   (`&mut self`), and each one finishes its sled writes before returning.
+/// - `append` writes every entry, then fsyncs sled, and only then reports the entries flushed
+///   through the callback: an entry acknowledged to the leader is on disk.
+/// - `save_vote` fsyncs before returning. `truncate` and `purge` fsync too.
+/// - No holes: `truncate` removes a suffix in one atomic sled batch; `purge` durably records
+///   the last purged log id before it removes the prefix, and `open` finishes an interrupted
+///   purge.
+/// - On any sled or decoding error the method returns a `StorageError` (and `append` also
+///   reports the error through its callback): openraft then stops the node. Nothing is retried
+///   or ignored here.
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    /// The last purged log id and the last log id present (or the last purged one when the log
+    /// is empty).
+    async fn get_log_state(&mut self) -> StorageResult<LogState<TypeConfig>> {
+        let read = || -> Result<LogState<TypeConfig>, StoreError> {
+            let last_purged_log_id = self.last_purged()?;
+            let last_log_id = self.last_entry_log_id()?.or(last_purged_log_id);
+            Ok(LogState {
+                last_purged_log_id,
+                last_log_id,
+            })
+        };
+        read().map_err(|error| storage_error(ErrorSubject::Logs, ErrorVerb::Read, error))
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    /// Durable before returning: the vote is fsynced.
+    async fn save_vote(&mut self, vote: &Vote<u64>) -> StorageResult<()> {
+        let result = async {
+            self.database.meta.insert(VOTE_KEY, encode(vote, "vote")?)?;
+            self.database.flush().await
+        };
+        result
+            .await
+            .map_err(|error| storage_error(ErrorSubject::Vote, ErrorVerb::Write, error))
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote<u64>>> {
+        read_meta(&self.database.meta, VOTE_KEY, "vote")
+            .map_err(|error| storage_error(ErrorSubject::Vote, ErrorVerb::Read, error))
+    }
+
+    /// Records the committed log id so that, after a restart, openraft re-applies the committed
+    /// entries after the last snapshot before serving. Not fsynced on its own: it reaches disk
+    /// with the next flush (every append, vote or sled's periodic flush). Losing the latest value
+    /// in a crash only means re-applying less at startup and learning the rest from the leader;
+    /// a saved value never points past the flushed log, because every append fsyncs before
+    /// openraft can commit it.
+    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> StorageResult<()> {
+        let write = || -> Result<(), StoreError> {
+            match committed {
+                Some(log_id) => self
+                    .database
+                    .meta
+                    .insert(COMMITTED_KEY, encode(&log_id, "committed log id")?)?,
+                None => self.database.meta.remove(COMMITTED_KEY)?,
+            };
+            Ok(())
+        };
+        write().map_err(|error| storage_error(ErrorSubject::Store, ErrorVerb::Write, error))
+    }
+
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId<u64>>> {
+        read_meta(&self.database.meta, COMMITTED_KEY, "committed log id")
+            .map_err(|error| storage_error(ErrorSubject::Store, ErrorVerb::Read, error))
+    }
+
+    /// Writes the entries (readable as soon as this returns), fsyncs, then calls back. The
+    /// callback is never invoked before the fsync succeeded; on failure it receives the error.
+    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let result = async {
+            self.write_entries(entries)?;
+            self.database.flush().await
+        };
+        match result.await {
+            Ok(()) => {
+                callback.log_io_completed(Ok(()));
+                Ok(())
+            }
+            Err(error) => {
+                callback.log_io_completed(Err(io::Error::other(error.to_string())));
+                Err(storage_error(ErrorSubject::Logs, ErrorVerb::Write, error))
+            }
+        }
+    }
+
+    /// Removes the entries from `log_id.index` on, in one atomic sled batch, and fsyncs.
+    async fn truncate(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
+        let result = async {
+            self.remove_entries((Bound::Included(log_id.index), Bound::Unbounded))?;
+            self.database.flush().await
+        };
+        result
+            .await
+            .map_err(|error| storage_error(ErrorSubject::Log(log_id), ErrorVerb::Delete, error))
+    }
+
+    /// Records `log_id` as the last purged log id and fsyncs, then removes the entries up to
+    /// it. A crash between the two leaves stale entries below the purge point, which `open`
+    /// removes; never a hole above it.
+    async fn purge(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
+        let result = async {
+            if self
+                .last_purged()?
+                .is_some_and(|last_purged| last_purged >= log_id)
+            {
+                return Ok(());
+            }
+            self.database
+                .meta
+                .insert(LAST_PURGED_KEY, encode(&log_id, "last purged log id")?)?;
+            self.database.flush().await?;
+            self.remove_entries((Bound::Unbounded, Bound::Included(log_id.index)))
+        };
+        result
+            .await
+            .map_err(|error| storage_error(ErrorSubject::Log(log_id), ErrorVerb::Delete, error))
+    }
+}
+
+impl LogStore {
+    /// Wraps the shared database and finishes a purge that a crash interrupted.
+    pub(super) fn open(database: Database) -> Result<LogStore, StoreError> {
+        let store = LogStore { database };
+        if let Some(last_purged) = store.last_purged()? {
+            store.remove_entries((Bound::Unbounded, Bound::Included(last_purged.index)))?;
+            store.database.db.flush()?;
+        }
+        Ok(store)
+    }
+
+    fn last_purged(&self) -> Result<Option<LogId<u64>>, StoreError> {
+        read_meta(&self.database.meta, LAST_PURGED_KEY, "last purged log id")
+    }
+
+    fn last_entry_log_id(&self) -> Result<Option<LogId<u64>>, StoreError> {
+        match self.database.logs.last()? {
+            Some((key, value)) => Ok(Some(decode_entry(&key, &value)?.log_id)),
+            None => Ok(None),
+        }
+    }
+
+    fn read_entries(
+        &self,
+        range: impl RangeBounds<u64>,
+    ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        let mut entries: Vec<Entry<TypeConfig>> = Vec::new();
+        for item in self.database.logs.range(key_range(range)) {
+            let (key, value) = item?;
+            let entry = decode_entry(&key, &value)?;
+            if let Some(previous) = entries.last() {
+                if previous.log_id.index + 1 != entry.log_id.index {
+                    return Err(StoreError::Corrupt {
+                        what: "log".to_owned(),
+                        reason: format!(
+                            "hole between index {} and {}",
+                            previous.log_id.index, entry.log_id.index
+                        ),
+                    });
+                }
+            }
+            entries.push(entry);
+        }
+        Ok(entries)
+    }
+
+    /// Inserts the entries in one atomic sled batch. They must be consecutive.
+    fn write_entries(
+        &self,
+        entries: impl IntoIterator<Item = Entry<TypeConfig>>,
+    ) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        let mut previous: Option<LogId<u64>> = None;
+        for entry in entries {
+            if let Some(previous) = previous {
+                if previous.index + 1 != entry.log_id.index {
+                    return Err(StoreError::Refused(format!(
+                        "appended entries are not consecutive: index {} after {}",
+                        entry.log_id.index, previous.index
+                    )));
+                }
+            }
+            previous = Some(entry.log_id);
+            batch.insert(&log_key(entry.log_id.index), encode(&entry, "log entry")?);
+        }
+        self.database.logs.apply_batch(batch)?;
+        Ok(())
+    }
+
+    fn remove_entries(&self, range: impl RangeBounds<u64>) -> Result<(), StoreError> {
+        let mut batch = sled::Batch::default();
+        for key in self.database.logs.range(key_range(range)).keys() {
+            batch.remove(key?);
+        }
+        self.database.logs.apply_batch(batch)?;
+        Ok(())
+    }
+}
+
+fn key_range(range: impl RangeBounds<u64>) -> (Bound<[u8; 8]>, Bound<[u8; 8]>) {
+    let start = range.start_bound().map(|index| log_key(*index));
+    let end = range.end_bound().map(|index| log_key(*index));
+    (start, end)
+}
+
+/// Decodes the entry stored under `key` and checks that it is the entry for that index.
+fn decode_entry(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
+    let index = <[u8; 8]>::try_from(key)
+        .map(u64::from_be_bytes)
+        .map_err(|_| StoreError::Corrupt {
+            what: "log key".to_owned(),
+            reason: format!("{} bytes instead of 8", key.len()),
+        })?;
+    let entry: Entry<TypeConfig> = decode(value, &format!("log entry {index}"))?;
+    if entry.log_id.index != index {
+        return Err(StoreError::Corrupt {
+            what: format!("log entry {index}"),
+            reason: format!("it holds the entry for index {}", entry.log_id.index),
+        });
+    }
+    Ok(entry)
+}

@@ -1,0 +1,220 @@
+//! openraft storage for Baton on sled: the durable Raft log and vote (`LogStore`), and the
+//! in-memory lease state machine with its persisted snapshots (`StateMachineStore`).
+//!
+//! One sled database per node, in the data dir, holds three trees: `log` (entries keyed by
+//! big-endian index), `meta` (vote, committed log id, last purged log id, format version) and
+//! `snapshot` (the last snapshot's meta and bytes). The machine itself is not persisted on every
+//! apply: a restart rebuilds it from the last snapshot, and openraft re-applies the committed
+//! log after it (the committed log id is saved for exactly that).
+//!
+//! Every byte read back from disk is decoded with a size limit; garbage is an error, never a
+//! panic. Every sled or decoding error becomes an openraft `StorageError`, which stops the node.
+//! Nothing here interprets commands: that is `machine`'s job, and sled types never leave this
+//! module tree.
+
+mod log;
+mod state_machine;
+
+use std::fmt;
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::{Arc, Mutex, RwLock};
+
+use openraft::{AnyError, ErrorSubject, ErrorVerb, LogId, StorageError, StorageIOError};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::machine::{decode_value, encode_value, Batch, CodecError, Machine, Response};
+
+pub use self::log::LogStore;
+pub use self::state_machine::{MachineHandle, SnapshotBuilder, StateMachineStore};
+
+openraft::declare_raft_types!(
+    /// The openraft type configuration of a Baton cluster.
+    pub TypeConfig:
+        D = Batch,
+        R = Applied,
+        NodeId = u64,
+        Node = Member,
+        Entry = openraft::Entry<TypeConfig>,
+        SnapshotData = Cursor<Vec<u8>>,
+        AsyncRuntime = openraft::TokioRuntime,
+);
+
+/// The openraft error type every storage method returns.
+pub type StorageResult<T> = Result<T, StorageError<u64>>;
+
+/// What applying one log entry produced.
+///
+/// `time_ms` is the machine's cluster time right after the entry. Blank and membership entries
+/// produce no `responses` and leave the time unchanged.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Applied {
+    pub time_ms: u64,
+    pub responses: Vec<Response>,
+}
+
+/// A cluster member's addresses: `api_addr` serves clients (HTTP), `peer_addr` serves Raft.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Member {
+    pub api_addr: String,
+    pub peer_addr: String,
+}
+
+impl fmt::Display for Member {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}@{}", self.api_addr, self.peer_addr)
+    }
+}
+
+/// Why the store could not open, read or write. Inside openraft's traits each of these becomes
+/// a `StorageError`, which stops the node: the store never guesses past one.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    #[error("corrupt {what} on disk: {reason}")]
+    Corrupt { what: String, reason: String },
+    #[error("encoding {what} failed: {reason}")]
+    Encode { what: String, reason: String },
+    #[error("machine snapshot: {0}")]
+    Machine(#[from] CodecError),
+    #[error("the data dir holds store format {found}; this build reads format {STORE_FORMAT}")]
+    UnsupportedFormat { found: u32 },
+    #[error("refused a write that breaks the storage contract: {0}")]
+    Refused(String),
+    #[error("the applied state is unusable: an apply panicked while holding it")]
+    Poisoned,
+    #[error("a blocking storage task did not complete: {0}")]
+    Blocking(String),
+}
+
+/// Opens (or creates) the store in `dir`: one sled database shared by the log and the state
+/// machine. The machine is rebuilt from the last persisted snapshot, or starts empty; openraft
+/// then re-applies the committed log entries after the snapshot when the node starts.
+///
+/// Log entries at or below the last purged log id, left over by a crash in the middle of a
+/// purge, are removed here, so the log starts right after the purge point with no hole.
+pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let db = sled::Config::new().path(dir).open()?;
+    let meta = db.open_tree(META_TREE)?;
+    check_format(&db, &meta)?;
+    let database = Database {
+        logs: db.open_tree(LOG_TREE)?,
+        meta,
+        snapshots: db.open_tree(SNAPSHOT_TREE)?,
+        db,
+        snapshot_write: Arc::new(Mutex::new(())),
+    };
+    let log_store = LogStore::open(database.clone())?;
+    let state_machine = StateMachineStore::open(database)?;
+    Ok((log_store, state_machine))
+}
+
+// ---- helpers shared by the log and the state machine ----
+
+/// Version of the on-disk layout (tree names, keys, value encodings). Bumped on any change.
+const STORE_FORMAT: u32 = 1;
+/// Larger than any log entry, vote or snapshot meta the limits allow; guards against absurd
+/// length prefixes in corrupt bytes.
+const VALUE_BYTES_MAX: usize = 1 << 30;
+
+const LOG_TREE: &str = "log";
+const META_TREE: &str = "meta";
+const SNAPSHOT_TREE: &str = "snapshot";
+const FORMAT_KEY: &[u8] = b"format";
+
+/// The sled handles both halves of the store share. Cloning is cheap (sled handles are `Arc`s).
+#[derive(Debug, Clone)]
+struct Database {
+    db: sled::Db,
+    logs: sled::Tree,
+    meta: sled::Tree,
+    snapshots: sled::Tree,
+    /// Serializes snapshot writes (a background build against an install), so an older snapshot
+    /// never overwrites a newer one.
+    snapshot_write: Arc<Mutex<()>>,
+}
+
+impl Database {
+    /// Fsyncs everything written so far, in every tree, off the async runtime's threads.
+    async fn flush(&self) -> Result<(), StoreError> {
+        let db = self.db.clone();
+        run_blocking(move || db.flush().map(|_| ()).map_err(StoreError::from)).await
+    }
+}
+
+fn check_format(db: &sled::Db, meta: &sled::Tree) -> Result<(), StoreError> {
+    match meta.get(FORMAT_KEY)? {
+        Some(bytes) => {
+            let found = decode::<u32>(&bytes, "store format")?;
+            if found != STORE_FORMAT {
+                return Err(StoreError::UnsupportedFormat { found });
+            }
+        }
+        None => {
+            meta.insert(FORMAT_KEY, encode(&STORE_FORMAT, "store format")?)?;
+            db.flush()?;
+        }
+    }
+    Ok(())
+}
+
+/// Runs blocking sled work (fsync, large values) on tokio's blocking pool.
+async fn run_blocking<T, F>(work: F) -> Result<T, StoreError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+{
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|join_error| StoreError::Blocking(join_error.to_string()))?
+}
+
+fn encode<T: Serialize>(value: &T, what: &str) -> Result<Vec<u8>, StoreError> {
+    encode_value(value).map_err(|error| StoreError::Encode {
+        what: what.to_owned(),
+        reason: error.to_string(),
+    })
+}
+
+/// Decodes exactly one value from `bytes`: over the limit, malformed or trailing bytes are all
+/// `StoreError::Corrupt`.
+fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StoreError> {
+    decode_value(bytes, VALUE_BYTES_MAX).map_err(|error| StoreError::Corrupt {
+        what: what.to_owned(),
+        reason: error.to_string(),
+    })
+}
+
+/// Turns a store error into the openraft error that stops the node.
+fn storage_error(
+    subject: ErrorSubject<u64>,
+    verb: ErrorVerb,
+    error: StoreError,
+) -> StorageError<u64> {
+    StorageIOError::new(subject, verb, AnyError::new(&error)).into()
+}
+
+fn log_key(index: u64) -> [u8; 8] {
+    index.to_be_bytes()
+}
+
+fn read_meta<T: DeserializeOwned>(
+    meta: &sled::Tree,
+    key: &[u8],
+    what: &str,
+) -> Result<Option<T>, StoreError> {
+    meta.get(key)?.map(|bytes| decode(&bytes, what)).transpose()
+}
+
+/// The state the machine is in, and the log position it is at. Shared between the openraft
+/// state machine (writer) and `MachineHandle`s (readers).
+#[derive(Debug)]
+struct AppliedState {
+    machine: Machine,
+    last_applied: Option<LogId<u64>>,
+    last_membership: openraft::StoredMembership<u64, Member>,
+}
+
+type SharedState = Arc<RwLock<AppliedState>>;

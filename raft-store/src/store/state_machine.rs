@@ -1,0 +1,335 @@
+//! The lease state machine as openraft sees it: `StateMachineStore` implements
+//! `RaftStateMachine`, `SnapshotBuilder` implements `RaftSnapshotBuilder`, and `MachineHandle`
+//! lets the HTTP server read the applied state.
+//!
+//! The `Machine` lives in memory behind one `RwLock`, together with the log id of the last
+//! applied entry and the last applied membership, so a reader always sees a machine and the
+//! log position it is at, never one without the other. Only snapshots are persisted (the
+//! `snapshot` tree: meta, bytes, and a counter for unique ids). A restart rebuilds the machine
+//! from the last snapshot and openraft re-applies the committed log after it: every entry is in
+//! the rebuilt state exactly once. Deciding what a command does belongs to `machine`, never here.
+
+use std::io::Cursor;
+
+use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
+use openraft::{
+    DefensiveError, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
+    RaftSnapshotBuilder, StorageError, StoredMembership, Violation,
+};
+
+use super::{
+    encode, read_meta, run_blocking, storage_error, Applied, AppliedState, Database, Member,
+    SharedState, StorageResult, StoreError, TypeConfig,
+};
+use crate::machine::Machine;
+
+const SNAPSHOT_META_KEY: &[u8] = b"meta";
+const SNAPSHOT_DATA_KEY: &[u8] = b"data";
+const SNAPSHOT_COUNTER_KEY: &[u8] = b"counter";
+
+/// The in-memory lease state machine and its persisted snapshots, for openraft.
+#[derive(Debug)]
+pub struct StateMachineStore {
+    state: SharedState,
+    database: Database,
+}
+
+/// A cheap, cloneable read handle on the applied state, for linearizable reads (after the read
+/// index is applied) and for the replica digest.
+#[derive(Debug, Clone)]
+pub struct MachineHandle {
+    state: SharedState,
+}
+
+/// Builds a snapshot of the applied state; runs in openraft's background task, concurrently
+/// with `apply`.
+#[derive(Debug)]
+pub struct SnapshotBuilder {
+    state: SharedState,
+    database: Database,
+}
+
+impl StateMachineStore {
+    /// A read handle on this state machine's applied state.
+    pub fn handle(&self) -> MachineHandle {
+        MachineHandle {
+            state: self.state.clone(),
+        }
+    }
+
+    /// Rebuilds the machine from the last persisted snapshot, or starts empty.
+    pub(super) fn open(database: Database) -> Result<StateMachineStore, StoreError> {
+        let state = match read_persisted_snapshot(&database)? {
+            Some((meta, data)) => AppliedState {
+                machine: Machine::decode_snapshot(&data)?,
+                last_applied: meta.last_log_id,
+                last_membership: meta.last_membership,
+            },
+            None => AppliedState {
+                machine: Machine::default(),
+                last_applied: None,
+                last_membership: StoredMembership::default(),
+            },
+        };
+        tracing::info!(last_applied = ?state.last_applied, "state machine rebuilt from the last snapshot");
+        Ok(StateMachineStore {
+            state: SharedState::new(state.into()),
+            database,
+        })
+    }
+}
+
+impl MachineHandle {
+    /// Runs `read` on the machine and the log id of the last entry applied to it, under the read
+    /// lock: keep `read` short, `apply` waits for it. Fails only if an apply panicked (then the
+    /// state is unusable and the node is stopping).
+    pub fn read<T>(
+        &self,
+        read: impl FnOnce(&Machine, Option<LogId<u64>>) -> T,
+    ) -> Result<T, StoreError> {
+        let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
+        Ok(read(&state.machine, state.last_applied))
+    }
+
+    /// The log id of the last applied entry.
+    pub fn last_applied(&self) -> Result<Option<LogId<u64>>, StoreError> {
+        self.read(|_, last_applied| last_applied)
+    }
+
+    /// The last applied membership, with the log id of the entry that set it.
+    pub fn last_membership(&self) -> Result<StoredMembership<u64, Member>, StoreError> {
+        let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
+        Ok(state.last_membership.clone())
+    }
+}
+
+/// The state machine contract Baton relies on.
+///
+/// - `apply` runs each entry through `Machine::apply` (normal entries), records membership
+///   (membership entries), advances the last applied log id, and returns one `Applied` per
+///   entry, in order. It refuses an entry at or below the last applied index (applying twice
+///   would corrupt the state) with a `StorageError`.
+/// - The machine is in memory; snapshots are what is durable. `build_snapshot` and
+///   `install_snapshot` fsync the snapshot before returning, so openraft purges only logs that
+///   a durable snapshot covers. A built snapshot never replaces a persisted one that covers more
+///   of the log.
+/// - Snapshot bytes are `Machine::encode_snapshot`; the applied log id and membership travel in
+///   openraft's `SnapshotMeta`. Bytes that do not decode are a `StorageError`, never a panic.
+/// - Any sled, encoding or decoding error, or a poisoned lock, is a `StorageError`: openraft
+///   stops the node.
+impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotBuilder = SnapshotBuilder;
+
+    async fn applied_state(
+        &mut self,
+    ) -> StorageResult<(Option<LogId<u64>>, StoredMembership<u64, Member>)> {
+        let state = self.state.read().map_err(|_| poisoned())?;
+        Ok((state.last_applied, state.last_membership.clone()))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<Applied>>
+    where
+        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let mut state = self.state.write().map_err(|_| poisoned())?;
+        let mut applied = Vec::new();
+        for entry in entries {
+            if let Some(last_applied) = state.last_applied {
+                if entry.log_id.index <= last_applied.index {
+                    let violation = Violation::ApplyNonConsecutive {
+                        prev: Some(last_applied),
+                        next: entry.log_id,
+                    };
+                    return Err(
+                        DefensiveError::new(ErrorSubject::Apply(entry.log_id), violation).into(),
+                    );
+                }
+            }
+            state.last_applied = Some(entry.log_id);
+            let responses = match entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(batch) => state.machine.apply(&batch),
+                EntryPayload::Membership(membership) => {
+                    state.last_membership = StoredMembership::new(Some(entry.log_id), membership);
+                    Vec::new()
+                }
+            };
+            applied.push(Applied {
+                time_ms: state.machine.time_ms(),
+                responses,
+            });
+        }
+        Ok(applied)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
+        SnapshotBuilder {
+            state: self.state.clone(),
+            database: self.database.clone(),
+        }
+    }
+
+    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<Cursor<Vec<u8>>>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    /// Decodes the received bytes (an error on garbage), persists meta and bytes with an fsync,
+    /// then replaces the in-memory machine, applied log id and membership at once.
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, Member>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> StorageResult<()> {
+        let signature = meta.signature();
+        let fail = |verb, error| {
+            storage_error(ErrorSubject::Snapshot(Some(signature.clone())), verb, error)
+        };
+        let data = snapshot.into_inner();
+        let machine =
+            Machine::decode_snapshot(&data).map_err(|error| fail(ErrorVerb::Read, error.into()))?;
+        let database = self.database.clone();
+        let persisted_meta = meta.clone();
+        run_blocking(move || {
+            persist_snapshot(&database, persisted_meta, &data, SnapshotOrigin::Installed)
+        })
+        .await
+        .map_err(|error| fail(ErrorVerb::Write, error))?;
+        tracing::info!(snapshot = %meta, "snapshot installed");
+        let mut state = self.state.write().map_err(|_| poisoned())?;
+        *state = AppliedState {
+            machine,
+            last_applied: meta.last_log_id,
+            last_membership: meta.last_membership.clone(),
+        };
+        Ok(())
+    }
+
+    /// The last persisted snapshot (built here or installed), read back from disk.
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+        let database = self.database.clone();
+        let persisted = run_blocking(move || read_persisted_snapshot(&database))
+            .await
+            .map_err(|error| storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, error))?;
+        Ok(persisted.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+/// Encodes the machine under the read lock (so `apply` waits for the encoding, and the bytes
+/// match the applied log id exactly), then persists meta and bytes with an fsync before
+/// returning. The snapshot id is `{term}-{index}-{counter}` with a persisted counter, unique
+/// across restarts.
+impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+        let fail = |verb, error| storage_error(ErrorSubject::Snapshot(None), verb, error);
+        let (data, meta) = {
+            let state = self.state.read().map_err(|_| poisoned())?;
+            let data = state
+                .machine
+                .encode_snapshot()
+                .map_err(|error| fail(ErrorVerb::Read, error.into()))?;
+            let meta = SnapshotMeta {
+                last_log_id: state.last_applied,
+                last_membership: state.last_membership.clone(),
+                snapshot_id: String::new(),
+            };
+            (data, meta)
+        };
+        let database = self.database.clone();
+        let (meta, data) = run_blocking(move || {
+            let meta = persist_snapshot(&database, meta, &data, SnapshotOrigin::Built)?;
+            Ok((meta, data))
+        })
+        .await
+        .map_err(|error| fail(ErrorVerb::Write, error))?;
+        tracing::info!(snapshot = %meta, bytes = data.len(), "snapshot built");
+        Ok(Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SnapshotOrigin {
+    /// Built here: gets a fresh id, and is not written over a persisted snapshot that covers
+    /// more of the log (a slow build racing an install).
+    Built,
+    /// Received from the leader: openraft already decided it is newer; written as is.
+    Installed,
+}
+
+/// Writes meta and bytes in one atomic sled batch and fsyncs, under the snapshot-write lock.
+/// Returns the meta as persisted (with its id, for a built snapshot). Blocking.
+fn persist_snapshot(
+    database: &Database,
+    mut meta: SnapshotMeta<u64, Member>,
+    data: &[u8],
+    origin: SnapshotOrigin,
+) -> Result<SnapshotMeta<u64, Member>, StoreError> {
+    let _write = database
+        .snapshot_write
+        .lock()
+        .map_err(|_| StoreError::Poisoned)?;
+    let mut batch = sled::Batch::default();
+    if origin == SnapshotOrigin::Built {
+        let counter = read_meta::<u64>(
+            &database.snapshots,
+            SNAPSHOT_COUNTER_KEY,
+            "snapshot counter",
+        )?
+        .unwrap_or(0)
+        .saturating_add(1);
+        meta.snapshot_id = snapshot_id(meta.last_log_id, counter);
+        let persisted: Option<SnapshotMeta<u64, Member>> =
+            read_meta(&database.snapshots, SNAPSHOT_META_KEY, "snapshot meta")?;
+        if persisted.is_some_and(|persisted| persisted.last_log_id > meta.last_log_id) {
+            return Ok(meta);
+        }
+        batch.insert(SNAPSHOT_COUNTER_KEY, encode(&counter, "snapshot counter")?);
+    }
+    batch.insert(SNAPSHOT_META_KEY, encode(&meta, "snapshot meta")?);
+    batch.insert(SNAPSHOT_DATA_KEY, data);
+    database.snapshots.apply_batch(batch)?;
+    database.db.flush()?;
+    Ok(meta)
+}
+
+/// A persisted snapshot: its meta and the machine's bytes.
+type PersistedSnapshot = (SnapshotMeta<u64, Member>, Vec<u8>);
+
+/// The persisted snapshot's meta and bytes, if there is one. Blocking.
+fn read_persisted_snapshot(database: &Database) -> Result<Option<PersistedSnapshot>, StoreError> {
+    let meta: Option<SnapshotMeta<u64, Member>> =
+        read_meta(&database.snapshots, SNAPSHOT_META_KEY, "snapshot meta")?;
+    let data = database.snapshots.get(SNAPSHOT_DATA_KEY)?;
+    match (meta, data) {
+        (Some(meta), Some(data)) => Ok(Some((meta, data.to_vec()))),
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(snapshot_half("meta without bytes")),
+        (None, Some(_)) => Err(snapshot_half("bytes without meta")),
+    }
+}
+
+fn snapshot_half(reason: &str) -> StoreError {
+    StoreError::Corrupt {
+        what: "snapshot".to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+fn snapshot_id(last_log_id: Option<LogId<u64>>, counter: u64) -> String {
+    let (term, index) = last_log_id.map_or((0, 0), |log_id| (log_id.leader_id.term, log_id.index));
+    format!("{term}-{index}-{counter}")
+}
+
+fn poisoned() -> StorageError<u64> {
+    storage_error(
+        ErrorSubject::StateMachine,
+        ErrorVerb::Read,
+        StoreError::Poisoned,
+    )
+}

@@ -1,0 +1,1000 @@
+//! A model test: a deliberately naive reference implementation of the lease rules (SPEC G2, G3,
+//! G4, G8 and section 4) is fed the same random entries as the real machine, and their answers
+//! and observable state must agree after every entry.
+//!
+//! The model keeps plain `Vec`s and scans them linearly; its path logic splits strings into
+//! segments and shares nothing with `ResourcePath`'s ancestor or range helpers. Where the real
+//! machine's order of checks is a choice the SPEC leaves open (which validation comes first,
+//! which of several live conflicts is reported), the model mirrors it and says so.
+
+mod common;
+
+use baton_raft_store::machine::{
+    Batch, Command, Event, EventKind, FenceClaim, Grant, IdempotencyTag, Labels, LeaseMode,
+    LeaseView, Limits, Machine, Namespace, NewSession, Op, Owner, Reply, ResourcePath, Response,
+    SessionId, SessionView,
+};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+// ---- the model ----
+
+#[derive(Debug, Clone)]
+struct ModelSession {
+    namespace: Namespace,
+    id: SessionId,
+    holder: String,
+    ttl_ms: u64,
+    labels: Labels,
+    deadline_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+struct ModelLease {
+    namespace: Namespace,
+    resource: ResourcePath,
+    session: SessionId,
+    fence: u64,
+    mode: LeaseMode,
+    labels: Labels,
+    acquired_at_ms: u64,
+    max_hold_deadline_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone)]
+struct ModelValue {
+    namespace: Namespace,
+    key: ResourcePath,
+    revision: u64,
+}
+
+#[derive(Debug, Clone)]
+struct ModelRecord {
+    recorded_ms: u64,
+    namespace: Namespace,
+    key: String,
+    fingerprint: [u8; 32],
+    reply: Reply,
+}
+
+/// A refusal as the model sees it: the code, plus the structured parts callers act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Refusal {
+    Invalid,
+    NotFound,
+    LeaseHeld(LeaseView),
+    LeaseLost,
+    StaleFence(Option<u64>),
+    PayloadTooLarge,
+    KeyReused,
+    Exhausted,
+}
+
+impl Refusal {
+    fn code(&self) -> &'static str {
+        match self {
+            Refusal::Invalid => "INVALID_ARGUMENT",
+            Refusal::NotFound => "NOT_FOUND",
+            Refusal::LeaseHeld(_) => "LEASE_HELD",
+            Refusal::LeaseLost => "LEASE_LOST",
+            Refusal::StaleFence(_) => "STALE_FENCE",
+            Refusal::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            Refusal::KeyReused => "IDEMPOTENCY_KEY_REUSED",
+            Refusal::Exhausted => "RESOURCE_EXHAUSTED",
+        }
+    }
+}
+
+/// A response normalized for comparison: replies exactly, refusals by code and structure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Normalized {
+    Ok {
+        reply: Reply,
+        replayed: bool,
+    },
+    Err {
+        code: &'static str,
+        held_by: Option<LeaseView>,
+        current_fence: Option<Option<u64>>,
+    },
+}
+
+fn normalize_real(response: &Response) -> Normalized {
+    use baton_raft_store::machine::Rejection;
+    match &response.outcome {
+        Ok(reply) => Normalized::Ok {
+            reply: reply.clone(),
+            replayed: response.replayed,
+        },
+        Err(rejection) => Normalized::Err {
+            code: rejection.code(),
+            held_by: match rejection {
+                Rejection::LeaseHeld { held_by, .. } => Some(LeaseView::clone(held_by)),
+                _ => None,
+            },
+            current_fence: match rejection {
+                Rejection::StaleFence { current_fence, .. } => Some(*current_fence),
+                _ => None,
+            },
+        },
+    }
+}
+
+fn normalize_model(outcome: &Result<Reply, Refusal>, replayed: bool) -> Normalized {
+    match outcome {
+        Ok(reply) => Normalized::Ok {
+            reply: reply.clone(),
+            replayed,
+        },
+        Err(refusal) => Normalized::Err {
+            code: refusal.code(),
+            held_by: match refusal {
+                Refusal::LeaseHeld(view) => Some(view.clone()),
+                _ => None,
+            },
+            current_fence: match refusal {
+                Refusal::StaleFence(fence) => Some(*fence),
+                _ => None,
+            },
+        },
+    }
+}
+
+#[derive(Debug)]
+struct Model {
+    limits: Limits,
+    time_ms: u64,
+    fence_counter: u64,
+    revision: u64,
+    /// Every event ever recorded (the real machine keeps a window of them).
+    events: Vec<Event>,
+    sessions: Vec<ModelSession>,
+    leases: Vec<ModelLease>,
+    values: Vec<ModelValue>,
+    /// Oldest first.
+    records: Vec<ModelRecord>,
+}
+
+/// The segments of a path, by splitting on '/'.
+fn segments(text: &str) -> Vec<&str> {
+    text.split('/').collect()
+}
+
+/// Whether `outer` is `inner` or one of its ancestors, segment by segment.
+fn covers_or_equals(outer: &str, inner: &str) -> bool {
+    let (outer, inner) = (segments(outer), segments(inner));
+    outer.len() <= inner.len() && outer.iter().zip(inner.iter()).all(|(a, b)| a == b)
+}
+
+/// G2: whether a `mode` lease on `wanted` conflicts with a `held_mode` lease on `held`.
+fn conflicts(wanted: &str, mode: LeaseMode, held: &str, held_mode: LeaseMode) -> bool {
+    wanted == held
+        || (held_mode == LeaseMode::Subtree && covers_or_equals(held, wanted))
+        || (mode == LeaseMode::Subtree && covers_or_equals(wanted, held))
+}
+
+impl Model {
+    fn new(limits: Limits) -> Model {
+        Model {
+            limits,
+            time_ms: 0,
+            fence_counter: 0,
+            revision: 0,
+            events: Vec::new(),
+            sessions: Vec::new(),
+            leases: Vec::new(),
+            values: Vec::new(),
+            records: Vec::new(),
+        }
+    }
+
+    fn apply(&mut self, batch: &Batch) -> Vec<Normalized> {
+        self.time_ms = self.time_ms.max(batch.stamp_ms);
+        // G8: records older than the idempotency window are forgotten, oldest first.
+        let (time_ms, ttl_ms) = (self.time_ms, self.limits.idempotency_ttl_ms);
+        self.records
+            .retain(|record| record.recorded_ms.saturating_add(ttl_ms) > time_ms);
+        while self.records.len() > self.limits.idempotency_keys_max {
+            self.records.remove(0);
+        }
+        batch
+            .commands
+            .iter()
+            .map(|command| self.command(command))
+            .collect()
+    }
+
+    fn command(&mut self, command: &Command) -> Normalized {
+        match command {
+            Command::Sweep { max } => {
+                let (leases, sessions) = self.sweep(*max as usize);
+                normalize_model(&Ok(Reply::Swept { leases, sessions }), false)
+            }
+            Command::SetLimits(limits) => {
+                self.limits = limits.clone();
+                normalize_model(&Ok(Reply::LimitsSet), false)
+            }
+            Command::Namespaced {
+                namespace,
+                idempotency,
+                op,
+            } => {
+                // Mirrors the real order: the key's shape first, then the lookup, then the op.
+                if let Some(tag) = idempotency {
+                    if !self.valid_idempotency_key(&tag.key) {
+                        return normalize_model(&Err(Refusal::Invalid), false);
+                    }
+                    if let Some(record) = self
+                        .records
+                        .iter()
+                        .find(|record| record.namespace == *namespace && record.key == tag.key)
+                    {
+                        return if record.fingerprint == tag.fingerprint {
+                            normalize_model(&Ok(record.reply.clone()), true)
+                        } else {
+                            normalize_model(&Err(Refusal::KeyReused), false)
+                        };
+                    }
+                }
+                let outcome = self.op(namespace, op);
+                if let (Some(IdempotencyTag { key, fingerprint }), Ok(reply)) =
+                    (idempotency, &outcome)
+                {
+                    self.records.push(ModelRecord {
+                        recorded_ms: self.time_ms,
+                        namespace: namespace.clone(),
+                        key: key.clone(),
+                        fingerprint: *fingerprint,
+                        reply: reply.clone(),
+                    });
+                    while self.records.len() > self.limits.idempotency_keys_max {
+                        self.records.remove(0);
+                    }
+                }
+                normalize_model(&outcome, false)
+            }
+        }
+    }
+
+    fn valid_idempotency_key(&self, key: &str) -> bool {
+        let chars = key.chars().count();
+        chars >= self.limits.idempotency_key_chars_min
+            && chars <= self.limits.idempotency_key_chars_max
+            && key.chars().all(|c| c.is_ascii_graphic())
+    }
+
+    fn op(&mut self, namespace: &Namespace, op: &Op) -> Result<Reply, Refusal> {
+        match op {
+            Op::CreateSession(new_session) => {
+                self.check_new_session(namespace, new_session)?;
+                self.insert_session(namespace, new_session);
+                Ok(Reply::SessionCreated(SessionView {
+                    session_id: new_session.session_id,
+                    holder: new_session.holder.clone(),
+                    ttl_ms: new_session.ttl_ms,
+                    labels: new_session.labels.clone(),
+                    expires_in_ms: new_session.ttl_ms,
+                }))
+            }
+            Op::Keepalive { session_id } => {
+                let index = self
+                    .live_session(namespace, *session_id)
+                    .ok_or(Refusal::LeaseLost)?;
+                let session = &mut self.sessions[index];
+                session.deadline_ms = self.time_ms + session.ttl_ms;
+                Ok(Reply::KeptAlive {
+                    session_id: *session_id,
+                    expires_in_ms: session.ttl_ms,
+                })
+            }
+            Op::Release {
+                session_id,
+                resource,
+            } => {
+                self.check_path(resource)?;
+                self.live_session(namespace, *session_id)
+                    .ok_or(Refusal::LeaseLost)?;
+                let index = self
+                    .lease_index(namespace, resource)
+                    .filter(|&index| {
+                        self.leases[index].session == *session_id && self.is_live(index)
+                    })
+                    .ok_or(Refusal::LeaseLost)?;
+                let fence = self.leases[index].fence;
+                self.remove_lease(
+                    index,
+                    EventKind::Released {
+                        resource: resource.clone(),
+                        fence,
+                    },
+                );
+                Ok(Reply::Released {
+                    resource: resource.clone(),
+                    fence,
+                })
+            }
+            Op::EndSession { session_id } => {
+                let session_index = self
+                    .live_session(namespace, *session_id)
+                    .ok_or(Refusal::NotFound)?;
+                let mut held: Vec<ResourcePath> = self
+                    .leases
+                    .iter()
+                    .filter(|lease| lease.namespace == *namespace && lease.session == *session_id)
+                    .map(|lease| lease.resource.clone())
+                    .collect();
+                held.sort();
+                let mut released = Vec::new();
+                for resource in held {
+                    let index = self
+                        .lease_index(namespace, &resource)
+                        .expect("listed just above");
+                    let fence = self.leases[index].fence;
+                    if self.is_live(index) {
+                        self.remove_lease(
+                            index,
+                            EventKind::Released {
+                                resource: resource.clone(),
+                                fence,
+                            },
+                        );
+                        released.push(resource);
+                    } else {
+                        self.remove_lease(
+                            index,
+                            EventKind::Expired {
+                                resource: resource.clone(),
+                                fence,
+                            },
+                        );
+                    }
+                }
+                self.sessions.remove(session_index);
+                Ok(Reply::SessionEnded { released })
+            }
+            Op::Acquire {
+                resource,
+                mode,
+                owner,
+                max_hold_ms,
+                labels,
+            } => self.acquire(namespace, resource, *mode, owner, *max_hold_ms, labels),
+            Op::KvPut { key, value, fence } => {
+                self.check_path(key)?;
+                if value.len() > self.limits.kv_value_bytes_max {
+                    return Err(Refusal::PayloadTooLarge);
+                }
+                self.check_fence(namespace, fence.as_ref())?;
+                let existing = self
+                    .values
+                    .iter()
+                    .position(|entry| entry.namespace == *namespace && entry.key == *key);
+                let keys = self
+                    .values
+                    .iter()
+                    .filter(|entry| entry.namespace == *namespace)
+                    .count();
+                if existing.is_none() && keys >= self.limits.kv_keys_per_namespace_max {
+                    return Err(Refusal::Exhausted);
+                }
+                let revision = self.event(
+                    namespace,
+                    EventKind::KvWritten {
+                        key: key.clone(),
+                        fence: fence.as_ref().map(|claim| claim.token),
+                    },
+                );
+                match existing {
+                    Some(index) => self.values[index].revision = revision,
+                    None => self.values.push(ModelValue {
+                        namespace: namespace.clone(),
+                        key: key.clone(),
+                        revision,
+                    }),
+                }
+                Ok(Reply::KvWritten { revision })
+            }
+            Op::KvDelete { key, fence } => {
+                self.check_path(key)?;
+                self.check_fence(namespace, fence.as_ref())?;
+                let index = self
+                    .values
+                    .iter()
+                    .position(|entry| entry.namespace == *namespace && entry.key == *key)
+                    .ok_or(Refusal::NotFound)?;
+                self.values.remove(index);
+                let revision = self.event(namespace, EventKind::KvDeleted { key: key.clone() });
+                Ok(Reply::KvDeleted { revision })
+            }
+        }
+    }
+
+    fn acquire(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+        owner: &Owner,
+        max_hold_ms: Option<u64>,
+        labels: &Labels,
+    ) -> Result<Reply, Refusal> {
+        // Mirrors the real order: path, labels, max hold, then the owner, then conflicts.
+        self.check_path(resource)?;
+        self.check_labels(labels)?;
+        if let Some(max_hold_ms) = max_hold_ms {
+            if max_hold_ms == 0 || max_hold_ms > self.limits.max_hold_ms_max {
+                return Err(Refusal::Invalid);
+            }
+        }
+        match owner {
+            Owner::Session(session_id) => {
+                self.live_session(namespace, *session_id)
+                    .ok_or(Refusal::LeaseLost)?;
+                // Counts every lease the session still has, dead (max hold) or alive.
+                let held = self
+                    .leases
+                    .iter()
+                    .filter(|lease| lease.namespace == *namespace && lease.session == *session_id)
+                    .count();
+                if held >= self.limits.leases_per_session_max {
+                    return Err(Refusal::Exhausted);
+                }
+            }
+            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session)?,
+        }
+
+        // G2, by pairs. Of several live conflicts the real machine reports the lease on the
+        // same path first, then the subtree ancestors from the root down, then the lease
+        // below in path order; the model sorts its candidates the same way.
+        let mut live_conflicts: Vec<(u8, usize)> = Vec::new();
+        let mut dead_in_the_way: Vec<usize> = Vec::new();
+        for (index, lease) in self.leases.iter().enumerate() {
+            if lease.namespace != *namespace
+                || !conflicts(resource.as_str(), mode, lease.resource.as_str(), lease.mode)
+            {
+                continue;
+            }
+            let rank = if lease.resource == *resource {
+                0
+            } else if covers_or_equals(lease.resource.as_str(), resource.as_str()) {
+                1
+            } else {
+                2
+            };
+            if self.is_live(index) {
+                live_conflicts.push((rank, index));
+            } else if rank != 1 {
+                // A dead lease on the path or below a subtree request is cleared by the
+                // grant; a dead ancestor is left for the sweeper.
+                dead_in_the_way.push(index);
+            }
+        }
+        live_conflicts.sort_by(|a, b| {
+            (a.0, &self.leases[a.1].resource).cmp(&(b.0, &self.leases[b.1].resource))
+        });
+        if let Some(&(_, index)) = live_conflicts.first() {
+            return Err(Refusal::LeaseHeld(
+                self.view(index).expect("a live lease has a view"),
+            ));
+        }
+        // The dead ones go first, each with its `expired` event: the path itself, then
+        // the leases below in path order.
+        let mut dead: Vec<(bool, ResourcePath, u64)> = dead_in_the_way
+            .iter()
+            .map(|&index| {
+                (
+                    self.leases[index].resource != *resource,
+                    self.leases[index].resource.clone(),
+                    self.leases[index].fence,
+                )
+            })
+            .collect();
+        dead.sort();
+        for (_, path, fence) in dead {
+            let index = self.lease_index(namespace, &path).expect("found above");
+            self.remove_lease(
+                index,
+                EventKind::Expired {
+                    resource: path.clone(),
+                    fence,
+                },
+            );
+        }
+
+        let (session_id, session_created) = match owner {
+            Owner::Session(session_id) => (*session_id, false),
+            Owner::NewSession(new_session) => {
+                self.insert_session(namespace, new_session);
+                (new_session.session_id, true)
+            }
+        };
+        self.fence_counter += 1;
+        let fence = self.fence_counter;
+        self.leases.push(ModelLease {
+            namespace: namespace.clone(),
+            resource: resource.clone(),
+            session: session_id,
+            fence,
+            mode,
+            labels: labels.clone(),
+            acquired_at_ms: self.time_ms,
+            max_hold_deadline_ms: max_hold_ms.map(|max_hold_ms| self.time_ms + max_hold_ms),
+        });
+        let holder = self
+            .session(namespace, session_id)
+            .expect("the owner exists")
+            .holder
+            .clone();
+        self.event(
+            namespace,
+            EventKind::Granted {
+                resource: resource.clone(),
+                holder,
+                fence,
+                mode,
+            },
+        );
+        let view = self
+            .view(self.leases.len() - 1)
+            .expect("a fresh lease is live");
+        Ok(Reply::Granted(Grant {
+            lease: view,
+            session_id,
+            session_created,
+        }))
+    }
+
+    /// G4: the claim must name the live lease on its resource, held by the claim's session.
+    fn check_fence(
+        &self,
+        namespace: &Namespace,
+        claim: Option<&FenceClaim>,
+    ) -> Result<(), Refusal> {
+        let Some(claim) = claim else { return Ok(()) };
+        self.check_path(&claim.resource)?;
+        match self
+            .lease_index(namespace, &claim.resource)
+            .filter(|&index| self.is_live(index))
+        {
+            None => Err(Refusal::StaleFence(None)),
+            Some(index) => {
+                let lease = &self.leases[index];
+                if lease.fence == claim.token && lease.session == claim.session_id {
+                    Ok(())
+                } else {
+                    Err(Refusal::StaleFence(Some(lease.fence)))
+                }
+            }
+        }
+    }
+
+    /// Mirrors the real sweep: expired sessions by (deadline, namespace, id), each one's leases
+    /// in path order and then the session itself, each removal one unit of work; then leases
+    /// past their max hold by (deadline, namespace, path).
+    fn sweep(&mut self, max: usize) -> (u64, u64) {
+        let max = max.min(self.limits.sweep_batch_max);
+        let (mut leases, mut sessions, mut work) = (0u64, 0u64, 0usize);
+        while work < max {
+            let expired = self
+                .sessions
+                .iter()
+                .filter(|session| session.deadline_ms <= self.time_ms)
+                .min_by(|a, b| {
+                    (a.deadline_ms, &a.namespace, a.id).cmp(&(b.deadline_ms, &b.namespace, b.id))
+                })
+                .map(|session| (session.namespace.clone(), session.id));
+            let Some((namespace, session_id)) = expired else {
+                break;
+            };
+            let mut held: Vec<ResourcePath> = self
+                .leases
+                .iter()
+                .filter(|lease| lease.namespace == namespace && lease.session == session_id)
+                .map(|lease| lease.resource.clone())
+                .collect();
+            held.sort();
+            held.truncate(max - work);
+            for resource in held {
+                let index = self
+                    .lease_index(&namespace, &resource)
+                    .expect("listed just above");
+                let fence = self.leases[index].fence;
+                self.remove_lease(index, EventKind::Expired { resource, fence });
+                leases += 1;
+                work += 1;
+            }
+            if !self
+                .leases
+                .iter()
+                .any(|lease| lease.namespace == namespace && lease.session == session_id)
+            {
+                let index = self
+                    .sessions
+                    .iter()
+                    .position(|session| session.namespace == namespace && session.id == session_id)
+                    .expect("found above");
+                self.sessions.remove(index);
+                sessions += 1;
+                work += 1;
+            }
+        }
+        while work < max {
+            let over = self
+                .leases
+                .iter()
+                .filter_map(|lease| lease.max_hold_deadline_ms.map(|deadline| (deadline, lease)))
+                .filter(|(deadline, _)| *deadline <= self.time_ms)
+                .min_by(|a, b| {
+                    (a.0, &a.1.namespace, &a.1.resource).cmp(&(b.0, &b.1.namespace, &b.1.resource))
+                })
+                .map(|(_, lease)| (lease.namespace.clone(), lease.resource.clone()));
+            let Some((namespace, resource)) = over else {
+                break;
+            };
+            let index = self
+                .lease_index(&namespace, &resource)
+                .expect("found above");
+            let fence = self.leases[index].fence;
+            self.remove_lease(index, EventKind::Expired { resource, fence });
+            leases += 1;
+            work += 1;
+        }
+        (leases, sessions)
+    }
+
+    // ---- checks and helpers ----
+
+    fn check_path(&self, path: &ResourcePath) -> Result<(), Refusal> {
+        let text = path.as_str();
+        let parts = segments(text);
+        let valid = !text.is_empty()
+            && text.len() <= self.limits.path_bytes_max
+            && parts.iter().all(|part| !part.is_empty())
+            && parts.len() <= self.limits.path_segments_max;
+        if valid {
+            Ok(())
+        } else {
+            Err(Refusal::Invalid)
+        }
+    }
+
+    fn check_chars(text: &str, chars_max: usize) -> Result<(), Refusal> {
+        let chars = text.chars().count();
+        if chars == 0 || chars > chars_max {
+            Err(Refusal::Invalid)
+        } else {
+            Ok(())
+        }
+    }
+
+    fn check_labels(&self, labels: &Labels) -> Result<(), Refusal> {
+        if labels.len() > self.limits.labels_max {
+            return Err(Refusal::Invalid);
+        }
+        for (key, value) in labels {
+            Self::check_chars(key, self.limits.label_chars_max)?;
+            Self::check_chars(value, self.limits.label_chars_max)?;
+        }
+        Ok(())
+    }
+
+    /// Mirrors the real order: holder, ttl, labels, the namespace's session quota (dead,
+    /// unswept sessions count), then an id already in use (dead or alive).
+    fn check_new_session(
+        &self,
+        namespace: &Namespace,
+        new_session: &NewSession,
+    ) -> Result<(), Refusal> {
+        Self::check_chars(&new_session.holder, self.limits.holder_chars_max)?;
+        if new_session.ttl_ms < self.limits.ttl_ms_min
+            || new_session.ttl_ms > self.limits.ttl_ms_max
+        {
+            return Err(Refusal::Invalid);
+        }
+        self.check_labels(&new_session.labels)?;
+        let in_namespace = self
+            .sessions
+            .iter()
+            .filter(|session| session.namespace == *namespace)
+            .count();
+        if in_namespace >= self.limits.sessions_per_namespace_max {
+            return Err(Refusal::Exhausted);
+        }
+        if self.session(namespace, new_session.session_id).is_some() {
+            return Err(Refusal::Invalid);
+        }
+        Ok(())
+    }
+
+    fn insert_session(&mut self, namespace: &Namespace, new_session: &NewSession) {
+        self.sessions.push(ModelSession {
+            namespace: namespace.clone(),
+            id: new_session.session_id,
+            holder: new_session.holder.clone(),
+            ttl_ms: new_session.ttl_ms,
+            labels: new_session.labels.clone(),
+            deadline_ms: self.time_ms + new_session.ttl_ms,
+        });
+    }
+
+    fn session(&self, namespace: &Namespace, session_id: SessionId) -> Option<&ModelSession> {
+        self.sessions
+            .iter()
+            .find(|session| session.namespace == *namespace && session.id == session_id)
+    }
+
+    /// The index of the session if it is alive now.
+    fn live_session(&self, namespace: &Namespace, session_id: SessionId) -> Option<usize> {
+        self.sessions.iter().position(|session| {
+            session.namespace == *namespace
+                && session.id == session_id
+                && self.time_ms < session.deadline_ms
+        })
+    }
+
+    fn lease_index(&self, namespace: &Namespace, resource: &ResourcePath) -> Option<usize> {
+        self.leases
+            .iter()
+            .position(|lease| lease.namespace == *namespace && lease.resource == *resource)
+    }
+
+    /// When the lease dies: its session's deadline or its max hold, whichever comes first.
+    fn deadline(&self, index: usize) -> u64 {
+        let lease = &self.leases[index];
+        let session_deadline = self
+            .session(&lease.namespace, lease.session)
+            .map_or(0, |session| session.deadline_ms);
+        lease
+            .max_hold_deadline_ms
+            .map_or(session_deadline, |max_hold| max_hold.min(session_deadline))
+    }
+
+    fn is_live(&self, index: usize) -> bool {
+        self.time_ms < self.deadline(index)
+    }
+
+    fn view(&self, index: usize) -> Option<LeaseView> {
+        if !self.is_live(index) {
+            return None;
+        }
+        let lease = &self.leases[index];
+        let session = self.session(&lease.namespace, lease.session)?;
+        Some(LeaseView {
+            resource: lease.resource.clone(),
+            fence: lease.fence,
+            holder: session.holder.clone(),
+            mode: lease.mode,
+            labels: lease.labels.clone(),
+            acquired_at_ms: lease.acquired_at_ms,
+            expires_in_ms: self.deadline(index) - self.time_ms,
+        })
+    }
+
+    fn remove_lease(&mut self, index: usize, event: EventKind) {
+        let lease = self.leases.remove(index);
+        self.event(&lease.namespace, event);
+    }
+
+    fn event(&mut self, namespace: &Namespace, kind: EventKind) -> u64 {
+        self.revision += 1;
+        self.events.push(Event {
+            revision: self.revision,
+            time_ms: self.time_ms,
+            namespace: namespace.clone(),
+            kind,
+        });
+        self.revision
+    }
+
+    // ---- the observable state ----
+
+    fn lease(&self, namespace: &Namespace, resource: &ResourcePath) -> Option<LeaseView> {
+        self.view(self.lease_index(namespace, resource)?)
+    }
+
+    fn live_leases(&self, namespace: &Namespace) -> Vec<LeaseView> {
+        let mut views: Vec<LeaseView> = (0..self.leases.len())
+            .filter(|&index| self.leases[index].namespace == *namespace)
+            .filter_map(|index| self.view(index))
+            .collect();
+        views.sort_by(|a, b| a.resource.cmp(&b.resource));
+        views
+    }
+
+    fn session_view(
+        &self,
+        namespace: &Namespace,
+        session_id: SessionId,
+    ) -> Option<(SessionView, Vec<LeaseView>)> {
+        let session = self
+            .session(namespace, session_id)
+            .filter(|session| self.time_ms < session.deadline_ms)?;
+        let mut leases: Vec<LeaseView> = (0..self.leases.len())
+            .filter(|&index| {
+                self.leases[index].namespace == *namespace
+                    && self.leases[index].session == session_id
+            })
+            .filter_map(|index| self.view(index))
+            .collect();
+        leases.sort_by(|a, b| a.resource.cmp(&b.resource));
+        let view = SessionView {
+            session_id,
+            holder: session.holder.clone(),
+            ttl_ms: session.ttl_ms,
+            labels: session.labels.clone(),
+            expires_in_ms: session.deadline_ms - self.time_ms,
+        };
+        Some((view, leases))
+    }
+
+    fn value_revision(&self, namespace: &Namespace, key: &ResourcePath) -> Option<u64> {
+        self.values
+            .iter()
+            .find(|entry| entry.namespace == *namespace && entry.key == *key)
+            .map(|entry| entry.revision)
+    }
+}
+
+// ---- the comparison ----
+
+fn compare(scenario: &common::Scenario) -> Result<(), TestCaseError> {
+    let mut machine = Machine::new(scenario.limits());
+    let mut model = Model::new(scenario.limits());
+    let universe = common::universe();
+    for (index, entry) in scenario.entries.iter().enumerate() {
+        let batch = entry.materialize(&machine);
+        let revision_before = machine.revision();
+        let real: Vec<Normalized> = machine.apply(&batch).iter().map(normalize_real).collect();
+        let expected = model.apply(&batch);
+        for (position, (real, expected)) in real.iter().zip(&expected).enumerate() {
+            prop_assert_eq!(
+                real,
+                expected,
+                "entry {} command {}: {:?}\nat time {}",
+                index,
+                position,
+                &batch.commands[position],
+                machine.time_ms()
+            );
+        }
+        prop_assert_eq!(
+            machine.time_ms(),
+            model.time_ms,
+            "entry {}: cluster time",
+            index
+        );
+        prop_assert_eq!(
+            machine.fence_counter(),
+            model.fence_counter,
+            "entry {}: fence counter",
+            index
+        );
+        prop_assert_eq!(
+            machine.revision(),
+            model.revision,
+            "entry {}: revision",
+            index
+        );
+        let new_events = machine
+            .events_after(revision_before, 1_000)
+            .unwrap_or_default();
+        let expected_events = &model.events[revision_before as usize..];
+        let kept = new_events.len().min(expected_events.len());
+        prop_assert_eq!(
+            &new_events[new_events.len() - kept..],
+            &expected_events[expected_events.len() - kept..],
+            "entry {}: events",
+            index
+        );
+        for (namespace, paths) in &universe {
+            for resource in paths {
+                prop_assert_eq!(
+                    machine.lease(namespace, resource),
+                    model.lease(namespace, resource),
+                    "entry {}: lease on {} in {}",
+                    index,
+                    resource,
+                    namespace
+                );
+                prop_assert_eq!(
+                    machine
+                        .kv_get(namespace, resource)
+                        .map(|value| value.revision),
+                    model.value_revision(namespace, resource),
+                    "entry {}: value under {}",
+                    index,
+                    resource
+                );
+            }
+            let listed = machine.leases(namespace, "", None, 1_000).items;
+            prop_assert_eq!(
+                listed,
+                model.live_leases(namespace),
+                "entry {}: live leases in {}",
+                index,
+                namespace
+            );
+            for id in 1..=common::SESSION_IDS_MAX.min(64) {
+                prop_assert_eq!(
+                    machine.session(namespace, SessionId(id)),
+                    model.session_view(namespace, SessionId(id)),
+                    "entry {}: session {} in {}",
+                    index,
+                    id,
+                    namespace
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: common::cases(256),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn machine_agrees_with_the_naive_model(scenario in common::scenario(30)) {
+        compare(&scenario)?;
+    }
+}
+
+/// The model's conflict rule against the table of SPEC G2, so the model itself is checked.
+#[test]
+fn model_conflict_rule_follows_g2() {
+    use LeaseMode::{Exclusive, Subtree};
+    let table = [
+        ("a/b", Exclusive, "a/b", Exclusive, true),
+        ("a/b", Exclusive, "a", Subtree, true),
+        ("a/b", Exclusive, "a/b", Subtree, true),
+        ("a/b", Exclusive, "a", Exclusive, false),
+        ("a/b", Exclusive, "a/b/c", Subtree, false),
+        ("a", Subtree, "a/b/c", Exclusive, true),
+        ("a", Subtree, "a", Exclusive, true),
+        ("a/b", Subtree, "a", Subtree, true),
+        ("a/b", Subtree, "a/bc", Exclusive, false),
+        ("a", Subtree, "ab", Subtree, false),
+        ("x", Subtree, "a", Subtree, false),
+    ];
+    for (wanted, mode, held, held_mode, expected) in table {
+        assert_eq!(
+            conflicts(wanted, mode, held, held_mode),
+            expected,
+            "{wanted} {mode:?} vs {held} {held_mode:?}"
+        );
+    }
+}
+
+/// A comparison must be able to fail: a model that grants a fence one too high is caught.
+#[test]
+fn comparison_catches_a_wrong_model() {
+    let limits = Limits::default();
+    let namespace = common::namespace(0);
+    let batch = Batch {
+        stamp_ms: 1_000,
+        commands: vec![Command::Namespaced {
+            namespace,
+            idempotency: None,
+            op: Op::Acquire {
+                resource: common::path("a"),
+                mode: LeaseMode::Exclusive,
+                owner: Owner::NewSession(NewSession {
+                    session_id: SessionId(1),
+                    holder: "a".to_owned(),
+                    ttl_ms: 1_000,
+                    labels: Labels::new(),
+                }),
+                max_hold_ms: None,
+                labels: Labels::new(),
+            },
+        }],
+    };
+    let mut machine = Machine::new(limits.clone());
+    let mut model = Model::new(limits);
+    model.fence_counter = 1;
+    let real: Vec<Normalized> = machine.apply(&batch).iter().map(normalize_real).collect();
+    assert_ne!(real, model.apply(&batch));
+}

@@ -1,0 +1,577 @@
+//! Property tests of the lease state machine over random log entries (see `common` for the
+//! generator): invariants after every entry, determinism across replicas, snapshot round trips,
+//! monotonic time and fences, refusals that change nothing, batching that changes nothing, and
+//! decoders that refuse garbage without panicking.
+
+mod common;
+
+use baton_raft_store::machine::{
+    decode_batch, encode_batch, Batch, Command, Limits, Machine, Namespace, Op, Reply,
+    ResourcePath, Response,
+};
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+use common::Scenario;
+
+fn snapshot(machine: &Machine) -> Result<Vec<u8>, TestCaseError> {
+    machine
+        .encode_snapshot()
+        .map_err(|error| TestCaseError::fail(format!("encode_snapshot failed: {error}")))
+}
+
+/// Applies the scenario to a machine and a twin, checking (a), (b), (d), (e), (f) and batching
+/// after every entry; then (c) from every intermediate snapshot.
+fn check_scenario(scenario: &Scenario) -> Result<(), TestCaseError> {
+    let mut machine = Machine::new(scenario.limits());
+    let mut twin = Machine::new(scenario.limits());
+    let mut snapshots = vec![snapshot(&machine)?];
+    let mut batches: Vec<Batch> = Vec::new();
+    let mut answers: Vec<Vec<Response>> = Vec::new();
+    let mut last_fence = 0u64;
+
+    for (index, entry) in scenario.entries.iter().enumerate() {
+        let batch = entry.materialize(&machine);
+        let time_before = machine.time_ms();
+        let bytes_before = snapshots.last().expect("the initial snapshot").clone();
+
+        // The same commands one at a time, at the same cluster time, on a copy.
+        let mut one_by_one = machine.clone();
+        one_by_one.apply(&Batch::tick(batch.stamp_ms));
+        let mut one_by_one_responses = Vec::new();
+        for command in &batch.commands {
+            let before = snapshot(&one_by_one)?;
+            let mut responses = one_by_one.apply(&Batch {
+                stamp_ms: 0,
+                commands: vec![command.clone()],
+            });
+            let response = responses.pop().expect("one response per command");
+            if response.outcome.is_err() {
+                prop_assert_eq!(
+                    &before,
+                    &snapshot(&one_by_one)?,
+                    "entry {}: refused {:?} changed the state",
+                    index,
+                    command
+                );
+            }
+            one_by_one_responses.push(response);
+        }
+
+        let responses = machine.apply(&batch);
+        prop_assert_eq!(responses.len(), batch.commands.len());
+
+        // (a) invariants hold after every entry.
+        if let Err(broken) = machine.check_invariants() {
+            return Err(TestCaseError::fail(format!(
+                "entry {index}: invariant broken: {broken}\nbatch: {batch:?}"
+            )));
+        }
+        // (b) a replica fed the same entry answers the same and holds the same bytes.
+        let twin_responses = twin.apply(&batch);
+        prop_assert_eq!(
+            &responses,
+            &twin_responses,
+            "entry {}: replicas answered differently",
+            index
+        );
+        let bytes_after = snapshot(&machine)?;
+        prop_assert_eq!(
+            &bytes_after,
+            &snapshot(&twin)?,
+            "entry {}: replicas diverged",
+            index
+        );
+        // Batching: one entry of many commands is the same as many entries of one command.
+        prop_assert_eq!(
+            &responses,
+            &one_by_one_responses,
+            "entry {}: batching changed the answers",
+            index
+        );
+        prop_assert_eq!(
+            &bytes_after,
+            &snapshot(&one_by_one)?,
+            "entry {}: batching changed the state",
+            index
+        );
+        // (d) cluster time never decreases, and is the largest stamp.
+        prop_assert!(
+            machine.time_ms() >= time_before,
+            "entry {}: time went back",
+            index
+        );
+        prop_assert_eq!(machine.time_ms(), time_before.max(batch.stamp_ms));
+        // (e) fences of fresh grants strictly rise (replays repeat an old grant by design).
+        for response in &responses {
+            if let (Ok(Reply::Granted(grant)), false) = (&response.outcome, response.replayed) {
+                prop_assert!(
+                    grant.lease.fence > last_fence,
+                    "entry {}: fence {} after {}",
+                    index,
+                    grant.lease.fence,
+                    last_fence
+                );
+                last_fence = grant.lease.fence;
+            }
+        }
+        prop_assert!(machine.fence_counter() >= last_fence);
+        // (f) a lone refused command at a stamp that does not move time changes nothing.
+        if batch.commands.len() == 1
+            && batch.stamp_ms <= time_before
+            && responses[0].outcome.is_err()
+        {
+            prop_assert_eq!(
+                &bytes_before,
+                &bytes_after,
+                "entry {}: a refusal changed the state",
+                index
+            );
+        }
+
+        snapshots.push(bytes_after);
+        batches.push(batch);
+        answers.push(responses);
+    }
+
+    // (c) from every snapshot: decode, re-encode to the same bytes, replay the rest identically.
+    for (start, bytes) in snapshots.iter().enumerate() {
+        let mut restored = Machine::decode_snapshot(bytes).map_err(|error| {
+            TestCaseError::fail(format!("snapshot {start} does not decode: {error}"))
+        })?;
+        prop_assert_eq!(
+            bytes,
+            &snapshot(&restored)?,
+            "snapshot {} re-encodes differently",
+            start
+        );
+        for index in start..batches.len() {
+            let responses = restored.apply(&batches[index]);
+            prop_assert_eq!(
+                &responses,
+                &answers[index],
+                "restored at {}: entry {} answered differently",
+                start,
+                index
+            );
+            prop_assert_eq!(
+                &snapshot(&restored)?,
+                &snapshots[index + 1],
+                "restored at {}: diverged at {}",
+                start,
+                index
+            );
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: common::cases(256), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn machine_properties_hold_for_random_entries(scenario in common::scenario(30)) {
+        check_scenario(&scenario)?;
+    }
+}
+
+/// The generator must reach every answer, or the properties above hold vacuously: sample
+/// scenarios with a fixed seed and count the outcomes.
+#[test]
+fn generator_reaches_every_outcome() {
+    use proptest::strategy::ValueTree;
+    use std::collections::BTreeMap;
+
+    let mut runner = proptest::test_runner::TestRunner::deterministic();
+    let strategy = common::scenario(30);
+    let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+    for _ in 0..64 {
+        let scenario = strategy
+            .new_tree(&mut runner)
+            .expect("a scenario")
+            .current();
+        let mut machine = Machine::new(scenario.limits());
+        for entry in &scenario.entries {
+            let batch = entry.materialize(&machine);
+            for response in machine.apply(&batch) {
+                let name = match &response.outcome {
+                    Ok(reply) if response.replayed => format!("replayed {}", reply_name(reply)),
+                    Ok(Reply::Swept { leases, .. }) if *leases > 0 => "swept some".to_owned(),
+                    Ok(Reply::SessionEnded { released }) if !released.is_empty() => {
+                        "ended with leases".to_owned()
+                    }
+                    Ok(reply) => reply_name(reply).to_owned(),
+                    Err(rejection) => rejection.code().to_owned(),
+                };
+                *seen.entry(name).or_default() += 1;
+            }
+        }
+    }
+    eprintln!("outcomes over 64 scenarios: {seen:?}");
+    let expected = [
+        "SessionCreated",
+        "KeptAlive",
+        "Released",
+        "SessionEnded",
+        "ended with leases",
+        "Granted",
+        "KvWritten",
+        "KvDeleted",
+        "Swept",
+        "swept some",
+        "replayed Granted",
+        "INVALID_ARGUMENT",
+        "NOT_FOUND",
+        "LEASE_HELD",
+        "LEASE_LOST",
+        "STALE_FENCE",
+        "PAYLOAD_TOO_LARGE",
+        "IDEMPOTENCY_KEY_REUSED",
+        "RESOURCE_EXHAUSTED",
+    ];
+    for name in expected {
+        assert!(
+            seen.get(name).is_some_and(|count| *count >= 3),
+            "the generator rarely or never reaches {name}: {seen:?}"
+        );
+    }
+}
+
+fn reply_name(reply: &Reply) -> &'static str {
+    match reply {
+        Reply::SessionCreated(_) => "SessionCreated",
+        Reply::KeptAlive { .. } => "KeptAlive",
+        Reply::Released { .. } => "Released",
+        Reply::SessionEnded { .. } => "SessionEnded",
+        Reply::Granted(_) => "Granted",
+        Reply::KvWritten { .. } => "KvWritten",
+        Reply::KvDeleted { .. } => "KvDeleted",
+        Reply::Swept { .. } => "Swept",
+        Reply::LimitsSet => "LimitsSet",
+    }
+}
+
+// ---- decoding ----
+
+/// A few real encodings to truncate and mutate: a batch with every op and a snapshot of a
+/// machine holding sessions, leases (one max-held), values and idempotency records.
+fn real_encodings() -> (Vec<u8>, Vec<u8>) {
+    let limits = Limits::default();
+    let namespace = common::namespace(0);
+    let tag = || {
+        Some(baton_raft_store::machine::IdempotencyTag {
+            key: common::IDEMPOTENCY_KEYS[0].to_owned(),
+            fingerprint: common::FINGERPRINTS[0],
+        })
+    };
+    let new_session = |id: u128, holder: &str| baton_raft_store::machine::NewSession {
+        session_id: baton_raft_store::machine::SessionId(id),
+        holder: holder.to_owned(),
+        ttl_ms: 5_000,
+        labels: [("team".to_owned(), "x".to_owned())].into(),
+    };
+    let on = |op: Op| Command::Namespaced {
+        namespace: namespace.clone(),
+        idempotency: None,
+        op,
+    };
+    let batch = Batch {
+        stamp_ms: 1_000,
+        commands: vec![
+            Command::Namespaced {
+                namespace: namespace.clone(),
+                idempotency: tag(),
+                op: Op::CreateSession(new_session(1, "a")),
+            },
+            on(Op::Acquire {
+                resource: common::path("a/b"),
+                mode: baton_raft_store::machine::LeaseMode::Subtree,
+                owner: baton_raft_store::machine::Owner::NewSession(new_session(2, "b")),
+                max_hold_ms: Some(3_000),
+                labels: Default::default(),
+            }),
+            on(Op::Acquire {
+                resource: common::path("x"),
+                mode: baton_raft_store::machine::LeaseMode::Exclusive,
+                owner: baton_raft_store::machine::Owner::Session(
+                    baton_raft_store::machine::SessionId(1),
+                ),
+                max_hold_ms: None,
+                labels: Default::default(),
+            }),
+            on(Op::KvPut {
+                key: common::path("x/y"),
+                value: "\"v\"".to_owned(),
+                fence: Some(baton_raft_store::machine::FenceClaim {
+                    resource: common::path("x"),
+                    token: 2,
+                    session_id: baton_raft_store::machine::SessionId(1),
+                }),
+            }),
+            on(Op::KvDelete {
+                key: common::path("k"),
+                fence: None,
+            }),
+            on(Op::Keepalive {
+                session_id: baton_raft_store::machine::SessionId(1),
+            }),
+            on(Op::Release {
+                session_id: baton_raft_store::machine::SessionId(2),
+                resource: common::path("a/b"),
+            }),
+            on(Op::EndSession {
+                session_id: baton_raft_store::machine::SessionId(3),
+            }),
+            Command::Sweep { max: 3 },
+        ],
+    };
+    let mut machine = Machine::new(limits);
+    machine.apply(&batch);
+    let batch_bytes = encode_batch(&batch).expect("a batch encodes");
+    assert_eq!(
+        decode_batch(&batch_bytes).expect("a real batch decodes"),
+        batch
+    );
+    let snapshot_bytes = machine.encode_snapshot().expect("a snapshot encodes");
+    assert_eq!(
+        Machine::decode_snapshot(&snapshot_bytes).expect("a real snapshot decodes"),
+        machine
+    );
+    (batch_bytes, snapshot_bytes)
+}
+
+/// Decodes `bytes` both ways; any outcome but a panic is fine, and whatever decodes must be
+/// usable: a decoded snapshot re-encodes and satisfies its invariants.
+fn decode_both(bytes: &[u8]) {
+    if let Ok(batch) = decode_batch(bytes) {
+        encode_batch(&batch).expect("a decoded batch re-encodes");
+    }
+    if let Ok(machine) = Machine::decode_snapshot(bytes) {
+        machine
+            .check_invariants()
+            .expect("decode_snapshot checked the invariants");
+        machine
+            .encode_snapshot()
+            .expect("a decoded snapshot re-encodes");
+    }
+}
+
+#[test]
+fn decode_refuses_every_truncation_and_version_bump() {
+    let (batch_bytes, snapshot_bytes) = real_encodings();
+    for length in 0..batch_bytes.len() {
+        assert!(
+            decode_batch(&batch_bytes[..length]).is_err(),
+            "a batch truncated to {length} bytes decoded"
+        );
+    }
+    for length in 0..snapshot_bytes.len() {
+        assert!(
+            Machine::decode_snapshot(&snapshot_bytes[..length]).is_err(),
+            "a snapshot truncated to {length} bytes decoded"
+        );
+    }
+    // Trailing bytes.
+    let mut longer = batch_bytes.clone();
+    longer.push(0);
+    assert!(decode_batch(&longer).is_err());
+    let mut longer = snapshot_bytes.clone();
+    longer.push(0);
+    assert!(Machine::decode_snapshot(&longer).is_err());
+    // A batch from a future format: the version is the enum's variant index, the first byte.
+    for version in [1u8, 2, 250] {
+        let mut bumped = batch_bytes.clone();
+        bumped[0] = version;
+        assert!(
+            decode_batch(&bumped).is_err(),
+            "batch version {version} decoded"
+        );
+    }
+    // A snapshot from another format version, or with a bad magic.
+    for version in [0u32, 2, u32::MAX] {
+        let mut bumped = snapshot_bytes.clone();
+        bumped[4..8].copy_from_slice(&version.to_le_bytes());
+        assert!(
+            Machine::decode_snapshot(&bumped).is_err(),
+            "snapshot version {version} decoded"
+        );
+    }
+    let mut bad_magic = snapshot_bytes.clone();
+    bad_magic[0] ^= 0x20;
+    assert!(Machine::decode_snapshot(&bad_magic).is_err());
+    assert!(decode_batch(&[]).is_err());
+    assert!(Machine::decode_snapshot(&[]).is_err());
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: common::cases(512), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn decode_survives_random_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        decode_both(&bytes);
+        // The same garbage behind a valid snapshot header, to reach the body decoder.
+        let mut with_header = b"BTNM".to_vec();
+        with_header.extend_from_slice(&1u32.to_le_bytes());
+        with_header.extend_from_slice(&bytes);
+        decode_both(&with_header);
+        // And behind a valid batch prefix (variant V1, a stamp).
+        let mut with_prefix = vec![0u8, 0x20];
+        with_prefix.extend_from_slice(&bytes);
+        decode_both(&with_prefix);
+    }
+
+    #[test]
+    fn decode_survives_mutated_encodings(
+        which in any::<bool>(),
+        mutations in proptest::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 1..6),
+        cut in any::<prop::sample::Index>(),
+        truncate in any::<bool>(),
+    ) {
+        let (batch_bytes, snapshot_bytes) = real_encodings();
+        let mut bytes = if which { batch_bytes } else { snapshot_bytes };
+        for (position, byte) in mutations {
+            let position = position.index(bytes.len());
+            bytes[position] = byte;
+        }
+        if truncate {
+            bytes.truncate(cut.index(bytes.len()));
+        }
+        decode_both(&bytes);
+    }
+}
+
+/// `bytes` with the one-byte length of the first `QQQ` string replaced by bincode's u64 varint
+/// marker and `length`: a short input that claims a huge string.
+fn forge_length(bytes: &[u8], length: u64) -> Vec<u8> {
+    let at = bytes
+        .windows(4)
+        .position(|window| window == [3, b'Q', b'Q', b'Q'])
+        .expect("a `QQQ` string is encoded");
+    let mut forged = bytes[..at].to_vec();
+    forged.push(0xFD);
+    forged.extend_from_slice(&length.to_le_bytes());
+    forged.extend_from_slice(&bytes[at + 1..]);
+    forged
+}
+
+/// A real batch and a real snapshot, each naming the namespace `QQQ`.
+fn encodings_naming_qqq() -> (Vec<u8>, Vec<u8>) {
+    let limits = Limits::default();
+    let namespace = Namespace::parse("QQQ", &limits).expect("a valid namespace");
+    let key = ResourcePath::parse("k", &limits).expect("a valid path");
+    let batch = Batch {
+        stamp_ms: 5,
+        commands: vec![Command::Namespaced {
+            namespace,
+            idempotency: None,
+            op: Op::KvPut {
+                key,
+                value: "1".to_owned(),
+                fence: None,
+            },
+        }],
+    };
+    let mut machine = Machine::new(limits);
+    machine.apply(&batch);
+    (
+        encode_batch(&batch).expect("a batch encodes"),
+        machine.encode_snapshot().expect("a snapshot encodes"),
+    )
+}
+
+const CHILD_ENV: &str = "BATON_MACHINE_PROPS_DECODE_CHILD";
+
+/// Runs in a child process (see `decode_refuses_a_huge_length_prefix`); does nothing otherwise.
+#[test]
+fn decode_huge_length_child() {
+    if std::env::var_os(CHILD_ENV).is_none() {
+        return;
+    }
+    let (batch, snapshot) = encodings_naming_qqq();
+    for length in [1u64 << 40, 1 << 50, u64::MAX >> 1] {
+        let forged = forge_length(&batch, length);
+        eprintln!(
+            "decode_batch of {} bytes claiming a {length}-byte string",
+            forged.len()
+        );
+        assert!(decode_batch(&forged).is_err());
+        let forged = forge_length(&snapshot, length);
+        eprintln!(
+            "decode_snapshot of {} bytes claiming a {length}-byte string",
+            forged.len()
+        );
+        assert!(Machine::decode_snapshot(&forged).is_err());
+    }
+}
+
+/// SPEC section 9: decoding bytes from disk or the network "returns an error on garbage, never a
+/// panic". A 23-byte batch whose namespace string claims a length of 2^40 bytes once made
+/// bincode allocate (`vec![0u8; len]`) before reading, and the allocation failure aborted the
+/// process. Run in a child process so such an abort fails this one test, not the whole binary.
+#[test]
+fn decode_refuses_a_huge_length_prefix() {
+    let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "decode_huge_length_child",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(CHILD_ENV, "1")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("the test binary runs");
+    assert!(
+        output.status.success(),
+        "decoding a forged length prefix did not return Err: the child exited with {}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// STYLE rule 7: the invariants hold after every entry, including one that lowers the limits.
+/// `SetLimits` replaces the limits without trimming what they bound, so an entry that lowers
+/// `events_kept_max` or `idempotency_keys_max` below what is kept leaves a state that
+/// `check_invariants` refuses (and that `decode_snapshot` would refuse to load).
+#[test]
+fn lowering_the_limits_keeps_the_invariants() {
+    let limits = Limits::default();
+    let mut machine = Machine::new(limits.clone());
+    let namespace = common::namespace(0);
+    let commands = (0..5)
+        .map(|index| Command::Namespaced {
+            namespace: namespace.clone(),
+            idempotency: Some(baton_raft_store::machine::IdempotencyTag {
+                key: format!("idem-key-000000000{index}"),
+                fingerprint: common::FINGERPRINTS[0],
+            }),
+            op: Op::KvPut {
+                key: common::path("x"),
+                value: "1".to_owned(),
+                fence: None,
+            },
+        })
+        .collect();
+    machine.apply(&Batch {
+        stamp_ms: 1_000,
+        commands,
+    });
+    machine
+        .check_invariants()
+        .expect("five events and five idempotency records");
+    let lowered = Limits {
+        events_kept_max: 2,
+        idempotency_keys_max: 2,
+        ..limits
+    };
+    let responses = machine.apply(&Batch {
+        stamp_ms: 1_000,
+        commands: vec![Command::SetLimits(lowered)],
+    });
+    assert!(responses[0].outcome.is_ok());
+    machine
+        .check_invariants()
+        .expect("the invariants hold right after SetLimits");
+    let bytes = machine.encode_snapshot().expect("the snapshot encodes");
+    Machine::decode_snapshot(&bytes).expect("the snapshot of a valid state decodes");
+}

@@ -1,0 +1,498 @@
+//! The openraft storage on sled, tested from the outside: openraft's own storage suite, plus
+//! what the suite cannot see: durability across a reopen of the same data dir, rebuilding the
+//! machine from a snapshot and re-applying the committed log after it, and refusing corrupt
+//! bytes with an error instead of a panic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Display;
+use std::io::Cursor;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use baton_raft_store::machine::{
+    Batch, Command, LeaseMode, Limits, Namespace, NewSession, Op, Owner, Reply, ResourcePath,
+    SessionId,
+};
+use baton_raft_store::store::{
+    self, Applied, LogStore, Member, StateMachineStore, StoreError, TypeConfig,
+};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::testing::{StoreBuilder, Suite};
+use openraft::{
+    AnyError, CommittedLeaderId, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, Membership,
+    RaftLogReader, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageHelper, StorageIOError,
+    Vote,
+};
+use tempfile::TempDir;
+
+/// Opens a fresh store in a new temporary directory; the directory lives as long as the guard.
+struct TempStoreBuilder;
+
+impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for TempStoreBuilder {
+    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<u64>> {
+        let dir = TempDir::new().map_err(|error| {
+            StorageIOError::new(ErrorSubject::Store, ErrorVerb::Write, AnyError::new(&error))
+        })?;
+        let (log_store, state_machine) = store::open(dir.path()).map_err(|error| {
+            StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, AnyError::new(&error))
+        })?;
+        Ok((dir, log_store, state_machine))
+    }
+}
+
+#[test]
+fn openraft_storage_suite() {
+    Suite::test_all(TempStoreBuilder).expect("openraft's storage suite passes");
+}
+
+#[tokio::test]
+async fn appended_entries_survive_reopen() {
+    let dir = TempDir::new().unwrap();
+    let entries = vec![
+        membership_entry(1, 1),
+        blank_entry(1, 2),
+        normal_entry(1, 3, create_session_batch(1_000, 1)),
+        normal_entry(2, 4, acquire_batch(2_000, 1, "repo/src")),
+    ];
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        log_store.blocking_append(entries.clone()).await.unwrap();
+        log_store.save_committed(Some(log_id(2, 4))).await.unwrap();
+    }
+    let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+    let read_back = log_store.try_get_log_entries(..).await.unwrap();
+    assert_eq!(read_back, entries);
+    let state = log_store.get_log_state().await.unwrap();
+    assert_eq!(state.last_log_id, Some(log_id(2, 4)));
+    assert_eq!(state.last_purged_log_id, None);
+    assert_eq!(
+        log_store.read_committed().await.unwrap(),
+        Some(log_id(2, 4))
+    );
+}
+
+#[tokio::test]
+async fn truncate_and_purge_survive_reopen() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        log_store
+            .blocking_append((1..=10).map(|index| blank_entry(1, index)))
+            .await
+            .unwrap();
+        log_store.truncate(log_id(1, 8)).await.unwrap();
+        log_store.purge(log_id(1, 3)).await.unwrap();
+    }
+    let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+    let indexes: Vec<u64> = log_store
+        .try_get_log_entries(..)
+        .await
+        .unwrap()
+        .iter()
+        .map(|entry| entry.log_id.index)
+        .collect();
+    assert_eq!(indexes, vec![4, 5, 6, 7]);
+    let state = log_store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 3)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 7)));
+}
+
+#[tokio::test]
+async fn vote_survives_reopen() {
+    let dir = TempDir::new().unwrap();
+    let vote = Vote::new_committed(7, 3);
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        assert_eq!(log_store.read_vote().await.unwrap(), None);
+        log_store.save_vote(&vote).await.unwrap();
+    }
+    let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+    assert_eq!(log_store.read_vote().await.unwrap(), Some(vote));
+}
+
+#[tokio::test]
+async fn apply_answers_each_entry_with_responses_and_time() {
+    let dir = TempDir::new().unwrap();
+    let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
+    let applied = state_machine
+        .apply(vec![
+            membership_entry(1, 1),
+            normal_entry(1, 2, create_session_batch(5_000, 1)),
+            blank_entry(1, 3),
+            normal_entry(1, 4, Batch::tick(4_000)),
+        ])
+        .await
+        .unwrap();
+    assert_eq!(applied.len(), 4);
+    assert_eq!(
+        applied[0],
+        Applied {
+            time_ms: 0,
+            responses: Vec::new()
+        }
+    );
+    assert_eq!(applied[1].time_ms, 5_000);
+    assert!(matches!(
+        applied[1].responses[0].outcome,
+        Ok(Reply::SessionCreated(_))
+    ));
+    assert_eq!(
+        applied[2],
+        Applied {
+            time_ms: 5_000,
+            responses: Vec::new()
+        }
+    );
+    assert_eq!(
+        applied[3],
+        Applied {
+            time_ms: 5_000,
+            responses: Vec::new()
+        },
+        "time never goes back"
+    );
+    let (last_applied, membership) = state_machine.applied_state().await.unwrap();
+    assert_eq!(last_applied, Some(log_id(1, 4)));
+    assert_eq!(membership.log_id(), &Some(log_id(1, 1)));
+    assert_eq!(
+        state_machine.handle().last_applied().unwrap(),
+        Some(log_id(1, 4))
+    );
+
+    let error = state_machine.apply(vec![blank_entry(1, 4)]).await;
+    assert!(error.is_err(), "applying an entry twice is refused");
+}
+
+#[tokio::test]
+async fn snapshot_restores_machine_after_reopen() {
+    let dir = TempDir::new().unwrap();
+    let (expected_bytes, built_meta) = {
+        let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
+        state_machine
+            .apply(vec![
+                membership_entry(1, 1),
+                normal_entry(1, 2, create_session_batch(1_000, 1)),
+                normal_entry(1, 3, acquire_batch(2_000, 1, "repo/src")),
+            ])
+            .await
+            .unwrap();
+        let snapshot = state_machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        let bytes = state_machine
+            .handle()
+            .read(|machine, _| machine.encode_snapshot().unwrap())
+            .unwrap();
+        assert_eq!(snapshot.snapshot.get_ref(), &bytes);
+        assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 3)));
+        (bytes, snapshot.meta)
+    };
+    let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
+    let handle = state_machine.handle();
+    let (bytes, fence_counter, last_applied) = handle
+        .read(|machine, last_applied| {
+            (
+                machine.encode_snapshot().unwrap(),
+                machine.fence_counter(),
+                last_applied,
+            )
+        })
+        .unwrap();
+    assert_eq!(bytes, expected_bytes);
+    assert_eq!(fence_counter, 1, "the grant survived");
+    assert_eq!(last_applied, Some(log_id(1, 3)));
+    let (_, membership) = state_machine.applied_state().await.unwrap();
+    assert_eq!(membership, built_meta.last_membership);
+    let current = state_machine
+        .get_current_snapshot()
+        .await
+        .unwrap()
+        .expect("a persisted snapshot");
+    assert_eq!(current.meta, built_meta);
+
+    let next = state_machine
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    assert_ne!(
+        next.meta.snapshot_id, built_meta.snapshot_id,
+        "snapshot ids are unique across restarts"
+    );
+}
+
+/// After a restart the machine is the snapshot's; openraft re-applies the committed entries
+/// after it, so the state is what it was before the restart: nothing applied twice or skipped.
+#[tokio::test]
+async fn committed_entries_after_snapshot_are_reapplied_once() {
+    let dir = TempDir::new().unwrap();
+    let entries = vec![
+        membership_entry(1, 1),
+        normal_entry(1, 2, create_session_batch(1_000, 1)),
+        normal_entry(1, 3, acquire_batch(2_000, 1, "repo/src")),
+        normal_entry(1, 4, acquire_batch(3_000, 1, "repo/docs")),
+        normal_entry(1, 5, acquire_batch(4_000, 1, "repo/tests")),
+    ];
+    let before_restart = {
+        let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+        log_store
+            .save_vote(&Vote::new_committed(1, 1))
+            .await
+            .unwrap();
+        log_store.blocking_append(entries.clone()).await.unwrap();
+        state_machine.apply(entries[..3].to_vec()).await.unwrap();
+        state_machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        log_store.purge(log_id(1, 2)).await.unwrap();
+        state_machine.apply(entries[3..].to_vec()).await.unwrap();
+        log_store.save_committed(Some(log_id(1, 5))).await.unwrap();
+        state_machine
+            .handle()
+            .read(|machine, _| machine.encode_snapshot().unwrap())
+            .unwrap()
+    };
+    let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+    assert_eq!(
+        state_machine.handle().last_applied().unwrap(),
+        Some(log_id(1, 3))
+    );
+    StorageHelper::new(&mut log_store, &mut state_machine)
+        .get_initial_state()
+        .await
+        .unwrap();
+    assert_eq!(
+        state_machine.applied_state().await.unwrap().0,
+        Some(log_id(1, 5))
+    );
+    let (after_restart, fence_counter) = state_machine
+        .handle()
+        .read(|machine, _| (machine.encode_snapshot().unwrap(), machine.fence_counter()))
+        .unwrap();
+    assert_eq!(fence_counter, 3);
+    assert_eq!(after_restart, before_restart);
+}
+
+#[tokio::test]
+async fn corrupt_log_value_is_an_error_not_a_panic() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        log_store
+            .blocking_append((1..=4).map(|index| blank_entry(1, index)))
+            .await
+            .unwrap();
+    }
+    overwrite(
+        dir.path(),
+        "log",
+        &3u64.to_be_bytes(),
+        &[0xff, 0xff, 0xff, 0xff, 0x07, 0x01],
+    )
+    .await;
+    let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+    assert!(log_store.try_get_log_entries(..).await.is_err());
+    assert!(log_store.try_get_log_entries(3..4).await.is_err());
+    assert_eq!(log_store.try_get_log_entries(1..3).await.unwrap().len(), 2);
+    drop((log_store, _state_machine));
+
+    // The last entry decodes, but is stored under the wrong index.
+    let misplaced =
+        bincode::serde::encode_to_vec(blank_entry(1, 9), bincode::config::standard()).unwrap();
+    overwrite(dir.path(), "log", &4u64.to_be_bytes(), &misplaced).await;
+    let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+    assert!(log_store.get_log_state().await.is_err());
+}
+
+#[tokio::test]
+async fn corrupt_vote_or_snapshot_is_an_error_not_a_panic() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+        log_store.save_vote(&Vote::new(1, 1)).await.unwrap();
+        state_machine
+            .apply(vec![normal_entry(1, 1, create_session_batch(1_000, 1))])
+            .await
+            .unwrap();
+        state_machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+    }
+    overwrite(dir.path(), "meta", b"vote", b"\x01").await;
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        assert!(log_store.read_vote().await.is_err());
+    }
+    overwrite(
+        dir.path(),
+        "snapshot",
+        b"data",
+        b"BTNM\x01\x00\x00\x00garbage",
+    )
+    .await;
+    assert!(
+        open(dir.path()).await.is_err(),
+        "a corrupt snapshot refuses to open"
+    );
+}
+
+#[tokio::test]
+async fn install_snapshot_refuses_garbage_and_replaces_state() {
+    let source_dir = TempDir::new().unwrap();
+    let (_source_log, mut source) = open(source_dir.path()).await.unwrap();
+    source
+        .apply(vec![
+            membership_entry(1, 1),
+            normal_entry(1, 2, create_session_batch(1_000, 1)),
+        ])
+        .await
+        .unwrap();
+    let snapshot = source
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+
+    let dir = TempDir::new().unwrap();
+    let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
+    let garbage = Box::new(Cursor::new(b"not a snapshot".to_vec()));
+    assert!(state_machine
+        .install_snapshot(&snapshot.meta, garbage)
+        .await
+        .is_err());
+    assert_eq!(
+        state_machine.applied_state().await.unwrap().0,
+        None,
+        "a refused install changes nothing"
+    );
+
+    state_machine
+        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .await
+        .unwrap();
+    let installed = state_machine
+        .handle()
+        .read(|machine, _| machine.encode_snapshot().unwrap())
+        .unwrap();
+    assert_eq!(&installed, snapshot.snapshot.get_ref());
+    let current = state_machine.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta, snapshot.meta);
+    assert_eq!(
+        state_machine.applied_state().await.unwrap().0,
+        Some(log_id(1, 2))
+    );
+    let _: SnapshotMeta<u64, Member> = current.meta;
+}
+
+// ---- helpers ----
+
+fn log_id(term: u64, index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn blank_entry(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Blank,
+    }
+}
+
+fn normal_entry(term: u64, index: u64, batch: Batch) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Normal(batch),
+    }
+}
+
+fn membership_entry(term: u64, index: u64) -> Entry<TypeConfig> {
+    let voters = BTreeSet::from([1, 2, 3]);
+    let nodes: BTreeMap<u64, Member> = voters
+        .iter()
+        .map(|id| {
+            let member = Member {
+                api_addr: format!("127.0.0.1:{}", 7420 + id),
+                peer_addr: format!("127.0.0.1:{}", 7520 + id),
+            };
+            (*id, member)
+        })
+        .collect();
+    let membership = Membership::new(vec![voters], nodes);
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Membership(membership),
+    }
+}
+
+fn create_session_batch(stamp_ms: u64, session: u128) -> Batch {
+    let new_session = NewSession {
+        session_id: SessionId(session),
+        holder: "agent-a".to_owned(),
+        ttl_ms: 30_000,
+        labels: Default::default(),
+    };
+    Batch {
+        stamp_ms,
+        commands: vec![namespaced(Op::CreateSession(new_session))],
+    }
+}
+
+fn acquire_batch(stamp_ms: u64, session: u128, resource: &str) -> Batch {
+    let acquire = Op::Acquire {
+        resource: ResourcePath::parse(resource, &Limits::default()).unwrap(),
+        mode: LeaseMode::Exclusive,
+        owner: Owner::Session(SessionId(session)),
+        max_hold_ms: None,
+        labels: Default::default(),
+    };
+    Batch {
+        stamp_ms,
+        commands: vec![namespaced(acquire)],
+    }
+}
+
+fn namespaced(op: Op) -> Command {
+    Command::Namespaced {
+        namespace: Namespace::default_namespace(),
+        idempotency: None,
+        op,
+    }
+}
+
+/// Opens the store in `dir`, waiting out the lock of a just-dropped handle on the same dir:
+/// sled releases its file lock from background threads a moment after the last handle goes.
+async fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
+    retry_while_locked(|| store::open(dir)).await
+}
+
+/// Writes `value` under `key` in `tree` with sled directly, behind the store's back.
+async fn overwrite(dir: &Path, tree: &str, key: &[u8], value: &[u8]) {
+    let db = retry_while_locked(|| sled::open(dir)).await.unwrap();
+    db.open_tree(tree).unwrap().insert(key, value).unwrap();
+    db.flush().unwrap();
+}
+
+async fn retry_while_locked<T, E: Display>(mut open: impl FnMut() -> Result<T, E>) -> Result<T, E> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match open() {
+            Err(error)
+                if error.to_string().contains("could not acquire lock")
+                    && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            result => return result,
+        }
+    }
+}
