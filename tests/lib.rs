@@ -1,2 +1,1309 @@
-//! Shared helpers for the integration tests in `tests/it/`, which start real `batond`
-//! processes. The helpers arrive with the server.
+//! The harness of the integration tests in `tests/it/`: it builds `batond`, starts real
+//! clusters of it on ephemeral ports in temporary directories, talks to them over HTTP, and
+//! injects process faults (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart on the same data dir).
+//!
+//! What lives here: process management ([`Cluster`], [`Node`]), an HTTP helper that keeps
+//! every answer's status, headers and JSON body ([`Api`], [`Call`], [`Reply`]), and
+//! [`poll_until`]. What must never live here: a mock or an in-process stand-in of our own
+//! server (STYLE rule 12), and sleeps that wait for a state: the harness polls with a deadline.
+//!
+//! Every process a [`Cluster`] starts is SIGKILLed when the cluster is dropped, also when a
+//! test panics; a panicking test also prints the tail of every node's log. Set
+//! `BATON_TEST_KEEP_DIRS=1` to keep the data directories and logs of every cluster (their path
+//! is printed), and `BATOND_BIN=/path/to/batond` to test a prebuilt server instead of building
+//! one.
+
+use std::collections::BTreeSet;
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde::de::DeserializeOwned;
+use tempfile::TempDir;
+
+pub use baton_client::api;
+pub use reqwest::Method;
+pub use serde_json::{json, Value};
+
+/// How long [`Cluster::start`] waits for every node to be ready and agree on a leader.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long [`Cluster::leader`] waits for the running nodes to agree on a leader.
+pub const LEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// The pause between two attempts of a poll loop.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(25);
+/// Per-request timeout of [`Api`]: a paused or dead node must not hang a test.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many log lines [`Cluster::dump_logs`] prints per node.
+pub const LOG_TAIL_LINES: usize = 60;
+
+/// How long a SIGTERMed node may take to exit before the harness calls it a hang.
+const TERMINATE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many times [`Cluster::start`] retries with fresh ports when a port was taken meanwhile.
+const START_ATTEMPTS_MAX: u32 = 3;
+
+// ---------------------------------------------------------------------------------------------
+// Clusters
+// ---------------------------------------------------------------------------------------------
+
+/// The shape and timing of a test cluster. Timings are short so that elections and ticks fit
+/// in a test's budget.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Number of nodes (ids `1..=nodes`).
+    pub nodes: u64,
+    /// `--heartbeat-ms`.
+    pub heartbeat_ms: u64,
+    /// `--election-timeout-ms` (the minimum; the server uses up to twice this).
+    pub election_timeout_ms: u64,
+    /// `--tick-ms`: the idle tick that keeps cluster time moving without writes.
+    pub tick_ms: u64,
+    /// How long [`Cluster::start_with`] waits for readiness.
+    pub ready_timeout: Duration,
+    /// More flags appended to every node's command line.
+    pub extra_args: Vec<String>,
+}
+
+impl ClusterConfig {
+    /// `nodes` nodes with the fast test timings: heartbeat 50 ms, election timeout 300 ms,
+    /// tick 100 ms.
+    pub fn new(nodes: u64) -> ClusterConfig {
+        ClusterConfig {
+            nodes,
+            heartbeat_ms: 50,
+            election_timeout_ms: 300,
+            tick_ms: 100,
+            ready_timeout: READY_TIMEOUT,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A running test cluster of real `batond` processes. Dropping it kills every process it
+/// started (resuming paused ones first) and removes its temporary directory.
+pub struct Cluster {
+    nodes: Vec<Node>,
+    api: Api,
+    config: ClusterConfig,
+    // Declared after `nodes` so that the processes are dead before their directory goes.
+    directory: Option<TempDir>,
+}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("Cluster")
+            .field("nodes", &self.nodes)
+            .field("config", &self.config)
+            .field("directory", &self.directory_path())
+            .finish()
+    }
+}
+
+impl Cluster {
+    /// Starts `nodes` nodes (1 or 3) with `batond run` and the fast test timings, and waits
+    /// until every node is ready and all agree on a leader. Panics with the nodes' log tails
+    /// when that does not happen within [`READY_TIMEOUT`].
+    pub async fn start(nodes: u64) -> Cluster {
+        Cluster::start_with(ClusterConfig::new(nodes)).await
+    }
+
+    /// Like [`Cluster::start`] with explicit timings and flags.
+    pub async fn start_with(config: ClusterConfig) -> Cluster {
+        assert!(config.nodes >= 1, "a cluster needs at least one node");
+        let mut attempt = 1;
+        loop {
+            let cluster = Cluster::spawn_run(&config);
+            match cluster.try_wait_ready(config.ready_timeout).await {
+                Ok(()) => return cluster,
+                Err(failure) if attempt < START_ATTEMPTS_MAX && cluster.lost_a_port_race() => {
+                    eprintln!(
+                        "harness: attempt {attempt} to start a cluster lost a port race, \
+                         retrying with fresh ports: {failure}"
+                    );
+                    attempt += 1;
+                }
+                // Dropping `cluster` while panicking prints every node's log tail.
+                Err(failure) => panic!("the cluster did not start: {failure}"),
+            }
+        }
+    }
+
+    /// Starts a one-node cluster with `batond dev` (the quick start of SPEC section 6). Its
+    /// node is taken to have id 1, the only id a one-node cluster needs.
+    pub async fn dev() -> Cluster {
+        let mut attempt = 1;
+        loop {
+            let directory = new_temp_dir();
+            let api_port = free_port();
+            let peer_port = free_port();
+            let data_dir = directory.path().join("node-1");
+            let args: Vec<OsString> = vec![
+                "dev".into(),
+                "--data-dir".into(),
+                data_dir.clone().into(),
+                "--listen".into(),
+                format!("127.0.0.1:{api_port}").into(),
+                "--peer-listen".into(),
+                format!("127.0.0.1:{peer_port}").into(),
+            ];
+            let node = Node::new(
+                1,
+                api_port,
+                peer_port,
+                data_dir,
+                directory.path().join("node-1.log"),
+                args,
+            );
+            node.spawn();
+            let cluster = Cluster {
+                nodes: vec![node],
+                api: Api::new(),
+                config: ClusterConfig::new(1),
+                directory: Some(directory),
+            };
+            match cluster.try_wait_ready(READY_TIMEOUT).await {
+                Ok(()) => return cluster,
+                Err(failure) if attempt < START_ATTEMPTS_MAX && cluster.lost_a_port_race() => {
+                    eprintln!("harness: `batond dev` lost a port race, retrying: {failure}");
+                    attempt += 1;
+                }
+                Err(failure) => panic!("`batond dev` did not start: {failure}"),
+            }
+        }
+    }
+
+    /// Every node, in id order, running or not.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// The node with this id.
+    pub fn node(&self, id: u64) -> &Node {
+        self.nodes
+            .iter()
+            .find(|node| node.id == id)
+            .unwrap_or_else(|| panic!("the cluster has no node {id}"))
+    }
+
+    /// The HTTP helper.
+    pub fn api(&self) -> &Api {
+        &self.api
+    }
+
+    /// The timings the cluster was started with.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// The nodes whose process runs and is not paused: the ones that can answer.
+    pub fn live_nodes(&self) -> Vec<&Node> {
+        self.nodes
+            .iter()
+            .filter(|node| node.is_running() && !node.is_paused())
+            .collect()
+    }
+
+    /// The leader, once every live node agrees on it (polls for up to [`LEADER_TIMEOUT`]).
+    pub async fn leader(&self) -> &Node {
+        self.wait_for_leader(LEADER_TIMEOUT).await
+    }
+
+    /// The leader, once a live node says it leads and every other live node names it in
+    /// `/v1/cluster`. Panics with the nodes' views and log tails after `timeout`.
+    pub async fn wait_for_leader(&self, timeout: Duration) -> &Node {
+        let deadline = Instant::now() + timeout;
+        let mut last_views = String::new();
+        loop {
+            let (leader, views) = self.agreed_leader().await;
+            if let Some(leader) = leader {
+                return self.node(leader);
+            }
+            last_views = views.unwrap_or(last_views);
+            if Instant::now() >= deadline {
+                panic!("no leader agreed on by the live nodes within {timeout:?}: {last_views}");
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// The live nodes other than the leader.
+    pub async fn followers(&self) -> Vec<&Node> {
+        let leader = self.leader().await.id;
+        self.live_nodes()
+            .into_iter()
+            .filter(|node| node.id != leader)
+            .collect()
+    }
+
+    /// Waits until every live node answers `/readyz` 200 and all agree on a leader; fails
+    /// fast, with its log tail, when a node's process exits meanwhile.
+    pub async fn wait_ready(&self, timeout: Duration) {
+        if let Err(failure) = self.try_wait_ready(timeout).await {
+            panic!("the cluster did not become ready: {failure}");
+        }
+    }
+
+    /// Sends the request `request` builds to each of `nodes` in turn until one acknowledges
+    /// it (2xx); retries on transport errors, `NO_LEADER` and `OUTCOME_UNKNOWN` (give the
+    /// request an `Idempotency-Key` when a retry must not apply it twice), fails the test on
+    /// any other answer or after `timeout`. Returns the answer and how long it took.
+    pub async fn retry_until_acknowledged(
+        &self,
+        nodes: &[&Node],
+        timeout: Duration,
+        request: impl Fn(&Node) -> Call,
+    ) -> (Reply, Duration) {
+        assert!(!nodes.is_empty(), "no node to send to");
+        let started = Instant::now();
+        let mut attempt = 0;
+        let mut last = String::new();
+        let acknowledged = try_poll_until(started + timeout, async || {
+            let node = nodes[attempt % nodes.len()];
+            attempt += 1;
+            match request(node).try_send().await {
+                Ok(reply) if reply.is_success() => Some(reply),
+                Ok(reply) if matches!(reply.code(), Some("NO_LEADER" | "OUTCOME_UNKNOWN")) => {
+                    last = reply.to_string();
+                    None
+                }
+                Ok(reply) => panic!("unexpected answer while retrying: {reply}"),
+                Err(error) => {
+                    last = error;
+                    None
+                }
+            }
+        })
+        .await;
+        match acknowledged {
+            Some(reply) => {
+                if attempt > 1 {
+                    eprintln!(
+                        "harness: acknowledged after {attempt} attempts in {:?}; last refusal: {last}",
+                        started.elapsed()
+                    );
+                }
+                (reply, started.elapsed())
+            }
+            None => panic!("not acknowledged within {timeout:?} ({attempt} attempts): {last}"),
+        }
+    }
+
+    /// SIGKILLs every running node, one right after the other.
+    pub fn kill_all(&self) {
+        for node in &self.nodes {
+            if node.is_running() {
+                node.kill();
+            }
+        }
+    }
+
+    /// Restarts every node that is not running, on its own data dir.
+    pub fn restart_all(&self) {
+        for node in &self.nodes {
+            if !node.is_running() {
+                node.restart();
+            }
+        }
+    }
+
+    /// Prints the tail of every node's log to stderr (captured by the test runner and shown
+    /// when the test fails).
+    pub fn dump_logs(&self) {
+        for node in &self.nodes {
+            eprintln!(
+                "==== node {} ({}), last {LOG_TAIL_LINES} lines of {} ====\n{}",
+                node.id,
+                node.describe_state(),
+                node.log_path.display(),
+                node.log_tail(LOG_TAIL_LINES)
+            );
+        }
+    }
+
+    /// The temporary directory holding every node's data dir and log.
+    pub fn directory_path(&self) -> Option<&Path> {
+        self.directory.as_ref().map(TempDir::path)
+    }
+
+    fn spawn_run(config: &ClusterConfig) -> Cluster {
+        let directory = new_temp_dir();
+        let ports: Vec<(u64, u16, u16)> = (1..=config.nodes)
+            .map(|id| (id, free_port(), free_port()))
+            .collect();
+        let initial_cluster = ports
+            .iter()
+            .map(|(id, api_port, peer_port)| {
+                format!("{id}=127.0.0.1:{api_port}@127.0.0.1:{peer_port}")
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes: Vec<Node> = ports
+            .iter()
+            .map(|&(id, api_port, peer_port)| {
+                let data_dir = directory.path().join(format!("node-{id}"));
+                fs::create_dir_all(&data_dir).expect("create a node's data dir");
+                let mut args: Vec<OsString> = vec![
+                    "run".into(),
+                    "--id".into(),
+                    id.to_string().into(),
+                    "--data-dir".into(),
+                    data_dir.clone().into(),
+                    "--listen".into(),
+                    format!("127.0.0.1:{api_port}").into(),
+                    "--peer-listen".into(),
+                    format!("127.0.0.1:{peer_port}").into(),
+                    "--initial-cluster".into(),
+                    initial_cluster.clone().into(),
+                    "--heartbeat-ms".into(),
+                    config.heartbeat_ms.to_string().into(),
+                    "--election-timeout-ms".into(),
+                    config.election_timeout_ms.to_string().into(),
+                    "--tick-ms".into(),
+                    config.tick_ms.to_string().into(),
+                    "--log-format".into(),
+                    "human".into(),
+                ];
+                args.extend(config.extra_args.iter().map(OsString::from));
+                Node::new(
+                    id,
+                    api_port,
+                    peer_port,
+                    data_dir,
+                    directory.path().join(format!("node-{id}.log")),
+                    args,
+                )
+            })
+            .collect();
+        for node in &nodes {
+            node.spawn();
+        }
+        Cluster {
+            nodes,
+            api: Api::new(),
+            config: config.clone(),
+            directory: Some(directory),
+        }
+    }
+
+    async fn try_wait_ready(&self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            for node in &self.nodes {
+                if let Some(status) = node.exit_status() {
+                    return Err(format!(
+                        "node {} exited with {status} while waiting for readiness; \
+                         last lines of {}:\n{}",
+                        node.id,
+                        node.log_path.display(),
+                        node.log_tail(10)
+                    ));
+                }
+            }
+            let mut not_ready = Vec::new();
+            for node in self.live_nodes() {
+                match self.api.call(Method::GET, node, "/readyz").try_send().await {
+                    Ok(reply) if reply.status == 200 => {}
+                    Ok(reply) => not_ready.push(format!("node {}: /readyz {}", node.id, reply)),
+                    Err(error) => not_ready.push(format!("node {}: {error}", node.id)),
+                }
+            }
+            let (leader, views) = self.agreed_leader().await;
+            if not_ready.is_empty() && leader.is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "not ready within {timeout:?}: {}; {}; see the node logs",
+                    not_ready.join("; "),
+                    views.unwrap_or_default()
+                ));
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// The leader every live node names, if they agree and it is live and says so itself;
+    /// otherwise `None` and a description of the views.
+    async fn agreed_leader(&self) -> (Option<u64>, Option<String>) {
+        let live = self.live_nodes();
+        let mut views: Vec<(u64, Option<api::ClusterStatus>)> = Vec::new();
+        let mut descriptions = Vec::new();
+        for node in &live {
+            match self
+                .api
+                .call(Method::GET, node, "/v1/cluster")
+                .try_send()
+                .await
+            {
+                Ok(reply) if reply.status == 200 => {
+                    match serde_json::from_value::<api::ClusterStatus>(reply.body.clone()) {
+                        Ok(status) => {
+                            descriptions.push(format!(
+                                "node {} sees leader {:?} in term {}",
+                                node.id, status.leader_id, status.term
+                            ));
+                            views.push((node.id, Some(status)));
+                        }
+                        Err(error) => {
+                            descriptions.push(format!(
+                                "node {}: /v1/cluster answer does not parse ({error}): {}",
+                                node.id, reply.text
+                            ));
+                            views.push((node.id, None));
+                        }
+                    }
+                }
+                Ok(reply) => {
+                    descriptions.push(format!("node {}: {reply}", node.id));
+                    views.push((node.id, None));
+                }
+                Err(error) => {
+                    descriptions.push(format!("node {}: {error}", node.id));
+                    views.push((node.id, None));
+                }
+            }
+        }
+        let description = Some(descriptions.join("; "));
+        if views.is_empty() {
+            return (None, Some("no live node".to_owned()));
+        }
+        let leaders: BTreeSet<Option<u64>> = views
+            .iter()
+            .map(|(_, status)| status.as_ref().and_then(|status| status.leader_id))
+            .collect();
+        let Some(Some(leader)) = leaders
+            .iter()
+            .next()
+            .copied()
+            .filter(|_| leaders.len() == 1)
+        else {
+            return (None, description);
+        };
+        let leader_says_so = views.iter().any(|(id, status)| {
+            *id == leader
+                && status.as_ref().is_some_and(|status| {
+                    status.node_id == leader && status.leader_id == Some(leader)
+                })
+        });
+        if leader_says_so {
+            (Some(leader), description)
+        } else {
+            (None, description)
+        }
+    }
+
+    fn lost_a_port_race(&self) -> bool {
+        self.nodes.iter().any(|node| {
+            let log = fs::read_to_string(&node.log_path)
+                .unwrap_or_default()
+                .to_lowercase();
+            log.contains("address already in use")
+                || log.contains("addrinuse")
+                || log.contains("os error 98")
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.dump_logs();
+        }
+        for node in &self.nodes {
+            node.stop();
+        }
+        if std::env::var_os("BATON_TEST_KEEP_DIRS").is_some() {
+            if let Some(directory) = self.directory.take() {
+                eprintln!(
+                    "harness: kept the cluster's data dirs and logs in {}",
+                    directory.keep().display()
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Nodes
+// ---------------------------------------------------------------------------------------------
+
+/// One `batond` process of a [`Cluster`], with its ports, data dir and log file. Its fault
+/// methods take `&self`, so a test can hold several nodes of a cluster at once.
+#[derive(Debug)]
+pub struct Node {
+    /// The node id given to `--id`.
+    pub id: u64,
+    api_port: u16,
+    peer_port: u16,
+    data_dir: PathBuf,
+    log_path: PathBuf,
+    args: Vec<OsString>,
+    process: Mutex<Process>,
+}
+
+#[derive(Debug, Default)]
+struct Process {
+    child: Option<Child>,
+    paused: bool,
+    starts: u32,
+}
+
+impl Node {
+    fn new(
+        id: u64,
+        api_port: u16,
+        peer_port: u16,
+        data_dir: PathBuf,
+        log_path: PathBuf,
+        args: Vec<OsString>,
+    ) -> Node {
+        Node {
+            id,
+            api_port,
+            peer_port,
+            data_dir,
+            log_path,
+            args,
+            process: Mutex::new(Process::default()),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT`, the base of every API request to this node.
+    pub fn api_url(&self) -> String {
+        format!("http://{}", self.api_addr())
+    }
+
+    /// `127.0.0.1:PORT` of `--listen`.
+    pub fn api_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.api_port)
+    }
+
+    /// `127.0.0.1:PORT` of `--peer-listen`.
+    pub fn peer_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.peer_port)
+    }
+
+    /// The node's `--data-dir`.
+    pub fn data_dir(&self) -> &Path {
+        &self.data_dir
+    }
+
+    /// The file that receives the node's stdout and stderr, across restarts.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// True while the process runs (paused or not).
+    pub fn is_running(&self) -> bool {
+        self.exit_status().is_none() && self.lock().child.is_some()
+    }
+
+    /// True between [`Node::pause`] and [`Node::resume`].
+    pub fn is_paused(&self) -> bool {
+        self.lock().paused
+    }
+
+    /// The exit status, when the process has exited without the harness stopping it.
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        let mut process = self.lock();
+        let child = process.child.as_mut()?;
+        child.try_wait().expect("query a batond process")
+    }
+
+    /// SIGKILL (resuming it first if paused), then reap the process.
+    pub fn kill(&self) {
+        let mut process = self.lock();
+        let paused = process.paused;
+        let child = process
+            .child
+            .as_mut()
+            .unwrap_or_else(|| panic!("kill: node {} is not running", self.id));
+        if paused {
+            // It may have exited meanwhile; SIGKILL below settles it either way.
+            let _ = try_send_signal(child.id(), "CONT");
+        }
+        child.kill().expect("SIGKILL a batond process");
+        child.wait().expect("reap a killed batond process");
+        process.child = None;
+        process.paused = false;
+    }
+
+    /// SIGTERM, then wait (polling) for the process to exit; returns its exit status. A node
+    /// that has not exited within 10 s is SIGKILLed and the test fails: SIGTERM must shut
+    /// down cleanly (SPEC section 6).
+    pub async fn terminate(&self) -> ExitStatus {
+        let pid = {
+            let process = self.lock();
+            let child = process
+                .child
+                .as_ref()
+                .unwrap_or_else(|| panic!("terminate: node {} is not running", self.id));
+            assert!(!process.paused, "terminate: node {} is paused", self.id);
+            child.id()
+        };
+        send_signal(pid, "TERM");
+        let deadline = Instant::now() + TERMINATE_TIMEOUT;
+        loop {
+            {
+                let mut process = self.lock();
+                let child = process.child.as_mut().expect("the node's process");
+                if let Some(status) = child.try_wait().expect("query a batond process") {
+                    process.child = None;
+                    return status;
+                }
+            }
+            if Instant::now() >= deadline {
+                self.kill();
+                panic!(
+                    "node {} did not exit within {TERMINATE_TIMEOUT:?} of SIGTERM; log:\n{}",
+                    self.id,
+                    self.log_tail(LOG_TAIL_LINES)
+                );
+            }
+            tokio::time::sleep(POLL_INTERVAL).await;
+        }
+    }
+
+    /// Starts the process again with the same arguments and data dir. The node must have been
+    /// killed or terminated.
+    pub fn restart(&self) {
+        assert!(
+            !self.is_running(),
+            "restart: node {} is still running",
+            self.id
+        );
+        self.lock().child = None;
+        self.spawn();
+    }
+
+    /// SIGSTOP: the process stays alive but answers nothing, like a long GC pause.
+    pub fn pause(&self) {
+        let mut process = self.lock();
+        let child = process
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("pause: node {} is not running", self.id));
+        assert!(!process.paused, "pause: node {} is already paused", self.id);
+        send_signal(child.id(), "STOP");
+        process.paused = true;
+    }
+
+    /// SIGCONT after [`Node::pause`].
+    pub fn resume(&self) {
+        let mut process = self.lock();
+        let child = process
+            .child
+            .as_ref()
+            .unwrap_or_else(|| panic!("resume: node {} is not running", self.id));
+        assert!(process.paused, "resume: node {} is not paused", self.id);
+        send_signal(child.id(), "CONT");
+        process.paused = false;
+    }
+
+    /// The last `lines` lines of the node's log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        match fs::read(&self.log_path) {
+            Ok(bytes) => {
+                let text = String::from_utf8_lossy(&bytes);
+                let all: Vec<&str> = text.lines().collect();
+                all[all.len().saturating_sub(lines)..].join("\n")
+            }
+            Err(error) => format!("(no log at {}: {error})", self.log_path.display()),
+        }
+    }
+
+    fn describe_state(&self) -> String {
+        match self.exit_status() {
+            Some(status) => format!("exited with {status}"),
+            None if self.is_paused() => "paused".to_owned(),
+            None if self.lock().child.is_some() => "running".to_owned(),
+            None => "stopped by the harness".to_owned(),
+        }
+    }
+
+    fn spawn(&self) {
+        let mut process = self.lock();
+        process.starts += 1;
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)
+            .expect("open a node log");
+        writeln!(
+            log,
+            "---- harness: start #{} of node {}: {} {} ----",
+            process.starts,
+            self.id,
+            batond_path().display(),
+            self.args
+                .iter()
+                .map(|arg| arg.to_string_lossy())
+                .collect::<Vec<_>>()
+                .join(" ")
+        )
+        .expect("write a node log");
+        let mut command = Command::new(batond_path());
+        command
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone a log handle"))
+            .stderr(log)
+            .env("RUST_BACKTRACE", "1");
+        // batond reads every flag also from BATON_<FLAG> (SPEC section 6): keep the test
+        // runner's environment from configuring the nodes.
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("BATON_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .spawn()
+            .unwrap_or_else(|error| panic!("spawn {}: {error}", batond_path().display()));
+        process.child = Some(child);
+        process.paused = false;
+    }
+
+    /// Kills the process if the harness still owns it; used on drop, never panics.
+    fn stop(&self) {
+        let mut process = match self.process.lock() {
+            Ok(process) => process,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let paused = process.paused;
+        if let Some(child) = process.child.as_mut() {
+            if paused {
+                let _ = try_send_signal(child.id(), "CONT");
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        process.child = None;
+        process.paused = false;
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Process> {
+        match self.process.lock() {
+            Ok(process) => process,
+            Err(poisoned) => poisoned.into_inner(),
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn send_signal(pid: u32, signal: &str) {
+    if let Err(error) = try_send_signal(pid, signal) {
+        panic!("{error}");
+    }
+}
+
+fn try_send_signal(pid: u32, signal: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .arg(format!("-{signal}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|error| format!("run `kill -{signal} {pid}`: {error}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`kill -{signal} {pid}` failed: {status}"))
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The batond binary, ports, directories
+// ---------------------------------------------------------------------------------------------
+
+/// The path of the `batond` binary, built on first use with `cargo build -p baton-node --bin
+/// batond` in the tests' own profile (or `BATOND_BIN` when set). Panics with cargo's output
+/// when the build fails.
+pub fn batond_path() -> &'static Path {
+    static BATOND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BATOND.get_or_init(build_batond) {
+        Ok(path) => path,
+        Err(message) => panic!("{message}"),
+    }
+}
+
+fn build_batond() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("BATOND_BIN") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("BATOND_BIN={} is not a file", path.display()))
+        };
+    }
+    let profile_dir = profile_dir();
+    let release = profile_dir
+        .as_deref()
+        .and_then(Path::file_name)
+        .is_some_and(|name| name == "release");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .join("Cargo.toml");
+    let mut command = Command::new(&cargo);
+    command
+        .args(["build", "--quiet", "-p", "baton-node", "--bin", "batond"])
+        .arg("--manifest-path")
+        .arg(&manifest);
+    if release {
+        command.arg("--release");
+    }
+    let output = command.output().map_err(|error| {
+        format!(
+            "could not run `{} build -p baton-node --bin batond`: {error}",
+            cargo.to_string_lossy()
+        )
+    })?;
+    if !output.status.success() {
+        return Err(format!(
+            "building batond failed ({}); the integration tests need it.\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let binary = format!("batond{}", std::env::consts::EXE_SUFFIX);
+    let profile = if release { "release" } else { "debug" };
+    let mut candidates = Vec::new();
+    if let Some(directory) = &profile_dir {
+        candidates.push(directory.join(&binary));
+    }
+    if let Some(target) = std::env::var_os("CARGO_TARGET_DIR") {
+        candidates.push(PathBuf::from(target).join(profile).join(&binary));
+    }
+    candidates.push(
+        manifest
+            .parent()
+            .expect("the workspace root")
+            .join("target")
+            .join(profile)
+            .join(&binary),
+    );
+    candidates
+        .iter()
+        .find(|path| path.is_file())
+        .cloned()
+        .ok_or_else(|| format!("batond was built but is not at any of {candidates:?}"))
+}
+
+/// `…/target/debug` from the test binary's `…/target/debug/deps/it-xxxx`.
+fn profile_dir() -> Option<PathBuf> {
+    let exe = std::env::current_exe().ok()?;
+    let deps = exe.parent()?;
+    if deps.file_name()? == "deps" {
+        deps.parent().map(Path::to_path_buf)
+    } else {
+        Some(deps.to_path_buf())
+    }
+}
+
+/// A port that was free a moment ago on 127.0.0.1, never handed out twice by this process.
+/// Another process may take it before the node binds it: [`Cluster::start`] retries then.
+pub fn free_port() -> u16 {
+    static TAKEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let port = listener
+            .local_addr()
+            .expect("an ephemeral port's address")
+            .port();
+        let mut taken = match TAKEN.lock() {
+            Ok(taken) => taken,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        if taken.insert(port) {
+            return port;
+        }
+    }
+}
+
+fn new_temp_dir() -> TempDir {
+    tempfile::Builder::new()
+        .prefix("baton-it-")
+        .tempdir()
+        .expect("create a temporary directory")
+}
+
+/// A fresh `Idempotency-Key` (a UUIDv4-shaped string, unique within and across test runs).
+pub fn idempotency_key() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos())
+        .unwrap_or_default();
+    let mixed = nanos ^ (u128::from(std::process::id()) << 64) ^ u128::from(count) << 96;
+    let hex = format!("{mixed:032x}");
+    format!(
+        "{}-{}-4{}-8{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[13..16],
+        &hex[17..20],
+        &hex[20..32]
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// HTTP
+// ---------------------------------------------------------------------------------------------
+
+/// A thin HTTP helper over `reqwest`: every call returns a [`Reply`] with the status, the
+/// headers and the body parsed as JSON. Connections are not pooled, so a restarted node is
+/// never reached through a dead connection.
+#[derive(Debug, Clone)]
+pub struct Api {
+    client: reqwest::Client,
+}
+
+impl Default for Api {
+    fn default() -> Api {
+        Api::new()
+    }
+}
+
+impl Api {
+    /// A client with a [`REQUEST_TIMEOUT`] per request and no proxy.
+    pub fn new() -> Api {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(REQUEST_TIMEOUT)
+            .connect_timeout(Duration::from_secs(1))
+            .pool_max_idle_per_host(0)
+            .build()
+            .expect("build an HTTP client");
+        Api { client }
+    }
+
+    /// A request to build further (namespace, idempotency key, body) and send.
+    pub fn call(&self, method: Method, node: &Node, path: &str) -> Call {
+        Call {
+            client: self.client.clone(),
+            method,
+            url: format!("{}{path}", node.api_url()),
+            headers: Vec::new(),
+            body: None,
+            timeout: None,
+        }
+    }
+
+    /// `GET path`; panics on a transport error.
+    pub async fn get(&self, node: &Node, path: &str) -> Reply {
+        self.call(Method::GET, node, path).send().await
+    }
+
+    /// `POST path` with a JSON body; panics on a transport error.
+    pub async fn post(&self, node: &Node, path: &str, body: &Value) -> Reply {
+        self.call(Method::POST, node, path).json(body).send().await
+    }
+
+    /// `PUT path` with a JSON body; panics on a transport error.
+    pub async fn put(&self, node: &Node, path: &str, body: &Value) -> Reply {
+        self.call(Method::PUT, node, path).json(body).send().await
+    }
+
+    /// `DELETE path` without a body; panics on a transport error.
+    pub async fn delete(&self, node: &Node, path: &str) -> Reply {
+        self.call(Method::DELETE, node, path).send().await
+    }
+}
+
+/// One request being built by [`Api::call`].
+#[derive(Debug)]
+pub struct Call {
+    client: reqwest::Client,
+    method: Method,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Option<(Vec<u8>, String)>,
+    timeout: Option<Duration>,
+}
+
+impl Call {
+    /// A JSON body.
+    pub fn json(self, body: &Value) -> Call {
+        let bytes = serde_json::to_vec(body).expect("serialize a JSON body");
+        self.raw(bytes, "application/json")
+    }
+
+    /// A body of raw bytes with this content type (for malformed or oversized bodies).
+    pub fn raw(mut self, body: impl Into<Vec<u8>>, content_type: &str) -> Call {
+        self.body = Some((body.into(), content_type.to_owned()));
+        self
+    }
+
+    /// Header `Baton-Namespace`.
+    pub fn namespace(self, namespace: &str) -> Call {
+        self.header(api::HEADER_NAMESPACE, namespace)
+    }
+
+    /// Header `Idempotency-Key`.
+    pub fn idempotency_key(self, key: &str) -> Call {
+        self.header(api::HEADER_IDEMPOTENCY_KEY, key)
+    }
+
+    /// Any other header.
+    pub fn header(mut self, name: &str, value: &str) -> Call {
+        self.headers.push((name.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// A longer (or shorter) timeout than [`REQUEST_TIMEOUT`] for this request.
+    pub fn timeout(mut self, timeout: Duration) -> Call {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sends the request; `Err` describes a transport failure (refused, reset, timeout).
+    pub async fn try_send(self) -> Result<Reply, String> {
+        let request = format!("{} {}", self.method, self.url);
+        let mut builder = self.client.request(self.method, &self.url);
+        for (name, value) in &self.headers {
+            builder = builder.header(name, value);
+        }
+        if let Some(timeout) = self.timeout {
+            builder = builder.timeout(timeout);
+        }
+        if let Some((body, content_type)) = self.body {
+            builder = builder
+                .header(reqwest::header::CONTENT_TYPE, content_type)
+                .body(body);
+        }
+        let response = builder
+            .send()
+            .await
+            .map_err(|error| format!("{request}: {error:#}"))?;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|error| format!("{request}: reading the body: {error:#}"))?;
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body = if text.trim().is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()))
+        };
+        Ok(Reply {
+            request,
+            status,
+            headers,
+            body,
+            text,
+        })
+    }
+
+    /// Sends the request; panics on a transport failure.
+    pub async fn send(self) -> Reply {
+        match self.try_send().await {
+            Ok(reply) => reply,
+            Err(error) => panic!("request failed: {error}"),
+        }
+    }
+}
+
+/// An HTTP answer: status, headers, and the body as JSON (`Null` when empty, a JSON string
+/// holding the text when it is not JSON).
+#[derive(Debug, Clone)]
+pub struct Reply {
+    /// `METHOD url` of the request, for messages.
+    pub request: String,
+    /// The HTTP status.
+    pub status: u16,
+    /// The response headers.
+    pub headers: reqwest::header::HeaderMap,
+    /// The body as JSON.
+    pub body: Value,
+    /// The body as text.
+    pub text: String,
+}
+
+impl fmt::Display for Reply {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            formatter,
+            "{} -> {} [Baton-Leader: {:?}, Baton-Cluster-Time: {:?}, Content-Type: {:?}] {}",
+            self.request,
+            self.status,
+            self.header(api::HEADER_LEADER),
+            self.header(api::HEADER_CLUSTER_TIME),
+            self.content_type(),
+            self.text
+        )
+    }
+}
+
+impl Reply {
+    /// A response header as text.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+
+    /// The `Content-Type` header.
+    pub fn content_type(&self) -> Option<&str> {
+        self.header("content-type")
+    }
+
+    /// The problem `code` of an error answer.
+    pub fn code(&self) -> Option<&str> {
+        self.body.get("code").and_then(Value::as_str)
+    }
+
+    /// The `Baton-Cluster-Time` header; panics when it is missing or not an integer.
+    pub fn cluster_time(&self) -> u64 {
+        self.try_cluster_time()
+            .unwrap_or_else(|| panic!("no integer Baton-Cluster-Time header: {self}"))
+    }
+
+    /// The `Baton-Cluster-Time` header, if present and an integer.
+    pub fn try_cluster_time(&self) -> Option<u64> {
+        self.header(api::HEADER_CLUSTER_TIME)?.trim().parse().ok()
+    }
+
+    /// The `Baton-Leader` header as a node id, if present and an integer.
+    pub fn leader(&self) -> Option<u64> {
+        self.header(api::HEADER_LEADER)?.trim().parse().ok()
+    }
+
+    /// True when the `Idempotent-Replayed` header says `true`.
+    pub fn replayed(&self) -> bool {
+        self.header(api::HEADER_IDEMPOTENT_REPLAYED)
+            .is_some_and(|value| value.eq_ignore_ascii_case("true"))
+    }
+
+    /// True for a 2xx status.
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// Asserts the status, showing the whole answer when it differs.
+    pub fn expect_status(&self, status: u16) -> &Reply {
+        assert_eq!(self.status, status, "unexpected status: {self}");
+        self
+    }
+
+    /// Asserts the status and parses the body.
+    pub fn expect_json<T: DeserializeOwned>(&self, status: u16) -> T {
+        self.expect_status(status).parse()
+    }
+
+    /// Parses the body; panics with the answer when it does not fit `T`.
+    pub fn parse<T: DeserializeOwned>(&self) -> T {
+        serde_json::from_value(self.body.clone()).unwrap_or_else(|error| {
+            panic!(
+                "the answer does not parse as {}: {error}: {self}",
+                std::any::type_name::<T>()
+            )
+        })
+    }
+
+    /// Asserts an error answer as SPEC section 5 shapes it: this status, content type
+    /// `application/problem+json`, this `code`, a non-empty `message`, and the two headers
+    /// every response carries. Returns the parsed problem.
+    pub fn expect_problem(&self, status: u16, code: api::ErrorCode) -> api::Problem {
+        assert_eq!(self.status, status, "unexpected status: {self}");
+        let content_type = self.content_type().unwrap_or_default();
+        assert!(
+            content_type.starts_with(api::PROBLEM_CONTENT_TYPE),
+            "an error is not {}: {self}",
+            api::PROBLEM_CONTENT_TYPE
+        );
+        let problem: api::Problem = self.parse();
+        assert_eq!(problem.code, code, "unexpected code: {self}");
+        assert!(
+            !problem.message.trim().is_empty(),
+            "an empty message: {self}"
+        );
+        self.expect_baton_headers();
+        problem
+    }
+
+    /// Asserts the `Baton-Leader` and `Baton-Cluster-Time` headers every response carries.
+    pub fn expect_baton_headers(&self) -> &Reply {
+        assert!(
+            self.header(api::HEADER_LEADER).is_some(),
+            "no Baton-Leader header: {self}"
+        );
+        assert!(
+            self.try_cluster_time().is_some(),
+            "no integer Baton-Cluster-Time header: {self}"
+        );
+        self
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Polling
+// ---------------------------------------------------------------------------------------------
+
+/// Calls `check` every [`POLL_INTERVAL`] until it returns `Some`, and returns that; panics
+/// naming `what` after `timeout`. This is how tests wait for a state: never a bare sleep.
+pub async fn poll_until<T>(
+    timeout: Duration,
+    what: &str,
+    check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    match try_poll_until(Instant::now() + timeout, check).await {
+        Some(value) => value,
+        None => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// Calls `check` every [`POLL_INTERVAL`] until it returns `Some` (then that) or `deadline`
+/// passes (then `None`). `check` runs at least once.
+pub async fn try_poll_until<T>(
+    deadline: Instant,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> Option<T> {
+    loop {
+        if let Some(value) = check().await {
+            return Some(value);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(POLL_INTERVAL).await;
+    }
+}
+
+/// Opens a file for appending a note to a node log; used by tests that want to mark a phase.
+pub fn note_in_log(node: &Node, note: &str) {
+    if let Ok(mut log) = OpenOptions::new().append(true).open(node.log_path()) {
+        let _ = writeln!(log, "---- test: {note} ----");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small checks shared by the tests
+// ---------------------------------------------------------------------------------------------
+
+/// True for a session id as the server mints them: 32 lowercase hex characters.
+pub fn is_session_id(text: &str) -> bool {
+    text.len() == 32
+        && text
+            .bytes()
+            .all(|byte| byte.is_ascii_digit() || (b'a'..=b'f').contains(&byte))
+}
+
+/// True when `text` contains `number` as a whole number (not as part of a longer one).
+pub fn mentions_number(text: &str, number: u64) -> bool {
+    text.split(|c: char| !c.is_ascii_digit())
+        .any(|word| word == number.to_string())
+}

@@ -20,7 +20,7 @@ use baton_raft_store::machine::{Batch, Command, Response};
 use baton_raft_store::store::{MachineHandle, TypeConfig};
 use openraft::error::ClientWriteError;
 use openraft::Raft;
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
 use crate::clock::Clock;
 
@@ -69,6 +69,9 @@ pub struct ProposerSettings {
 #[derive(Debug, Clone)]
 pub struct Proposer {
     sender: mpsc::Sender<Proposal>,
+    /// The term whose leader clock has started: this node, as leader of that term, has applied
+    /// every entry that was in its log at takeover.
+    ready_term: watch::Receiver<Option<u64>>,
 }
 
 #[derive(Debug)]
@@ -88,7 +91,9 @@ impl Proposer {
         settings: ProposerSettings,
     ) -> Proposer {
         let (sender, receiver) = mpsc::channel(QUEUE_MAX);
+        let (ready, ready_term) = watch::channel(None);
         let batcher = Batcher {
+            ready,
             raft,
             machine,
             clock,
@@ -99,7 +104,22 @@ impl Proposer {
             settings,
         };
         tokio::spawn(batcher.run());
-        Proposer { sender }
+        Proposer { sender, ready_term }
+    }
+
+    /// Waits until this node, as leader of `term`, has applied every entry that was in its log
+    /// when it took over (or resumed after a restart). Before that, its applied state may lack
+    /// entries another leader committed, so it must not answer reads. False on timeout.
+    pub async fn wait_leader_ready(&self, term: u64, timeout: Duration) -> bool {
+        let mut ready_term = self.ready_term.clone();
+        let ready =
+            tokio::time::timeout(timeout, ready_term.wait_for(|ready| *ready == Some(term))).await;
+        matches!(ready, Ok(Ok(_)))
+    }
+
+    /// Whether `wait_leader_ready(term)` would return at once.
+    pub fn is_leader_ready(&self, term: u64) -> bool {
+        *self.ready_term.borrow() == Some(term)
     }
 
     /// Replicates `command` and returns its response once applied on this node.
@@ -140,6 +160,7 @@ struct LeaderClock {
 }
 
 struct Batcher {
+    ready: watch::Sender<Option<u64>>,
     raft: Raft<TypeConfig>,
     machine: MachineHandle,
     clock: Arc<dyn Clock>,
@@ -327,6 +348,7 @@ impl Batcher {
                 };
                 tracing::info!(term, cluster_time_ms = base_ms, "leader clock started");
                 self.leader_clock = Some(clock);
+                self.ready.send_replace(Some(term));
                 clock
             }
         };

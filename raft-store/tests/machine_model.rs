@@ -104,7 +104,7 @@ fn normalize_real(response: &Response) -> Normalized {
     match &response.outcome {
         Ok(reply) => Normalized::Ok {
             reply: reply.clone(),
-            replayed: response.replayed,
+            replayed: response.replayed.is_some(),
         },
         Err(rejection) => Normalized::Err {
             code: rejection.code(),
@@ -237,8 +237,12 @@ impl Model {
                     }
                 }
                 let outcome = self.op(namespace, op);
-                if let (Some(IdempotencyTag { key, fingerprint }), Ok(reply)) =
-                    (idempotency, &outcome)
+                if let (
+                    Some(IdempotencyTag {
+                        key, fingerprint, ..
+                    }),
+                    Ok(reply),
+                ) = (idempotency, &outcome)
                 {
                     self.records.push(ModelRecord {
                         recorded_ms: self.time_ms,

@@ -104,7 +104,9 @@ fn check_scenario(scenario: &Scenario) -> Result<(), TestCaseError> {
         prop_assert_eq!(machine.time_ms(), time_before.max(batch.stamp_ms));
         // (e) fences of fresh grants strictly rise (replays repeat an old grant by design).
         for response in &responses {
-            if let (Ok(Reply::Granted(grant)), false) = (&response.outcome, response.replayed) {
+            if let (Ok(Reply::Granted(grant)), false) =
+                (&response.outcome, response.replayed.is_some())
+            {
                 prop_assert!(
                     grant.lease.fence > last_fence,
                     "entry {}: fence {} after {}",
@@ -195,7 +197,9 @@ fn generator_reaches_every_outcome() {
             let batch = entry.materialize(&machine);
             for response in machine.apply(&batch) {
                 let name = match &response.outcome {
-                    Ok(reply) if response.replayed => format!("replayed {}", reply_name(reply)),
+                    Ok(reply) if response.replayed.is_some() => {
+                        format!("replayed {}", reply_name(reply))
+                    }
                     Ok(Reply::Swept { leases, .. }) if *leases > 0 => "swept some".to_owned(),
                     Ok(Reply::SessionEnded { released }) if !released.is_empty() => {
                         "ended with leases".to_owned()
@@ -262,6 +266,7 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
         Some(baton_raft_store::machine::IdempotencyTag {
             key: common::IDEMPOTENCY_KEYS[0].to_owned(),
             fingerprint: common::FINGERPRINTS[0],
+            wall_ms: 0,
         })
     };
     let new_session = |id: u128, holder: &str| baton_raft_store::machine::NewSession {
@@ -544,6 +549,7 @@ fn lowering_the_limits_keeps_the_invariants() {
             idempotency: Some(baton_raft_store::machine::IdempotencyTag {
                 key: format!("idem-key-000000000{index}"),
                 fingerprint: common::FINGERPRINTS[0],
+                wall_ms: 0,
             }),
             op: Op::KvPut {
                 key: common::path("x"),

@@ -207,7 +207,12 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Answer, ApiError> {
         let metrics = metrics.borrow();
         let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
         let lag = metrics.last_log_index.unwrap_or(0).saturating_sub(applied);
-        metrics.running_state.is_ok() && metrics.current_leader.is_some() && lag <= READY_LAG_MAX
+        let caught_up = if metrics.current_leader == Some(app.node_id) {
+            app.proposer.is_leader_ready(metrics.current_term)
+        } else {
+            lag <= READY_LAG_MAX
+        };
+        metrics.running_state.is_ok() && metrics.current_leader.is_some() && caught_up
     };
     if !ready {
         return Err(ApiError::no_leader(None));

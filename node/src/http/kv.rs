@@ -36,7 +36,7 @@ pub async fn put(
     body: ApiJson<KvPutRequest>,
 ) -> Result<Answer, ApiError> {
     let key_path = ResourcePath::parse(&path, &app.limits()).map_err(ApiError::from_rejection)?;
-    let tag = AppState::idempotency_tag(
+    let tag = app.idempotency_tag(
         key,
         &namespace,
         "PUT",
@@ -102,7 +102,7 @@ pub async fn delete(
     body: ApiJson<KvDeleteRequest>,
 ) -> Result<Answer, ApiError> {
     let key_path = ResourcePath::parse(&path, &app.limits()).map_err(ApiError::from_rejection)?;
-    let tag = AppState::idempotency_tag(
+    let tag = app.idempotency_tag(
         key,
         &namespace,
         "DELETE",

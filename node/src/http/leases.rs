@@ -34,7 +34,7 @@ pub async fn create_session(
     IdempotencyKey(key): IdempotencyKey,
     body: ApiJson<CreateSessionRequest>,
 ) -> Result<Answer, ApiError> {
-    let tag = AppState::idempotency_tag(
+    let tag = app.idempotency_tag(
         key,
         &namespace,
         "POST",
@@ -68,7 +68,7 @@ pub async fn keepalive(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Answer, ApiError> {
     let session_id = parse_session_id(&id)?;
-    let tag = AppState::idempotency_tag(
+    let tag = app.idempotency_tag(
         key,
         &namespace,
         "POST",
@@ -104,7 +104,7 @@ pub async fn release(
 ) -> Result<Answer, ApiError> {
     let session_id = parse_session_id(&id)?;
     let resource = parse_path(&app, &body.value.resource)?;
-    let tag = AppState::idempotency_tag(
+    let tag = app.idempotency_tag(
         key,
         &namespace,
         "POST",
@@ -141,8 +141,7 @@ pub async fn end_session(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Answer, ApiError> {
     let session_id = parse_session_id(&id)?;
-    let tag =
-        AppState::idempotency_tag(key, &namespace, "DELETE", "/v1/sessions/{id}", &[&id], b"");
+    let tag = app.idempotency_tag(key, &namespace, "DELETE", "/v1/sessions/{id}", &[&id], b"");
     let written = app
         .write(&namespace, tag, Op::EndSession { session_id }, 64)
         .await?;
@@ -181,8 +180,7 @@ pub async fn acquire(
     IdempotencyKey(key): IdempotencyKey,
     body: ApiJson<AcquireRequest>,
 ) -> Result<Answer, ApiError> {
-    let tag =
-        AppState::idempotency_tag(key, &namespace, "POST", "/v1/leases", &[], &body.canonical);
+    let tag = app.idempotency_tag(key, &namespace, "POST", "/v1/leases", &[], &body.canonical);
     let request = &body.value;
     let resource = parse_path(&app, &request.resource)?;
     let owner = match request.owner().map_err(ApiError::invalid)? {

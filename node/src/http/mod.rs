@@ -111,6 +111,9 @@ impl AppState {
     }
 
     /// Replicates one operation and returns its reply with the clocks to render it.
+    ///
+    /// An idempotent request renders its `*_at` times with the wall clock recorded in its tag,
+    /// so the first answer and every replay have identical bodies on every node.
     pub async fn write(
         &self,
         namespace: &Namespace,
@@ -118,20 +121,32 @@ impl AppState {
         op: Op,
         size_bytes: usize,
     ) -> Result<Written, ApiError> {
+        let tag_wall_ms = idempotency.as_ref().map(|tag| tag.wall_ms);
         let command = baton_raft_store::machine::Command::Namespaced {
             namespace: namespace.clone(),
             idempotency,
             op,
         };
         let committed = self.proposer.propose(command, size_bytes).await?;
-        let clocks = self.clocks(committed.time_ms);
+        let clocks = match (committed.response.replayed, tag_wall_ms) {
+            (Some(recorded), _) => Clocks {
+                wall_ms: recorded.wall_ms,
+                cluster_ms: recorded.time_ms,
+            },
+            (None, Some(wall_ms)) => Clocks {
+                wall_ms,
+                cluster_ms: committed.time_ms,
+            },
+            (None, None) => self.clocks(committed.time_ms),
+        };
         match committed.response.outcome {
             Ok(reply) => Ok(Written {
                 reply,
                 clocks,
-                replayed: committed.response.replayed,
+                cluster_time_ms: committed.time_ms,
+                replayed: committed.response.replayed.is_some(),
             }),
-            Err(rejection) => Err(self.refusal(rejection, clocks)),
+            Err(rejection) => Err(self.refusal(rejection, self.clocks(committed.time_ms))),
         }
     }
 
@@ -140,6 +155,12 @@ impl AppState {
         &self,
         query: impl FnOnce(&Machine) -> T,
     ) -> Result<(T, Clocks), ApiError> {
+        // A leader restored after a restart may not yet know which of its entries are
+        // committed: it answers reads only once it has applied its whole takeover log.
+        let term = self.raft.metrics().borrow().current_term;
+        if !self.proposer.wait_leader_ready(term, READ_TIMEOUT).await {
+            return Err(ApiError::no_leader(None));
+        }
         match tokio::time::timeout(READ_TIMEOUT, self.raft.ensure_linearizable()).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => {
@@ -169,6 +190,7 @@ impl AppState {
     /// The idempotency tag of a mutation: its key and a fingerprint of everything that
     /// identifies the request (G8).
     pub fn idempotency_tag(
+        &self,
         key: Option<String>,
         namespace: &Namespace,
         method: &str,
@@ -193,21 +215,24 @@ impl AppState {
         Some(IdempotencyTag {
             key,
             fingerprint: hasher.finalize().into(),
+            wall_ms: self.clock.wall_ms(),
         })
     }
 }
 
-/// A committed write: its reply, the clocks to render it with, and whether it was a replay.
+/// A committed write: its reply, the clocks to render its body with, the cluster time of the
+/// entry that answered it, and whether it was a replay.
 #[derive(Debug)]
 pub struct Written {
     pub reply: Reply,
     pub clocks: Clocks,
+    pub cluster_time_ms: u64,
     pub replayed: bool,
 }
 
 impl Written {
     pub fn answer<T: Serialize>(&self, status: StatusCode, body: &T) -> Answer {
-        Answer::new(status, body, self.clocks.cluster_ms).replayed(self.replayed)
+        Answer::new(status, body, self.cluster_time_ms).replayed(self.replayed)
     }
 
     /// A reply of an unexpected kind: a bug, reported as INTERNAL.

@@ -78,10 +78,23 @@ pub enum Command {
 
 /// The `Idempotency-Key` of a request and a hash of everything that identifies the request
 /// (namespace, method, route, path parameters, body), computed at the edge.
+///
+/// `wall_ms` is the accepting node's wall clock (Unix milliseconds) when the request arrived.
+/// It decides nothing: it is recorded so that the informational `*_at` times of the first
+/// answer and of every replay render identically, on any node.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IdempotencyTag {
     pub key: String,
     pub fingerprint: [u8; 32],
+    pub wall_ms: i64,
+}
+
+/// When a recorded answer was first given: the cluster time it was decided at and the wall
+/// clock of its `IdempotencyTag`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recorded {
+    pub time_ms: u64,
+    pub wall_ms: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,12 +153,21 @@ pub enum Op {
     },
 }
 
-/// The result of one command. `replayed` is true when an idempotent retry returned the answer
-/// recorded by the first attempt instead of applying again.
+/// The result of one command. `replayed` is set when an idempotent retry returned the answer
+/// recorded by the first attempt instead of applying again, and says when that was.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Response {
     pub outcome: Result<Reply, Rejection>,
-    pub replayed: bool,
+    pub replayed: Option<Recorded>,
+}
+
+impl Response {
+    pub fn fresh(outcome: Result<Reply, Rejection>) -> Response {
+        Response {
+            outcome,
+            replayed: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{IdempotencyTag, Rejection, Reply, Response};
+use super::command::{IdempotencyTag, Recorded, Rejection, Reply, Response};
 use super::{Limits, Namespace};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -21,22 +21,21 @@ pub(super) struct IdempotencyTable {
 struct Record {
     fingerprint: [u8; 32],
     reply: Reply,
+    recorded: Recorded,
 }
 
 impl IdempotencyTable {
     /// The recorded answer for this key: a replay, or a refusal if the request differs.
     pub(super) fn lookup(&self, namespace: &Namespace, tag: &IdempotencyTag) -> Option<Response> {
         let record = self.records.get(&(namespace.clone(), tag.key.clone()))?;
-        let outcome = if record.fingerprint == tag.fingerprint {
-            Ok(record.reply.clone())
-        } else {
-            Err(Rejection::IdempotencyKeyReused(
+        if record.fingerprint != tag.fingerprint {
+            return Some(Response::fresh(Err(Rejection::IdempotencyKeyReused(
                 "this Idempotency-Key was already used for a different request: use a new key for a new request".to_owned(),
-            ))
-        };
+            ))));
+        }
         Some(Response {
-            replayed: outcome.is_ok(),
-            outcome,
+            outcome: Ok(record.reply.clone()),
+            replayed: Some(record.recorded),
         })
     }
 
@@ -51,6 +50,10 @@ impl IdempotencyTable {
         let record = Record {
             fingerprint: tag.fingerprint,
             reply,
+            recorded: Recorded {
+                time_ms,
+                wall_ms: tag.wall_ms,
+            },
         };
         self.records
             .insert((namespace.clone(), tag.key.clone()), record);

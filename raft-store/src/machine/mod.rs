@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
 pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecError};
 pub use command::{
     Batch, Command, Event, EventKind, FenceClaim, FenceStatus, Grant, IdempotencyTag, KvView,
-    LeaseView, NewSession, Op, Owner, Page, Rejection, Reply, Response, SessionView,
+    LeaseView, NewSession, Op, Owner, Page, Recorded, Rejection, Reply, Response, SessionView,
 };
 pub use types::{
     validate_holder, validate_idempotency_key, validate_labels, validate_max_hold, validate_ttl,
@@ -265,10 +265,7 @@ impl Machine {
             } => {
                 if let Some(tag) = idempotency {
                     if let Err(rejection) = validate_idempotency_key(&tag.key, &self.limits) {
-                        return Response {
-                            outcome: Err(rejection),
-                            replayed: false,
-                        };
+                        return Response::fresh(Err(rejection));
                     }
                     if let Some(replay) = self.idempotency.lookup(namespace, tag) {
                         return replay;
@@ -291,27 +288,18 @@ impl Machine {
                 {
                     self.namespaces.remove(namespace);
                 }
-                Response {
-                    outcome,
-                    replayed: false,
-                }
+                Response::fresh(outcome)
             }
             Command::Sweep { max } => {
                 let (leases, sessions) = self.sweep(*max as usize);
-                Response {
-                    outcome: Ok(Reply::Swept { leases, sessions }),
-                    replayed: false,
-                }
+                Response::fresh(Ok(Reply::Swept { leases, sessions }))
             }
             Command::SetLimits(limits) => {
                 self.limits = limits.clone();
                 // Lowered bounds apply at once, so the state stays within them.
                 self.events.trim(&self.limits);
                 self.idempotency.prune(self.time_ms, &self.limits);
-                Response {
-                    outcome: Ok(Reply::LimitsSet),
-                    replayed: false,
-                }
+                Response::fresh(Ok(Reply::LimitsSet))
             }
         }
     }

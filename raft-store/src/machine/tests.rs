@@ -151,7 +151,7 @@ fn render(response: &Response) -> String {
         },
         Err(rejection) => rejection.code().to_owned(),
     };
-    if response.replayed {
+    if response.replayed.is_some() {
         format!("replay {line}")
     } else {
         line
@@ -611,6 +611,7 @@ fn tagged(key: &str, fingerprint: u8, op: Op) -> Command {
         idempotency: Some(IdempotencyTag {
             key: key.to_owned(),
             fingerprint: [fingerprint; 32],
+            wall_ms: 0,
         }),
         op,
     }
@@ -647,6 +648,7 @@ fn idempotent_retries_replay_the_first_answer() {
         idempotency: Some(IdempotencyTag {
             key: key.to_owned(),
             fingerprint: [2; 32],
+            wall_ms: 0,
         }),
         op: put("k", "1", None),
     };

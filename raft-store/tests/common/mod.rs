@@ -209,6 +209,7 @@ impl AbstractCommand {
                 let idempotency = tag.map(|(key, fingerprint)| IdempotencyTag {
                     key: IDEMPOTENCY_KEYS[key].to_owned(),
                     fingerprint: FINGERPRINTS[fingerprint],
+                    wall_ms: 0,
                 });
                 let op = match op {
                     AbstractOp::CreateSession(new_session) => {

@@ -1,0 +1,136 @@
+//! Any node answers any request (SPEC section 5): a follower forwards writes to the leader and
+//! names it in `Baton-Leader`; reads through any node see every acknowledged write (G1); and
+//! idempotent retries (G8) replay the first answer on any node, refuse a reused key with another
+//! request, and evaluate a refused request afresh.
+
+use baton_client::api::{ErrorCode, Grant, KvEntry, LeaseList};
+use baton_tests::{idempotency_key, json, Cluster, Method};
+
+#[tokio::test]
+async fn a_follower_forwards_writes_and_idempotent_retries_replay_the_first_answer() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let leader = cluster.leader().await;
+    let followers = cluster.followers().await;
+    assert_eq!(followers.len(), 2);
+    let (follower, other) = (followers[0], followers[1]);
+
+    let key = idempotency_key();
+    let body = json!({"resource": "fw/one", "holder": "agent-f", "ttl_ms": 30_000});
+    let acquire = |node, key: &str, body| {
+        api.call(Method::POST, node, "/v1/leases")
+            .idempotency_key(key)
+            .json(body)
+            .send()
+    };
+
+    let first = acquire(follower, &key, &body).await;
+    first.expect_status(201).expect_baton_headers();
+    assert_eq!(
+        first.leader(),
+        Some(leader.id),
+        "a forwarded answer names the leader: {first}"
+    );
+    assert!(!first.replayed(), "a first answer is not a replay: {first}");
+    let grant: Grant = first.parse();
+
+    // The same key and body, on every node: the first answer, replayed.
+    for node in [follower, leader, other] {
+        let retry = acquire(node, &key, &body).await;
+        assert_eq!(retry.status, 201, "{retry}");
+        assert!(retry.replayed(), "no Idempotent-Replayed: true: {retry}");
+        assert_eq!(
+            retry.body, first.body,
+            "a replay is the first answer: {retry}"
+        );
+        retry.expect_baton_headers();
+    }
+    // Applied once: one lease, the first fence.
+    let list: LeaseList = api
+        .call(Method::GET, other, "/v1/leases?prefix=fw")
+        .send()
+        .await
+        .expect_json(200);
+    assert_eq!(
+        list.leases
+            .iter()
+            .map(|lease| (lease.resource.as_str(), lease.fence))
+            .collect::<Vec<_>>(),
+        [("fw/one", grant.fence)]
+    );
+
+    // The same key with another request: refused, on any node, whatever differs.
+    let other_holder = json!({"resource": "fw/one", "holder": "agent-g", "ttl_ms": 30_000});
+    acquire(follower, &key, &other_holder)
+        .await
+        .expect_problem(422, ErrorCode::IdempotencyKeyReused);
+    acquire(leader, &key, &other_holder)
+        .await
+        .expect_problem(422, ErrorCode::IdempotencyKeyReused);
+    api.call(Method::PUT, other, "/v1/kv/fw/one")
+        .idempotency_key(&key)
+        .json(&json!({"value": 1}))
+        .send()
+        .await
+        .expect_problem(422, ErrorCode::IdempotencyKeyReused);
+    api.get(other, "/v1/kv/fw/one")
+        .await
+        .expect_problem(404, ErrorCode::NotFound);
+
+    // Keys are per namespace: the same key and body elsewhere is a new request.
+    let elsewhere = api
+        .call(Method::POST, other, "/v1/leases")
+        .namespace("other-team")
+        .idempotency_key(&key)
+        .json(&body)
+        .send()
+        .await;
+    let elsewhere_grant: Grant = elsewhere.expect_json(201);
+    assert!(!elsewhere.replayed(), "{elsewhere}");
+    assert!(elsewhere_grant.fence > grant.fence);
+
+    // A refusal is not recorded: the retry after the resource is freed is evaluated afresh.
+    let refused_key = idempotency_key();
+    acquire(other, &refused_key, &other_holder)
+        .await
+        .expect_problem(409, ErrorCode::LeaseHeld);
+    api.post(
+        follower,
+        &format!("/v1/sessions/{}/release", grant.session_id.as_str()),
+        &json!({"resource": "fw/one"}),
+    )
+    .await
+    .expect_status(200);
+    let fresh = acquire(other, &refused_key, &other_holder).await;
+    let fresh_grant: Grant = fresh.expect_json(201);
+    assert!(!fresh.replayed(), "{fresh}");
+    assert_eq!(fresh_grant.holder, "agent-g");
+    assert!(fresh_grant.fence > elsewhere_grant.fence);
+}
+
+#[tokio::test]
+async fn every_node_reads_what_any_node_acknowledged() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let leader = cluster.leader().await;
+    let nodes = cluster.nodes();
+    // Write through one node, read at once through the next: linearizable reads (G1) see it.
+    for round in 0..12_usize {
+        let writer = &nodes[round % 3];
+        let reader = &nodes[(round + 1) % 3];
+        let written = api
+            .put(writer, "/v1/kv/fw/counter", &json!({"value": round}))
+            .await;
+        written.expect_status(200);
+        assert_eq!(written.leader(), Some(leader.id), "{written}");
+        let read = api.get(reader, "/v1/kv/fw/counter").await;
+        assert_eq!(read.leader(), Some(leader.id), "{read}");
+        let entry: KvEntry = read.expect_json(200);
+        assert_eq!(
+            entry.value,
+            json!(round),
+            "node {} read a stale value",
+            reader.id
+        );
+    }
+}
