@@ -1307,3 +1307,64 @@ pub fn mentions_number(text: &str, number: u64) -> bool {
     text.split(|c: char| !c.is_ascii_digit())
         .any(|word| word == number.to_string())
 }
+
+// ---------------------------------------------------------------------------------------------
+// The baton binary
+// ---------------------------------------------------------------------------------------------
+
+/// The `baton` command line: `BATON_BIN`, or built once with `cargo build -p baton-client --bin
+/// baton` in the tests' profile and found next to `batond` (as `tests/it/cli.rs` does for
+/// itself). Panics with cargo's output when the build fails.
+pub fn baton_path() -> &'static Path {
+    static BATON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BATON.get_or_init(build_baton) {
+        Ok(path) => path,
+        Err(message) => panic!("{message}"),
+    }
+}
+
+fn build_baton() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("BATON_BIN") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("BATON_BIN={} is not a file", path.display()))
+        };
+    }
+    let batond = batond_path();
+    let release = batond
+        .parent()
+        .and_then(Path::file_name)
+        .is_some_and(|name| name == "release");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .join("Cargo.toml");
+    let mut build = Command::new(&cargo);
+    build
+        .args(["build", "--quiet", "-p", "baton-client", "--bin", "baton"])
+        .arg("--manifest-path")
+        .arg(&manifest);
+    if release {
+        build.arg("--release");
+    }
+    let output = build
+        .output()
+        .map_err(|error| format!("could not run cargo to build baton: {error}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "building baton failed ({}):\n{}{}",
+            output.status,
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    let path = batond.with_file_name(format!("baton{}", std::env::consts::EXE_SUFFIX));
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("baton was built but is not at {}", path.display()))
+    }
+}

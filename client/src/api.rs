@@ -672,7 +672,8 @@ pub struct EnqueueRequest {
     /// Attempts before the task is dead; the server's default when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
-    /// Cluster time (ms, as in `Baton-Cluster-Time`) before which the task is not claimable.
+    /// A delay: the task may be claimed only this many milliseconds (of cluster time) after it
+    /// was enqueued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before_ms: Option<u64>,
 }
@@ -698,9 +699,12 @@ pub struct Task {
     pub attempt: u32,
     /// Attempts allowed before the task is dead.
     pub max_attempts: u32,
-    /// Cluster time before which the task is not claimable, when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub not_before_ms: Option<u64>,
+    /// Cluster time (ms, as in `Baton-Cluster-Time`) from which the task may be claimed: its
+    /// enqueue time plus its `not_before_ms` delay.
+    pub ready_at_ms: u64,
+    /// How many of `depends_on` are not done yet.
+    #[serde(default)]
+    pub waiting_on: u32,
     /// The note left by the last release, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
@@ -935,9 +939,9 @@ pub enum EventKind {
         key: String,
         /// The key's new revision.
         revision: u64,
-        /// The fence the write carried, if any.
+        /// The fence token the write carried, if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        fence: Option<FenceRef>,
+        fence: Option<u64>,
     },
     /// A kv key was deleted.
     KvDeleted {
@@ -956,6 +960,8 @@ pub enum EventKind {
     TaskReleased(TaskChange),
     /// A task became dead.
     TaskDead(TaskChange),
+    /// A claim lapsed with its session (expired or ended); the task is ready again or dead.
+    TaskExpired(TaskChange),
     /// An event type this client does not know (sent by a newer server). Never sent.
     #[serde(other)]
     Unknown,
@@ -974,6 +980,9 @@ pub struct TaskChange {
     /// The attempt number, for claim-related events.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
+    /// For `task_failed`: whether the task went back to ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<bool>,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1118,7 +1127,7 @@ mod tests {
         json!({
             "id": "t1", "queue": "build", "payload": {"cmd": "make"}, "priority": 5,
             "depends_on": ["t0"], "state": "claimed", "attempt": 1, "max_attempts": 3,
-            "fence": 42, "holder": "agent-a"
+            "ready_at_ms": 1500, "waiting_on": 0, "fence": 42, "holder": "agent-a"
         })
     }
 
@@ -1303,7 +1312,7 @@ mod tests {
                      "kind": {"type": "expired", "resource": "a", "fence": 4}},
                     {"revision": 20, "namespace": "default", "cluster_time_ms": 502,
                      "kind": {"type": "kv_written", "key": "k", "revision": 20,
-                              "fence": {"resource": "a", "token": 5}}},
+                              "fence": 5}},
                     {"revision": 21, "namespace": "default", "cluster_time_ms": 503,
                      "kind": {"type": "task_claimed", "queue": "q", "task_id": "t1",
                               "fence": 6, "attempt": 1}},

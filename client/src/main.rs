@@ -1,10 +1,26 @@
-//! `baton`, the command line for agents. The subcommands of SPEC section 6 are being built on
-//! top of the `baton_client` library; until then the binary says so and exits with status 2.
+//! `baton`, the command line for agents (SPEC section 6). The commands live in `cli/`; this
+//! file only parses the arguments (clap exits 2 on a usage error), starts a runtime, and exits
+//! with the command's code.
 
-fn main() {
-    eprintln!(
-        "error[INVALID_ARGUMENT]: baton {}: no subcommands are built yet",
-        env!("CARGO_PKG_VERSION")
-    );
-    std::process::exit(2);
+mod cli;
+
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error[INTERNAL]: cannot start the async runtime: {error}");
+            return std::process::ExitCode::from(cli::output::EXIT_FAILURE);
+        }
+    };
+    let code = runtime.block_on(cli::main(cli));
+    // Best-effort background work (a dropped guard's release) gets a moment, not forever.
+    runtime.shutdown_timeout(std::time::Duration::from_millis(500));
+    std::process::ExitCode::from(code)
 }

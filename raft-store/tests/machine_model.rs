@@ -1,18 +1,22 @@
-//! A model test: a deliberately naive reference implementation of the lease rules (SPEC G2, G3,
-//! G4, G8 and section 4) is fed the same random entries as the real machine, and their answers
-//! and observable state must agree after every entry.
+//! A model test: a deliberately naive reference implementation of the lease and work-queue rules
+//! (SPEC G2, G3, G4, G8 and section 4) is fed the same random entries as the real machine, and
+//! their answers and observable state must agree after every entry.
 //!
 //! The model keeps plain `Vec`s and scans them linearly; its path logic splits strings into
-//! segments and shares nothing with `ResourcePath`'s ancestor or range helpers. Where the real
-//! machine's order of checks is a choice the SPEC leaves open (which validation comes first,
-//! which of several live conflicts is reported), the model mirrors it and says so.
+//! segments and shares nothing with `ResourcePath`'s ancestor or range helpers. Its queues keep
+//! no index, no dependents list and no counters: claim-next scans every task for the best one
+//! that is ready now, "waiting on" is recounted from the dependencies, a claim lapses when a scan
+//! finds its session past its deadline, and the counts are a scan. Where the real machine's
+//! order of checks is a choice the SPEC leaves open (which validation comes first, which of
+//! several live conflicts is reported, in which order simultaneous lapses emit their events),
+//! the model mirrors it and says so.
 
 mod common;
 
 use baton_raft_store::machine::{
     Batch, Command, Event, EventKind, FenceClaim, Grant, IdempotencyTag, Labels, LeaseMode,
-    LeaseView, Limits, Machine, Namespace, NewSession, Op, Owner, Reply, ResourcePath, Response,
-    SessionId, SessionView,
+    LeaseView, Limits, Machine, Name, Namespace, NewSession, Op, Owner, Reply, ResourcePath,
+    Response, SessionId, SessionView, TaskClaim, TaskClaimed, TaskCounts, TaskState, TaskView,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -46,6 +50,39 @@ struct ModelValue {
     namespace: Namespace,
     key: ResourcePath,
     revision: u64,
+}
+
+/// Where a task is: the claim names its session and fence; done keeps the result, dead the
+/// reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum ModelLife {
+    Ready,
+    Claimed { session: SessionId, fence: u64 },
+    Done { result: Option<String> },
+    Dead { reason: String },
+}
+
+#[derive(Debug, Clone)]
+struct ModelTask {
+    namespace: Namespace,
+    queue: Name,
+    id: Name,
+    payload: String,
+    priority: i32,
+    /// Sorted, without repeats.
+    depends_on: Vec<Name>,
+    max_attempts: u32,
+    /// Enqueue time plus delay.
+    ready_at_ms: u64,
+    /// Enqueue order across the whole model (only the order within a queue matters).
+    order: u64,
+    enqueued_revision: u64,
+    attempt: u32,
+    life: ModelLife,
+    note: Option<String>,
+    /// The reason of the last failure that sent the task back to ready, shown as the view's
+    /// `reason` until the task is done or dead.
+    last_failure: Option<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -140,8 +177,29 @@ fn normalize_model(outcome: &Result<Reply, Refusal>, replayed: bool) -> Normaliz
     }
 }
 
+/// A deliberate error in the model's queue rules, to show the comparison catches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mutant {
+    /// Claim-next serves in enqueue order only.
+    IgnorePriority,
+    /// Claim-next does not wait for a task's delay.
+    IgnoreDelay,
+    /// A claim lapses only after its session's deadline, not at it.
+    LapseLate,
+    /// A release counts the attempt.
+    ReleaseCountsAttempt,
+    /// A dead task leaves its dependents alone.
+    NoCascade,
+    /// A claim on an empty queue is recorded for idempotency.
+    RecordEmptyClaims,
+    /// Claims do not count against `leases_per_session_max`.
+    ClaimsAreFree,
+}
+
 #[derive(Debug)]
 struct Model {
+    /// `None` for the faithful model.
+    mutant: Option<Mutant>,
     limits: Limits,
     time_ms: u64,
     fence_counter: u64,
@@ -151,6 +209,8 @@ struct Model {
     sessions: Vec<ModelSession>,
     leases: Vec<ModelLease>,
     values: Vec<ModelValue>,
+    /// In enqueue order; never removed.
+    tasks: Vec<ModelTask>,
     /// Oldest first.
     records: Vec<ModelRecord>,
 }
@@ -176,6 +236,7 @@ fn conflicts(wanted: &str, mode: LeaseMode, held: &str, held_mode: LeaseMode) ->
 impl Model {
     fn new(limits: Limits) -> Model {
         Model {
+            mutant: None,
             limits,
             time_ms: 0,
             fence_counter: 0,
@@ -184,6 +245,7 @@ impl Model {
             sessions: Vec::new(),
             leases: Vec::new(),
             values: Vec::new(),
+            tasks: Vec::new(),
             records: Vec::new(),
         }
     }
@@ -197,6 +259,7 @@ impl Model {
         while self.records.len() > self.limits.idempotency_keys_max {
             self.records.remove(0);
         }
+        self.lapse_dead_claims();
         batch
             .commands
             .iter()
@@ -237,6 +300,7 @@ impl Model {
                     }
                 }
                 let outcome = self.op(namespace, op);
+                // G8: a claim on an empty queue changed nothing and is not recorded.
                 if let (
                     Some(IdempotencyTag {
                         key, fingerprint, ..
@@ -244,6 +308,10 @@ impl Model {
                     Ok(reply),
                 ) = (idempotency, &outcome)
                 {
+                    if *reply == Reply::QueueEmpty && self.mutant != Some(Mutant::RecordEmptyClaims)
+                    {
+                        return normalize_model(&outcome, false);
+                    }
                     self.records.push(ModelRecord {
                         recorded_ms: self.time_ms,
                         namespace: namespace.clone(),
@@ -353,6 +421,8 @@ impl Model {
                         );
                     }
                 }
+                // Its claims lapse as if it had expired (each counted as an attempt).
+                self.lapse_claims(namespace, *session_id);
                 self.sessions.remove(session_index);
                 Ok(Reply::SessionEnded { released })
             }
@@ -410,6 +480,386 @@ impl Model {
                 let revision = self.event(namespace, EventKind::KvDeleted { key: key.clone() });
                 Ok(Reply::KvDeleted { revision })
             }
+            Op::Enqueue {
+                queue,
+                task_id,
+                payload,
+                priority,
+                depends_on,
+                max_attempts,
+                delay_ms,
+            } => self.enqueue(
+                namespace,
+                queue,
+                task_id,
+                payload,
+                *priority,
+                depends_on,
+                *max_attempts,
+                *delay_ms,
+            ),
+            Op::Claim { queue, owner } => self.claim(namespace, queue, owner),
+            Op::Complete {
+                queue,
+                task_id,
+                claim,
+                result,
+            } => {
+                // Mirrors the real order: the result's size, then the claim.
+                if result
+                    .as_ref()
+                    .is_some_and(|result| result.len() > self.limits.task_payload_bytes_max)
+                {
+                    return Err(Refusal::PayloadTooLarge);
+                }
+                let index = self.check_task_claim(namespace, queue, task_id, claim)?;
+                self.tasks[index].life = ModelLife::Done {
+                    result: result.clone(),
+                };
+                self.event(
+                    namespace,
+                    EventKind::TaskCompleted {
+                        queue: queue.clone(),
+                        task_id: task_id.clone(),
+                        fence: claim.fence,
+                    },
+                );
+                Ok(Reply::TaskUpdated(self.task_view(index)))
+            }
+            Op::Fail {
+                queue,
+                task_id,
+                claim,
+                reason,
+                retry,
+            } => {
+                // Mirrors the real order: the reason's length, then the claim.
+                self.check_text(reason)?;
+                let index = self.check_task_claim(namespace, queue, task_id, claim)?;
+                let task = &self.tasks[index];
+                let retried = *retry && task.attempt < task.max_attempts;
+                self.event(
+                    namespace,
+                    EventKind::TaskFailed {
+                        queue: queue.clone(),
+                        task_id: task_id.clone(),
+                        fence: claim.fence,
+                        retry: retried,
+                    },
+                );
+                if retried {
+                    self.tasks[index].life = ModelLife::Ready;
+                    self.tasks[index].last_failure = Some(reason.clone());
+                } else {
+                    self.kill(index, reason.clone());
+                }
+                Ok(Reply::TaskUpdated(self.task_view(index)))
+            }
+            Op::ReleaseTask {
+                queue,
+                task_id,
+                claim,
+                note,
+            } => {
+                // Mirrors the real order: the note's length, then the claim.
+                if let Some(note) = note {
+                    self.check_text(note)?;
+                }
+                let index = self.check_task_claim(namespace, queue, task_id, claim)?;
+                let task = &mut self.tasks[index];
+                task.life = ModelLife::Ready;
+                if self.mutant != Some(Mutant::ReleaseCountsAttempt) {
+                    task.attempt -= 1;
+                }
+                if note.is_some() {
+                    task.note = note.clone();
+                }
+                self.event(
+                    namespace,
+                    EventKind::TaskReleased {
+                        queue: queue.clone(),
+                        task_id: task_id.clone(),
+                        fence: claim.fence,
+                    },
+                );
+                Ok(Reply::TaskUpdated(self.task_view(index)))
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn enqueue(
+        &mut self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+        payload: &str,
+        priority: i32,
+        depends_on: &[Name],
+        max_attempts: u32,
+        delay_ms: u64,
+    ) -> Result<Reply, Refusal> {
+        // Mirrors the real order: names, payload size, attempts, delay, the number of
+        // dependencies as given (repeats counted), a taken id, the queue's quota, then each
+        // dependency (all `INVALID_ARGUMENT`, so their order does not show).
+        self.check_name(queue)?;
+        self.check_name(task_id)?;
+        if payload.len() > self.limits.task_payload_bytes_max {
+            return Err(Refusal::PayloadTooLarge);
+        }
+        if max_attempts == 0 || max_attempts > self.limits.task_attempts_max {
+            return Err(Refusal::Invalid);
+        }
+        if delay_ms > self.limits.task_delay_ms_max {
+            return Err(Refusal::Invalid);
+        }
+        if depends_on.len() > self.limits.task_dependencies_max {
+            return Err(Refusal::Invalid);
+        }
+        if self.task_index(namespace, queue, task_id).is_some() {
+            return Err(Refusal::Invalid);
+        }
+        let in_queue = self
+            .tasks
+            .iter()
+            .filter(|task| task.namespace == *namespace && task.queue == *queue)
+            .count();
+        if in_queue >= self.limits.tasks_per_queue_max {
+            return Err(Refusal::Exhausted);
+        }
+        let mut dependencies: Vec<Name> = depends_on.to_vec();
+        dependencies.sort();
+        dependencies.dedup();
+        for dependency in &dependencies {
+            self.check_name(dependency)?;
+            let index = self
+                .task_index(namespace, queue, dependency)
+                .ok_or(Refusal::Invalid)?;
+            if matches!(self.tasks[index].life, ModelLife::Dead { .. }) {
+                return Err(Refusal::Invalid);
+            }
+        }
+        let revision = self.event(
+            namespace,
+            EventKind::TaskEnqueued {
+                queue: queue.clone(),
+                task_id: task_id.clone(),
+            },
+        );
+        let order = self.tasks.len() as u64;
+        self.tasks.push(ModelTask {
+            namespace: namespace.clone(),
+            queue: queue.clone(),
+            id: task_id.clone(),
+            payload: payload.to_owned(),
+            priority,
+            depends_on: dependencies,
+            max_attempts,
+            ready_at_ms: self.time_ms + delay_ms,
+            order,
+            enqueued_revision: revision,
+            attempt: 0,
+            life: ModelLife::Ready,
+            note: None,
+            last_failure: None,
+        });
+        Ok(Reply::TaskEnqueued(self.task_view(self.tasks.len() - 1)))
+    }
+
+    fn claim(
+        &mut self,
+        namespace: &Namespace,
+        queue: &Name,
+        owner: &Owner,
+    ) -> Result<Reply, Refusal> {
+        // Mirrors the real order: the queue's name, the owner (a full session is refused even
+        // when the queue is empty), then the search.
+        self.check_name(queue)?;
+        match owner {
+            Owner::Session(session_id) => {
+                self.live_session(namespace, *session_id)
+                    .ok_or(Refusal::LeaseLost)?;
+                if self.held(namespace, *session_id) >= self.limits.leases_per_session_max {
+                    return Err(Refusal::Exhausted);
+                }
+            }
+            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session)?,
+        }
+        // Claim-next: the best task that is ready now, by priority, then enqueue order.
+        let best = (0..self.tasks.len())
+            .filter(|&index| {
+                self.tasks[index].namespace == *namespace
+                    && self.tasks[index].queue == *queue
+                    && self.is_claimable(index)
+            })
+            .max_by_key(|&index| {
+                let priority = match self.mutant {
+                    Some(Mutant::IgnorePriority) => 0,
+                    _ => self.tasks[index].priority,
+                };
+                (priority, std::cmp::Reverse(self.tasks[index].order))
+            });
+        let Some(index) = best else {
+            return Ok(Reply::QueueEmpty);
+        };
+        let (session_id, session_created) = match owner {
+            Owner::Session(session_id) => (*session_id, false),
+            Owner::NewSession(new_session) => {
+                self.insert_session(namespace, new_session);
+                (new_session.session_id, true)
+            }
+        };
+        self.fence_counter += 1;
+        let fence = self.fence_counter;
+        let task = &mut self.tasks[index];
+        task.attempt += 1;
+        task.life = ModelLife::Claimed {
+            session: session_id,
+            fence,
+        };
+        let (task_id, attempt) = (task.id.clone(), task.attempt);
+        self.event(
+            namespace,
+            EventKind::TaskClaimed {
+                queue: queue.clone(),
+                task_id,
+                fence,
+                attempt,
+            },
+        );
+        let deadline_ms = self
+            .session(namespace, session_id)
+            .expect("the claimer exists")
+            .deadline_ms;
+        Ok(Reply::TaskClaimed(TaskClaimed {
+            task: self.task_view(index),
+            fence,
+            attempt,
+            session_id,
+            session_created,
+            expires_in_ms: deadline_ms - self.time_ms,
+        }))
+    }
+
+    /// G4 for tasks: the task exists and its live claim has this fence and this session.
+    fn check_task_claim(
+        &self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+        claim: &TaskClaim,
+    ) -> Result<usize, Refusal> {
+        self.check_name(queue)?;
+        self.check_name(task_id)?;
+        let index = self
+            .task_index(namespace, queue, task_id)
+            .ok_or(Refusal::NotFound)?;
+        match self.tasks[index].life {
+            ModelLife::Claimed { session, fence } => {
+                if fence == claim.fence && session == claim.session_id {
+                    Ok(index)
+                } else {
+                    Err(Refusal::StaleFence(Some(fence)))
+                }
+            }
+            _ => Err(Refusal::StaleFence(None)),
+        }
+    }
+
+    /// At the start of an entry: every claim whose session's deadline has come lapses, the
+    /// sessions taken by (deadline, namespace, id) like the real deadline index.
+    fn lapse_dead_claims(&mut self) {
+        loop {
+            let due = self
+                .sessions
+                .iter()
+                .filter(|session| match self.mutant {
+                    Some(Mutant::LapseLate) => session.deadline_ms < self.time_ms,
+                    _ => session.deadline_ms <= self.time_ms,
+                })
+                .filter(|session| self.held_claims(&session.namespace, session.id) > 0)
+                .min_by(|a, b| {
+                    (a.deadline_ms, &a.namespace, a.id).cmp(&(b.deadline_ms, &b.namespace, b.id))
+                })
+                .map(|session| (session.namespace.clone(), session.id));
+            let Some((namespace, session_id)) = due else {
+                break;
+            };
+            self.lapse_claims(&namespace, session_id);
+        }
+    }
+
+    /// Every claim of the session lapses, in (queue, task id) order: an `expired` event, then
+    /// the task is ready again, or dead (with its dependents) after its last attempt.
+    fn lapse_claims(&mut self, namespace: &Namespace, session_id: SessionId) {
+        let mut claimed: Vec<usize> = (0..self.tasks.len())
+            .filter(|&index| {
+                self.tasks[index].namespace == *namespace
+                    && matches!(self.tasks[index].life, ModelLife::Claimed { session, .. } if session == session_id)
+            })
+            .collect();
+        claimed.sort_by(|&a, &b| {
+            (&self.tasks[a].queue, &self.tasks[a].id)
+                .cmp(&(&self.tasks[b].queue, &self.tasks[b].id))
+        });
+        for index in claimed {
+            let ModelLife::Claimed { fence, .. } = self.tasks[index].life else {
+                continue;
+            };
+            let task = &self.tasks[index];
+            let last_attempt = task.attempt >= task.max_attempts;
+            let event = EventKind::TaskExpired {
+                queue: task.queue.clone(),
+                task_id: task.id.clone(),
+                fence,
+            };
+            self.event(namespace, event);
+            if last_attempt {
+                self.kill(index, "its claim lapsed on the last attempt".to_owned());
+            } else {
+                self.tasks[index].life = ModelLife::Ready;
+            }
+        }
+    }
+
+    /// The task dies, and with it every task that depends on it, transitively. Mirrors the
+    /// real order of the `dead` events: depth first, the latest-enqueued dependent first.
+    fn kill(&mut self, index: usize, reason: String) {
+        let mut doomed = vec![(index, reason)];
+        while let Some((index, reason)) = doomed.pop() {
+            if matches!(
+                self.tasks[index].life,
+                ModelLife::Done { .. } | ModelLife::Dead { .. }
+            ) {
+                continue;
+            }
+            self.tasks[index].life = ModelLife::Dead { reason };
+            let task = &self.tasks[index];
+            let (namespace, queue, id) =
+                (task.namespace.clone(), task.queue.clone(), task.id.clone());
+            self.event(
+                &namespace,
+                EventKind::TaskDead {
+                    queue: queue.clone(),
+                    task_id: id.clone(),
+                },
+            );
+            let mut dependents: Vec<usize> = (0..self.tasks.len())
+                .filter(|&other| {
+                    self.tasks[other].namespace == namespace
+                        && self.tasks[other].queue == queue
+                        && self.tasks[other].depends_on.contains(&id)
+                })
+                .collect();
+            dependents.sort_by_key(|&other| self.tasks[other].order);
+            if self.mutant == Some(Mutant::NoCascade) {
+                dependents.clear();
+            }
+            doomed.extend(
+                dependents
+                    .into_iter()
+                    .map(|other| (other, format!("its dependency {id} is dead"))),
+            );
         }
     }
 
@@ -434,13 +884,9 @@ impl Model {
             Owner::Session(session_id) => {
                 self.live_session(namespace, *session_id)
                     .ok_or(Refusal::LeaseLost)?;
-                // Counts every lease the session still has, dead (max hold) or alive.
-                let held = self
-                    .leases
-                    .iter()
-                    .filter(|lease| lease.namespace == *namespace && lease.session == *session_id)
-                    .count();
-                if held >= self.limits.leases_per_session_max {
+                // Counts every lease the session still has, dead (max hold) or alive, and
+                // its task claims.
+                if self.held(namespace, *session_id) >= self.limits.leases_per_session_max {
                     return Err(Refusal::Exhausted);
                 }
             }
@@ -671,6 +1117,30 @@ impl Model {
         }
     }
 
+    /// A queue name or task id: 1..=`name_chars_max` of `[A-Za-z0-9._:-]`.
+    fn check_name(&self, name: &Name) -> Result<(), Refusal> {
+        let text = name.as_str();
+        let valid = !text.is_empty()
+            && text.len() <= self.limits.name_chars_max
+            && text
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || ".-_:".contains(c));
+        if valid {
+            Ok(())
+        } else {
+            Err(Refusal::Invalid)
+        }
+    }
+
+    /// A reason or note: at most `task_text_chars_max` characters (empty is fine).
+    fn check_text(&self, text: &str) -> Result<(), Refusal> {
+        if text.chars().count() > self.limits.task_text_chars_max {
+            Err(Refusal::Invalid)
+        } else {
+            Ok(())
+        }
+    }
+
     fn check_labels(&self, labels: &Labels) -> Result<(), Refusal> {
         if labels.len() > self.limits.labels_max {
             return Err(Refusal::Invalid);
@@ -734,6 +1204,59 @@ impl Model {
                 && session.id == session_id
                 && self.time_ms < session.deadline_ms
         })
+    }
+
+    /// What counts against `leases_per_session_max`: leases (dead or alive) and task claims.
+    fn held(&self, namespace: &Namespace, session_id: SessionId) -> usize {
+        let leases = self
+            .leases
+            .iter()
+            .filter(|lease| lease.namespace == *namespace && lease.session == session_id)
+            .count();
+        if self.mutant == Some(Mutant::ClaimsAreFree) {
+            return leases;
+        }
+        leases + self.held_claims(namespace, session_id)
+    }
+
+    fn held_claims(&self, namespace: &Namespace, session_id: SessionId) -> usize {
+        self.tasks
+            .iter()
+            .filter(|task| {
+                task.namespace == *namespace
+                    && matches!(task.life, ModelLife::Claimed { session, .. } if session == session_id)
+            })
+            .count()
+    }
+
+    fn task_index(&self, namespace: &Namespace, queue: &Name, task_id: &Name) -> Option<usize> {
+        self.tasks.iter().position(|task| {
+            task.namespace == *namespace && task.queue == *queue && task.id == *task_id
+        })
+    }
+
+    /// How many of the task's dependencies are not done yet.
+    fn waiting_on(&self, index: usize) -> u32 {
+        let task = &self.tasks[index];
+        task.depends_on
+            .iter()
+            .filter(|dependency| {
+                !self.tasks.iter().any(|other| {
+                    other.namespace == task.namespace
+                        && other.queue == task.queue
+                        && other.id == **dependency
+                        && matches!(other.life, ModelLife::Done { .. })
+                })
+            })
+            .count() as u32
+    }
+
+    /// Ready, every dependency done, and its time has come.
+    fn is_claimable(&self, index: usize) -> bool {
+        let task = &self.tasks[index];
+        task.life == ModelLife::Ready
+            && (task.ready_at_ms <= self.time_ms || self.mutant == Some(Mutant::IgnoreDelay))
+            && self.waiting_on(index) == 0
     }
 
     fn lease_index(&self, namespace: &Namespace, resource: &ResourcePath) -> Option<usize> {
@@ -831,6 +1354,76 @@ impl Model {
         Some((view, leases))
     }
 
+    fn task_view(&self, index: usize) -> TaskView {
+        let task = &self.tasks[index];
+        let (state, result, reason, claim) = match &task.life {
+            ModelLife::Ready => (TaskState::Ready, None, task.last_failure.clone(), None),
+            ModelLife::Claimed { session, fence } => {
+                let holder = self
+                    .session(&task.namespace, *session)
+                    .expect("a claimer lives until its claims lapse")
+                    .holder
+                    .clone();
+                let reason = task.last_failure.clone();
+                (TaskState::Claimed, None, reason, Some((*fence, holder)))
+            }
+            ModelLife::Done { result } => (TaskState::Done, result.clone(), None, None),
+            ModelLife::Dead { reason } => (TaskState::Dead, None, Some(reason.clone()), None),
+        };
+        TaskView {
+            queue: task.queue.clone(),
+            id: task.id.clone(),
+            payload: task.payload.clone(),
+            priority: task.priority,
+            depends_on: task.depends_on.clone(),
+            state,
+            attempt: task.attempt,
+            max_attempts: task.max_attempts,
+            ready_at_ms: task.ready_at_ms,
+            waiting_on: self.waiting_on(index),
+            note: task.note.clone(),
+            result,
+            reason,
+            claim,
+            enqueued_revision: task.enqueued_revision,
+        }
+    }
+
+    fn task(&self, namespace: &Namespace, queue: &Name, task_id: &Name) -> Option<TaskView> {
+        Some(self.task_view(self.task_index(namespace, queue, task_id)?))
+    }
+
+    /// The queue's tasks in id order, optionally only those in `state`.
+    fn tasks_in(
+        &self,
+        namespace: &Namespace,
+        queue: &Name,
+        state: Option<TaskState>,
+    ) -> Vec<TaskView> {
+        let mut views: Vec<TaskView> = (0..self.tasks.len())
+            .filter(|&index| {
+                self.tasks[index].namespace == *namespace && self.tasks[index].queue == *queue
+            })
+            .map(|index| self.task_view(index))
+            .filter(|view| state.is_none_or(|state| view.state == state))
+            .collect();
+        views.sort_by(|a, b| a.id.cmp(&b.id));
+        views
+    }
+
+    fn queue_counts(&self, namespace: &Namespace, queue: &Name) -> TaskCounts {
+        let mut counts = TaskCounts::default();
+        for view in self.tasks_in(namespace, queue, None) {
+            match view.state {
+                TaskState::Ready => counts.ready += 1,
+                TaskState::Claimed => counts.claimed += 1,
+                TaskState::Done => counts.done += 1,
+                TaskState::Dead => counts.dead += 1,
+            }
+        }
+        counts
+    }
+
     fn value_revision(&self, namespace: &Namespace, key: &ResourcePath) -> Option<u64> {
         self.values
             .iter()
@@ -844,93 +1437,169 @@ impl Model {
 fn compare(scenario: &common::Scenario) -> Result<(), TestCaseError> {
     let mut machine = Machine::new(scenario.limits());
     let mut model = Model::new(scenario.limits());
-    let universe = common::universe();
+    let mut claimers = common::Claimers::default();
     for (index, entry) in scenario.entries.iter().enumerate() {
-        let batch = entry.materialize(&machine);
-        let revision_before = machine.revision();
-        let real: Vec<Normalized> = machine.apply(&batch).iter().map(normalize_real).collect();
-        let expected = model.apply(&batch);
-        for (position, (real, expected)) in real.iter().zip(&expected).enumerate() {
-            prop_assert_eq!(
-                real,
-                expected,
-                "entry {} command {}: {:?}\nat time {}",
-                index,
-                position,
-                &batch.commands[position],
-                machine.time_ms()
-            );
-        }
-        prop_assert_eq!(
-            machine.time_ms(),
-            model.time_ms,
-            "entry {}: cluster time",
-            index
-        );
-        prop_assert_eq!(
-            machine.fence_counter(),
-            model.fence_counter,
-            "entry {}: fence counter",
-            index
-        );
-        prop_assert_eq!(
-            machine.revision(),
-            model.revision,
-            "entry {}: revision",
-            index
-        );
-        let new_events = machine
-            .events_after(revision_before, 1_000)
-            .unwrap_or_default();
-        let expected_events = &model.events[revision_before as usize..];
-        let kept = new_events.len().min(expected_events.len());
-        prop_assert_eq!(
-            &new_events[new_events.len() - kept..],
-            &expected_events[expected_events.len() - kept..],
-            "entry {}: events",
-            index
-        );
-        for (namespace, paths) in &universe {
-            for resource in paths {
-                prop_assert_eq!(
-                    machine.lease(namespace, resource),
-                    model.lease(namespace, resource),
-                    "entry {}: lease on {} in {}",
-                    index,
-                    resource,
-                    namespace
-                );
-                prop_assert_eq!(
-                    machine
-                        .kv_get(namespace, resource)
-                        .map(|value| value.revision),
-                    model.value_revision(namespace, resource),
-                    "entry {}: value under {}",
-                    index,
-                    resource
-                );
-            }
-            let listed = machine.leases(namespace, "", None, 1_000).items;
-            prop_assert_eq!(
-                listed,
-                model.live_leases(namespace),
-                "entry {}: live leases in {}",
-                index,
-                namespace
-            );
-            for id in 1..=common::SESSION_IDS_MAX.min(64) {
-                prop_assert_eq!(
-                    machine.session(namespace, SessionId(id)),
-                    model.session_view(namespace, SessionId(id)),
-                    "entry {}: session {} in {}",
-                    index,
-                    id,
-                    namespace
-                );
-            }
-        }
+        let batch = entry.materialize(&machine, &claimers);
+        let responses = apply_both(&mut machine, &mut model, index, &batch)?;
+        claimers.observe(&batch, &responses);
     }
     Ok(())
+}
+
+/// Applies one entry to the machine and the model and compares the answers and everything
+/// observable: time, fence counter, revision, new events, leases, values, sessions, and every
+/// queue's counts, task views and task lists. Returns the machine's responses.
+fn apply_both(
+    machine: &mut Machine,
+    model: &mut Model,
+    index: usize,
+    batch: &Batch,
+) -> Result<Vec<Response>, TestCaseError> {
+    let universe = common::universe();
+    let revision_before = machine.revision();
+    let responses = machine.apply(batch);
+    let real: Vec<Normalized> = responses.iter().map(normalize_real).collect();
+    let expected = model.apply(batch);
+    for (position, (real, expected)) in real.iter().zip(&expected).enumerate() {
+        prop_assert_eq!(
+            real,
+            expected,
+            "entry {} command {}: {:?}\nat time {}",
+            index,
+            position,
+            &batch.commands[position],
+            machine.time_ms()
+        );
+    }
+    prop_assert_eq!(
+        machine.time_ms(),
+        model.time_ms,
+        "entry {}: cluster time",
+        index
+    );
+    prop_assert_eq!(
+        machine.fence_counter(),
+        model.fence_counter,
+        "entry {}: fence counter",
+        index
+    );
+    prop_assert_eq!(
+        machine.revision(),
+        model.revision,
+        "entry {}: revision",
+        index
+    );
+    let new_events = machine
+        .events_after(revision_before, 1_000)
+        .unwrap_or_default();
+    let expected_events = &model.events[revision_before as usize..];
+    let kept = new_events.len().min(expected_events.len());
+    prop_assert_eq!(
+        &new_events[new_events.len() - kept..],
+        &expected_events[expected_events.len() - kept..],
+        "entry {}: events",
+        index
+    );
+    for (namespace, paths) in &universe {
+        for resource in paths {
+            prop_assert_eq!(
+                machine.lease(namespace, resource),
+                model.lease(namespace, resource),
+                "entry {}: lease on {} in {}",
+                index,
+                resource,
+                namespace
+            );
+            prop_assert_eq!(
+                machine
+                    .kv_get(namespace, resource)
+                    .map(|value| value.revision),
+                model.value_revision(namespace, resource),
+                "entry {}: value under {}",
+                index,
+                resource
+            );
+        }
+        let listed = machine.leases(namespace, "", None, 1_000).items;
+        prop_assert_eq!(
+            listed,
+            model.live_leases(namespace),
+            "entry {}: live leases in {}",
+            index,
+            namespace
+        );
+        for queue in common::queues() {
+            prop_assert_eq!(
+                machine.queue_counts(namespace, &queue),
+                model.queue_counts(namespace, &queue),
+                "entry {}: counts of queue {} in {}",
+                index,
+                queue,
+                namespace
+            );
+            for task_id in common::task_ids() {
+                prop_assert_eq!(
+                    machine.task(namespace, &queue, &task_id),
+                    model.task(namespace, &queue, &task_id),
+                    "entry {}: task {}/{} in {}",
+                    index,
+                    queue,
+                    task_id,
+                    namespace
+                );
+            }
+            let states = [
+                None,
+                Some(TaskState::Ready),
+                Some(TaskState::Claimed),
+                Some(TaskState::Done),
+                Some(TaskState::Dead),
+            ];
+            for state in states {
+                prop_assert_eq!(
+                    machine.tasks(namespace, &queue, state, None, 1_000).items,
+                    model.tasks_in(namespace, &queue, state),
+                    "entry {}: tasks of {} in {} in state {:?}",
+                    index,
+                    queue,
+                    namespace,
+                    state
+                );
+            }
+            // Paging: two at a time, each page continuing after the previous cursor.
+            let mut paged = Vec::new();
+            let mut cursor: Option<String> = None;
+            loop {
+                let page = machine.tasks(namespace, &queue, None, cursor.as_deref(), 2);
+                prop_assert!(page.items.len() <= 2);
+                paged.extend(page.items);
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+                prop_assert!(paged.len() <= common::TASK_IDS.len(), "paging never ends");
+            }
+            prop_assert_eq!(
+                paged,
+                model.tasks_in(namespace, &queue, None),
+                "entry {}: tasks of {} in {} paged by two",
+                index,
+                queue,
+                namespace
+            );
+        }
+        for id in 1..=common::SESSION_IDS_MAX.min(64) {
+            prop_assert_eq!(
+                machine.session(namespace, SessionId(id)),
+                model.session_view(namespace, SessionId(id)),
+                "entry {}: session {} in {}",
+                index,
+                id,
+                namespace
+            );
+        }
+    }
+    Ok(responses)
 }
 
 proptest! {
@@ -1001,4 +1670,127 @@ fn comparison_catches_a_wrong_model() {
     model.fence_counter = 1;
     let real: Vec<Normalized> = machine.apply(&batch).iter().map(normalize_real).collect();
     assert_ne!(real, model.apply(&batch));
+}
+
+/// The queue comparison must be able to fail too: a short script that touches every queue rule
+/// passes against the faithful model and is caught against each mutant.
+#[test]
+fn comparison_catches_a_wrong_queue_model() {
+    use baton_raft_store::machine::TaskClaim;
+
+    let limits = Limits {
+        leases_per_session_max: 2,
+        ..Limits::default()
+    };
+    let namespace = common::namespace(0);
+    let on = |op: Op| Command::Namespaced {
+        namespace: namespace.clone(),
+        idempotency: None,
+        op,
+    };
+    let tagged = |op: Op| Command::Namespaced {
+        namespace: namespace.clone(),
+        idempotency: Some(IdempotencyTag {
+            key: common::IDEMPOTENCY_KEYS[0].to_owned(),
+            fingerprint: common::FINGERPRINTS[0],
+            wall_ms: 0,
+        }),
+        op,
+    };
+    let new_session = |id: u128| NewSession {
+        session_id: SessionId(id),
+        holder: "w".to_owned(),
+        ttl_ms: 1_000,
+        labels: Labels::new(),
+    };
+    let enqueue = |queue: &str,
+                   id: &str,
+                   priority: i32,
+                   depends_on: &[&str],
+                   max_attempts: u32,
+                   delay_ms: u64| {
+        on(Op::Enqueue {
+            queue: common::name(queue),
+            task_id: common::name(id),
+            payload: "{}".to_owned(),
+            priority,
+            depends_on: depends_on.iter().map(|id| common::name(id)).collect(),
+            max_attempts,
+            delay_ms,
+        })
+    };
+    let claim = |queue: &str, owner: Owner| Op::Claim {
+        queue: common::name(queue),
+        owner,
+    };
+    let release = |id: &str, fence: u64| {
+        on(Op::ReleaseTask {
+            queue: common::name("q1"),
+            task_id: common::name(id),
+            claim: TaskClaim {
+                session_id: SessionId(1),
+                fence,
+            },
+            note: None,
+        })
+    };
+    let script = [
+        Batch {
+            stamp_ms: 1_000,
+            commands: vec![
+                on(Op::CreateSession(new_session(1))),
+                enqueue("q1", "a", 0, &[], 1, 0),
+                enqueue("q1", "b", 1, &["a"], 3, 0),
+                enqueue("q1", "c", 2, &[], 3, 0),
+                enqueue("q1", "later", 9, &[], 3, 500),
+            ],
+        },
+        Batch {
+            stamp_ms: 1_000,
+            commands: vec![
+                // c (priority 2) before a; "later" waits for its delay.
+                on(claim("q1", Owner::Session(SessionId(1)))),
+                release("c", 1),
+                on(claim("q1", Owner::Session(SessionId(1)))),
+                on(claim("q1", Owner::Session(SessionId(1)))),
+                // Two claims fill a session of at most two.
+                on(claim("q1", Owner::Session(SessionId(1)))),
+            ],
+        },
+        // The session's deadline: both claims lapse; a (last attempt) dies, and b with it.
+        Batch::tick(2_000),
+        Batch {
+            stamp_ms: 2_000,
+            commands: vec![
+                tagged(claim("q2", Owner::NewSession(new_session(2)))),
+                enqueue("q2", "d", 0, &[], 3, 0),
+                tagged(claim("q2", Owner::NewSession(new_session(2)))),
+            ],
+        },
+    ];
+    let run = |mutant: Option<Mutant>| -> Result<(), TestCaseError> {
+        let mut machine = Machine::new(limits.clone());
+        let mut model = Model::new(limits.clone());
+        model.mutant = mutant;
+        for (index, batch) in script.iter().enumerate() {
+            apply_both(&mut machine, &mut model, index, batch)?;
+        }
+        Ok(())
+    };
+    run(None).expect("the faithful model agrees with the machine");
+    let mutants = [
+        Mutant::IgnorePriority,
+        Mutant::IgnoreDelay,
+        Mutant::LapseLate,
+        Mutant::ReleaseCountsAttempt,
+        Mutant::NoCascade,
+        Mutant::RecordEmptyClaims,
+        Mutant::ClaimsAreFree,
+    ];
+    for mutant in mutants {
+        assert!(
+            run(Some(mutant)).is_err(),
+            "the comparison misses {mutant:?}"
+        );
+    }
 }

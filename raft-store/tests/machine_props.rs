@@ -6,8 +6,8 @@
 mod common;
 
 use baton_raft_store::machine::{
-    decode_batch, encode_batch, Batch, Command, Limits, Machine, Namespace, Op, Reply,
-    ResourcePath, Response,
+    decode_batch, encode_batch, validate_idempotency_key, Batch, Command, EventKind, Limits,
+    Machine, Name, Namespace, Op, Owner, Reply, ResourcePath, Response, SessionId, TaskState,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -29,9 +29,10 @@ fn check_scenario(scenario: &Scenario) -> Result<(), TestCaseError> {
     let mut batches: Vec<Batch> = Vec::new();
     let mut answers: Vec<Vec<Response>> = Vec::new();
     let mut last_fence = 0u64;
+    let mut claimers = common::Claimers::default();
 
     for (index, entry) in scenario.entries.iter().enumerate() {
-        let batch = entry.materialize(&machine);
+        let batch = entry.materialize(&machine, &claimers);
         let time_before = machine.time_ms();
         let bytes_before = snapshots.last().expect("the initial snapshot").clone();
 
@@ -60,6 +61,7 @@ fn check_scenario(scenario: &Scenario) -> Result<(), TestCaseError> {
 
         let responses = machine.apply(&batch);
         prop_assert_eq!(responses.len(), batch.commands.len());
+        claimers.observe(&batch, &responses);
 
         // (a) invariants hold after every entry.
         if let Err(broken) = machine.check_invariants() {
@@ -102,20 +104,22 @@ fn check_scenario(scenario: &Scenario) -> Result<(), TestCaseError> {
             index
         );
         prop_assert_eq!(machine.time_ms(), time_before.max(batch.stamp_ms));
-        // (e) fences of fresh grants strictly rise (replays repeat an old grant by design).
+        // (e) fences of fresh grants and task claims strictly rise, in one sequence (G3;
+        // replays repeat an old grant by design).
         for response in &responses {
-            if let (Ok(Reply::Granted(grant)), false) =
-                (&response.outcome, response.replayed.is_some())
-            {
-                prop_assert!(
-                    grant.lease.fence > last_fence,
-                    "entry {}: fence {} after {}",
-                    index,
-                    grant.lease.fence,
-                    last_fence
-                );
-                last_fence = grant.lease.fence;
-            }
+            let fence = match (&response.outcome, response.replayed.is_some()) {
+                (Ok(Reply::Granted(grant)), false) => grant.lease.fence,
+                (Ok(Reply::TaskClaimed(claimed)), false) => claimed.fence,
+                _ => continue,
+            };
+            prop_assert!(
+                fence > last_fence,
+                "entry {}: fence {} after {}",
+                index,
+                fence,
+                last_fence
+            );
+            last_fence = fence;
         }
         prop_assert!(machine.fence_counter() >= last_fence);
         // (f) a lone refused command at a stamp that does not move time changes nothing.
@@ -178,52 +182,71 @@ proptest! {
 }
 
 /// The generator must reach every answer, or the properties above hold vacuously: sample
-/// scenarios with a fixed seed and count the outcomes.
+/// scenarios with a fixed seed and count the outcomes. Commands are applied one at a time
+/// (which the batching property shows is the same as a whole entry) so that each refusal can
+/// be traced to its cause in the state it met.
 #[test]
 fn generator_reaches_every_outcome() {
     use proptest::strategy::ValueTree;
     use std::collections::BTreeMap;
 
+    const SCENARIOS: usize = 128;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let strategy = common::scenario(30);
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
-    for _ in 0..64 {
+    for _ in 0..SCENARIOS {
         let scenario = strategy
             .new_tree(&mut runner)
             .expect("a scenario")
             .current();
         let mut machine = Machine::new(scenario.limits());
+        let mut claimers = common::Claimers::default();
         for entry in &scenario.entries {
-            let batch = entry.materialize(&machine);
-            for response in machine.apply(&batch) {
-                let name = match &response.outcome {
-                    Ok(reply) if response.replayed.is_some() => {
-                        format!("replayed {}", reply_name(reply))
-                    }
-                    Ok(Reply::Swept { leases, .. }) if *leases > 0 => "swept some".to_owned(),
-                    Ok(Reply::SessionEnded { released }) if !released.is_empty() => {
-                        "ended with leases".to_owned()
-                    }
-                    Ok(reply) => reply_name(reply).to_owned(),
-                    Err(rejection) => rejection.code().to_owned(),
-                };
+            let batch = entry.materialize(&machine, &claimers);
+            let before_entry = machine.clone();
+            let revision = machine.revision();
+            machine.apply(&Batch::tick(batch.stamp_ms));
+            // What time alone did at the start of the entry: lapsed claims.
+            for name in event_names(&before_entry, &machine, revision) {
                 *seen.entry(name).or_default() += 1;
             }
+            let mut responses = Vec::new();
+            for command in &batch.commands {
+                let before = machine.clone();
+                let revision = machine.revision();
+                let response = machine
+                    .apply(&Batch {
+                        stamp_ms: 0,
+                        commands: vec![command.clone()],
+                    })
+                    .pop()
+                    .expect("one response per command");
+                let mut names =
+                    outcome_names(&before, &claimers, &machine, revision, command, &response);
+                names.extend(event_names(&before, &machine, revision));
+                for name in names {
+                    *seen.entry(name).or_default() += 1;
+                }
+                responses.push(response);
+            }
+            claimers.observe(&batch, &responses);
         }
     }
-    eprintln!("outcomes over 64 scenarios: {seen:?}");
+    eprintln!("outcomes over {SCENARIOS} scenarios: {seen:#?}");
     let expected = [
         "SessionCreated",
         "KeptAlive",
         "Released",
         "SessionEnded",
         "ended with leases",
+        "ended with claims",
         "Granted",
         "KvWritten",
         "KvDeleted",
         "Swept",
         "swept some",
         "replayed Granted",
+        "replayed TaskClaimed",
         "INVALID_ARGUMENT",
         "NOT_FOUND",
         "LEASE_HELD",
@@ -232,13 +255,314 @@ fn generator_reaches_every_outcome() {
         "PAYLOAD_TOO_LARGE",
         "IDEMPOTENCY_KEY_REUSED",
         "RESOURCE_EXHAUSTED",
+        // Queues: every reply...
+        "TaskEnqueued",
+        "TaskEnqueued delayed",
+        "TaskEnqueued waiting on dependencies",
+        "TaskClaimed",
+        "TaskClaimed by a new session",
+        "TaskClaimed again (attempt > 1)",
+        "TaskClaimed after its delay",
+        "TaskClaimed after its dependencies",
+        "QueueEmpty",
+        "QueueEmpty for a new session",
+        "Complete TaskUpdated",
+        "Fail retried",
+        "Fail dead",
+        "ReleaseTask TaskUpdated",
+        // ... every refusal, by cause ...
+        "Enqueue INVALID_ARGUMENT bad name",
+        "Enqueue INVALID_ARGUMENT bad max_attempts",
+        "Enqueue INVALID_ARGUMENT delay too long",
+        "Enqueue INVALID_ARGUMENT too many dependencies",
+        "Enqueue INVALID_ARGUMENT duplicate id",
+        "Enqueue INVALID_ARGUMENT unknown dependency",
+        "Enqueue INVALID_ARGUMENT dead dependency",
+        "Enqueue PAYLOAD_TOO_LARGE",
+        "Enqueue RESOURCE_EXHAUSTED",
+        "Claim INVALID_ARGUMENT",
+        "Claim LEASE_LOST",
+        "Claim RESOURCE_EXHAUSTED a full session",
+        "Claim RESOURCE_EXHAUSTED a full namespace",
+        "Complete PAYLOAD_TOO_LARGE",
+        "Complete NOT_FOUND",
+        "Complete STALE_FENCE live claim",
+        "Complete STALE_FENCE no claim",
+        "Complete STALE_FENCE wrong session",
+        "Fail INVALID_ARGUMENT",
+        "Fail STALE_FENCE live claim",
+        "Fail STALE_FENCE no claim",
+        "ReleaseTask INVALID_ARGUMENT",
+        "ReleaseTask STALE_FENCE live claim",
+        "ReleaseTask STALE_FENCE no claim",
+        "RESOURCE_EXHAUSTED by leases and claims together",
+        // ... and every time-driven transition.
+        "event TaskExpired",
+        "lapsed at the deadline, ready again",
+        "lapsed on the last attempt, dead",
+        "dead because a dependency died",
     ];
     for name in expected {
         assert!(
             seen.get(name).is_some_and(|count| *count >= 3),
-            "the generator rarely or never reaches {name}: {seen:?}"
+            "the generator rarely or never reaches {name}: {seen:#?}"
         );
     }
+}
+
+/// The outcome of one command, as names to count: the generic reply or code, plus, for queue
+/// operations, the operation and the cause found in the state `before` it (`after` it, the
+/// events past `revision` are the command's).
+fn outcome_names(
+    before: &Machine,
+    claimers: &common::Claimers,
+    after: &Machine,
+    revision: u64,
+    command: &Command,
+    response: &Response,
+) -> Vec<String> {
+    let generic = match &response.outcome {
+        Ok(reply) if response.replayed.is_some() => format!("replayed {}", reply_name(reply)),
+        Ok(Reply::Swept { leases, .. }) if *leases > 0 => "swept some".to_owned(),
+        Ok(Reply::SessionEnded { released }) if !released.is_empty() => {
+            "ended with leases".to_owned()
+        }
+        Ok(reply) => reply_name(reply).to_owned(),
+        Err(rejection) => rejection.code().to_owned(),
+    };
+    let mut names = vec![generic];
+    let Command::Namespaced {
+        namespace,
+        op,
+        idempotency,
+    } = command
+    else {
+        return names;
+    };
+    let limits = before.limits();
+    let bad_key = idempotency
+        .as_ref()
+        .is_some_and(|tag| validate_idempotency_key(&tag.key, limits).is_err());
+    if response.replayed.is_some() || bad_key {
+        return names;
+    }
+    let valid = |name: &Name| Name::parse("name", name.as_str(), limits).is_ok();
+    let operation = match op {
+        Op::Enqueue { .. } => "Enqueue",
+        Op::Claim { .. } => "Claim",
+        Op::Complete { .. } => "Complete",
+        Op::Fail { .. } => "Fail",
+        Op::ReleaseTask { .. } => "ReleaseTask",
+        Op::Acquire { .. } => "Acquire",
+        Op::EndSession { .. } => "EndSession",
+        _ => return names,
+    };
+    let cause = match (&response.outcome, op) {
+        (Ok(Reply::SessionEnded { .. }), Op::EndSession { .. }) => {
+            let lapsed = after
+                .events_after(revision, 1_000)
+                .unwrap_or_default()
+                .iter()
+                .any(|event| matches!(event.kind, EventKind::TaskExpired { .. }));
+            if lapsed {
+                names.push("ended with claims".to_owned());
+            }
+            return names;
+        }
+        (
+            Err(rejection),
+            Op::Acquire {
+                owner: Owner::Session(session_id),
+                ..
+            }
+            | Op::Claim {
+                owner: Owner::Session(session_id),
+                ..
+            },
+        ) if rejection.code() == "RESOURCE_EXHAUSTED" => {
+            let leases = before
+                .session(namespace, *session_id)
+                .map_or(0, |(_, leases)| leases.len());
+            let claims = claims_held(before, claimers, namespace, *session_id);
+            if leases > 0 && claims > 0 {
+                names.push("RESOURCE_EXHAUSTED by leases and claims together".to_owned());
+            }
+            names.push(format!("{operation} RESOURCE_EXHAUSTED a full session"));
+            return names;
+        }
+        (Err(rejection), Op::Claim { .. }) if rejection.code() == "RESOURCE_EXHAUSTED" => {
+            names.push("Claim RESOURCE_EXHAUSTED a full namespace".to_owned());
+            return names;
+        }
+        (_, Op::Acquire { .. } | Op::EndSession { .. }) => return names,
+        (Ok(Reply::TaskEnqueued(task)), _) => {
+            if task.ready_at_ms > before.time_ms() {
+                names.push("TaskEnqueued delayed".to_owned());
+            }
+            if task.waiting_on > 0 {
+                names.push("TaskEnqueued waiting on dependencies".to_owned());
+            }
+            return names;
+        }
+        (Ok(Reply::TaskClaimed(claimed)), Op::Claim { owner, .. }) => {
+            if matches!(owner, Owner::NewSession(_)) {
+                names.push("TaskClaimed by a new session".to_owned());
+            }
+            if claimed.attempt > 1 {
+                names.push("TaskClaimed again (attempt > 1)".to_owned());
+            }
+            if claimed.task.ready_at_ms > 0 && claimed.task.enqueued_revision > 0 {
+                let enqueued_at = before
+                    .events_after(claimed.task.enqueued_revision - 1, 1)
+                    .and_then(|events| events.first().map(|event| event.time_ms));
+                if enqueued_at.is_some_and(|time_ms| claimed.task.ready_at_ms > time_ms) {
+                    names.push("TaskClaimed after its delay".to_owned());
+                }
+            }
+            if !claimed.task.depends_on.is_empty() {
+                names.push("TaskClaimed after its dependencies".to_owned());
+            }
+            return names;
+        }
+        (Ok(Reply::QueueEmpty), Op::Claim { owner, .. }) => {
+            if matches!(owner, Owner::NewSession(_)) {
+                names.push("QueueEmpty for a new session".to_owned());
+            }
+            return names;
+        }
+        (Ok(Reply::TaskUpdated(task)), Op::Fail { .. }) => match task.state {
+            TaskState::Ready => "retried",
+            _ => "dead",
+        },
+        (Ok(Reply::TaskUpdated(_)), _) => "TaskUpdated",
+        (Ok(_), _) => return names,
+        (Err(rejection), _) => {
+            let code = rejection.code();
+            let detail = match op {
+                Op::Enqueue {
+                    queue,
+                    task_id,
+                    depends_on,
+                    max_attempts,
+                    delay_ms,
+                    ..
+                } if code == "INVALID_ARGUMENT" => {
+                    let dependency = |id: &Name| before.task(namespace, queue, id);
+                    if !valid(queue) || !valid(task_id) || !depends_on.iter().all(valid) {
+                        "bad name"
+                    } else if *max_attempts == 0 || *max_attempts > limits.task_attempts_max {
+                        "bad max_attempts"
+                    } else if *delay_ms > limits.task_delay_ms_max {
+                        "delay too long"
+                    } else if depends_on.len() > limits.task_dependencies_max {
+                        "too many dependencies"
+                    } else if before.task(namespace, queue, task_id).is_some() {
+                        "duplicate id"
+                    } else if depends_on.iter().any(|id| dependency(id).is_none()) {
+                        "unknown dependency"
+                    } else if depends_on
+                        .iter()
+                        .any(|id| dependency(id).is_some_and(|task| task.state == TaskState::Dead))
+                    {
+                        "dead dependency"
+                    } else {
+                        "for no cause the test knows"
+                    }
+                }
+                Op::Complete {
+                    queue,
+                    task_id,
+                    claim,
+                    ..
+                }
+                | Op::Fail {
+                    queue,
+                    task_id,
+                    claim,
+                    ..
+                }
+                | Op::ReleaseTask {
+                    queue,
+                    task_id,
+                    claim,
+                    ..
+                } if code == "STALE_FENCE" => {
+                    let live = before
+                        .task(namespace, queue, task_id)
+                        .and_then(|task| task.claim)
+                        .map(|(fence, _)| fence);
+                    match live {
+                        None => "no claim",
+                        Some(fence) if fence == claim.fence => "wrong session",
+                        Some(_) => "live claim",
+                    }
+                }
+                _ => "",
+            };
+            if detail == "wrong session" {
+                names.push(format!("{operation} {code} live claim"));
+            }
+            names.push(format!("{operation} {code} {detail}").trim_end().to_owned());
+            return names;
+        }
+    };
+    names.push(format!("{operation} {cause}"));
+    names
+}
+
+/// The time-driven transitions between `before` and `after` (events after `revision`): lapsed
+/// claims and their outcome, and tasks dead because a dependency died.
+fn event_names(before: &Machine, after: &Machine, revision: u64) -> Vec<String> {
+    let mut names = Vec::new();
+    let events = after.events_after(revision, 1_000).unwrap_or_default();
+    for event in events {
+        match &event.kind {
+            EventKind::TaskExpired { queue, task_id, .. } => {
+                names.push("event TaskExpired".to_owned());
+                match after
+                    .task(&event.namespace, queue, task_id)
+                    .map(|task| task.state)
+                {
+                    Some(TaskState::Ready) => {
+                        names.push("lapsed at the deadline, ready again".to_owned())
+                    }
+                    Some(TaskState::Dead) => {
+                        names.push("lapsed on the last attempt, dead".to_owned())
+                    }
+                    _ => {}
+                }
+            }
+            EventKind::TaskDead { queue, task_id } => {
+                let was = before
+                    .task(&event.namespace, queue, task_id)
+                    .map(|task| task.state);
+                if was == Some(TaskState::Ready) {
+                    names.push("dead because a dependency died".to_owned());
+                }
+            }
+            _ => {}
+        }
+    }
+    names
+}
+
+/// How many task claims the session holds (claimers are learnt from the claim answers).
+fn claims_held(
+    machine: &Machine,
+    claimers: &common::Claimers,
+    namespace: &Namespace,
+    session_id: SessionId,
+) -> usize {
+    common::queues()
+        .iter()
+        .flat_map(|queue| {
+            machine
+                .tasks(namespace, queue, Some(TaskState::Claimed), None, 1_000)
+                .items
+        })
+        .filter_map(|task| task.claim.map(|(fence, _)| fence))
+        .filter(|fence| claimers.claimer(namespace, *fence) == Some(session_id))
+        .count()
 }
 
 fn reply_name(reply: &Reply) -> &'static str {
@@ -252,13 +576,18 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::KvDeleted { .. } => "KvDeleted",
         Reply::Swept { .. } => "Swept",
         Reply::LimitsSet => "LimitsSet",
+        Reply::TaskEnqueued(_) => "TaskEnqueued",
+        Reply::TaskClaimed(_) => "TaskClaimed",
+        Reply::QueueEmpty => "QueueEmpty",
+        Reply::TaskUpdated(_) => "TaskUpdated",
     }
 }
 
 // ---- decoding ----
 
 /// A few real encodings to truncate and mutate: a batch with every op and a snapshot of a
-/// machine holding sessions, leases (one max-held), values and idempotency records.
+/// machine holding sessions, leases (one max-held), values, idempotency records, and queues
+/// with a done task, a claimed one, one waiting on a dependency and a delayed one.
 fn real_encodings() -> (Vec<u8>, Vec<u8>) {
     let limits = Limits::default();
     let namespace = common::namespace(0);
@@ -326,6 +655,78 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             }),
             on(Op::EndSession {
                 session_id: baton_raft_store::machine::SessionId(3),
+            }),
+            on(Op::Enqueue {
+                queue: common::name("q1"),
+                task_id: common::name("t0"),
+                payload: "{}".to_owned(),
+                priority: 2,
+                depends_on: Vec::new(),
+                max_attempts: 3,
+                delay_ms: 0,
+            }),
+            on(Op::Enqueue {
+                queue: common::name("q1"),
+                task_id: common::name("t1"),
+                payload: "1".to_owned(),
+                priority: -1,
+                depends_on: vec![common::name("t0")],
+                max_attempts: 2,
+                delay_ms: 300,
+            }),
+            on(Op::Enqueue {
+                queue: common::name("q1"),
+                task_id: common::name("t2"),
+                payload: "1".to_owned(),
+                priority: 0,
+                depends_on: Vec::new(),
+                max_attempts: 1,
+                delay_ms: 2_000,
+            }),
+            on(Op::Claim {
+                queue: common::name("q1"),
+                owner: Owner::Session(baton_raft_store::machine::SessionId(1)),
+            }),
+            on(Op::Complete {
+                queue: common::name("q1"),
+                task_id: common::name("t0"),
+                claim: baton_raft_store::machine::TaskClaim {
+                    session_id: baton_raft_store::machine::SessionId(1),
+                    fence: 3,
+                },
+                result: Some("\"ok\"".to_owned()),
+            }),
+            on(Op::Fail {
+                queue: common::name("q1"),
+                task_id: common::name("t0"),
+                claim: baton_raft_store::machine::TaskClaim {
+                    session_id: baton_raft_store::machine::SessionId(1),
+                    fence: 3,
+                },
+                reason: "boom".to_owned(),
+                retry: true,
+            }),
+            on(Op::ReleaseTask {
+                queue: common::name("q1"),
+                task_id: common::name("t0"),
+                claim: baton_raft_store::machine::TaskClaim {
+                    session_id: baton_raft_store::machine::SessionId(1),
+                    fence: 3,
+                },
+                note: Some("half".to_owned()),
+            }),
+            on(Op::Enqueue {
+                queue: common::name("q2"),
+                task_id: common::name("t0"),
+                payload: "{}".to_owned(),
+                priority: 0,
+                depends_on: Vec::new(),
+                max_attempts: 3,
+                delay_ms: 0,
+            }),
+            on(Op::Claim {
+                queue: common::name("q2"),
+                owner: Owner::Session(baton_raft_store::machine::SessionId(1)),
             }),
             Command::Sweep { max: 3 },
         ],

@@ -2,6 +2,10 @@
 //! processes through the harness in `tests/lib.rs` and talks to them over HTTP.
 
 mod bad_input;
+mod cli;
+mod client;
+mod client_queues;
+mod events;
 mod expiry;
 mod failover;
 mod fencing;
@@ -9,4 +13,5 @@ mod forwarding;
 mod leases;
 mod membership;
 mod process;
+mod queues;
 mod time;

@@ -2,7 +2,10 @@
 //! (STYLE rule 3), and the informational RFC 3339 times.
 
 use baton_client::api;
-use baton_raft_store::machine::{Grant, LeaseMode, LeaseView, SessionId, SessionView};
+use baton_raft_store::machine::{
+    Event, EventKind, Grant, LeaseMode, LeaseView, Name, SessionId, SessionView, TaskClaimed,
+    TaskState, TaskView,
+};
 
 /// The two clocks an answer is rendered with: the answering node's wall clock, for the
 /// informational `*_at` fields, and the cluster time the answer was decided at, which every
@@ -135,6 +138,147 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     };
     let year = year_of_era + era * 400 + i64::from(month <= 2);
     (year, month, day)
+}
+
+/// A JSON text stored by the machine, back as a JSON value (it was validated on the way in).
+pub fn json_value(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or(serde_json::Value::Null)
+}
+
+pub fn task_state(state: TaskState) -> api::TaskState {
+    match state {
+        TaskState::Ready => api::TaskState::Ready,
+        TaskState::Claimed => api::TaskState::Claimed,
+        TaskState::Done => api::TaskState::Done,
+        TaskState::Dead => api::TaskState::Dead,
+    }
+}
+
+pub fn task_state_from_wire(state: api::TaskState) -> TaskState {
+    match state {
+        api::TaskState::Ready => TaskState::Ready,
+        api::TaskState::Claimed => TaskState::Claimed,
+        api::TaskState::Done => TaskState::Done,
+        api::TaskState::Dead => TaskState::Dead,
+    }
+}
+
+pub fn task(view: &TaskView) -> api::Task {
+    api::Task {
+        id: view.id.to_string(),
+        queue: view.queue.to_string(),
+        payload: json_value(&view.payload),
+        priority: view.priority,
+        depends_on: view.depends_on.iter().map(ToString::to_string).collect(),
+        state: task_state(view.state),
+        attempt: view.attempt,
+        max_attempts: view.max_attempts,
+        ready_at_ms: view.ready_at_ms,
+        waiting_on: view.waiting_on,
+        note: view.note.clone(),
+        result: view.result.as_deref().map(json_value),
+        reason: view.reason.clone(),
+        fence: view.claim.as_ref().map(|(fence, _)| *fence),
+        holder: view.claim.as_ref().map(|(_, holder)| holder.clone()),
+        enqueued_revision: Some(view.enqueued_revision),
+    }
+}
+
+pub fn claimed(claimed: &TaskClaimed, clocks: Clocks) -> api::ClaimResponse {
+    api::ClaimResponse {
+        task: task(&claimed.task),
+        fence: claimed.fence,
+        attempt: claimed.attempt,
+        session_id: session_id(claimed.session_id),
+        expires_in_ms: claimed.expires_in_ms,
+        expires_at: clocks.expires_at(claimed.expires_in_ms),
+    }
+}
+
+pub fn event(event: &Event) -> api::Event {
+    let change = |queue: &Name,
+                  task_id: &Name,
+                  fence: Option<u64>,
+                  attempt: Option<u32>,
+                  retry: Option<bool>| {
+        api::TaskChange {
+            queue: queue.to_string(),
+            task_id: task_id.to_string(),
+            fence,
+            attempt,
+            retry,
+        }
+    };
+    let kind = match &event.kind {
+        EventKind::Granted {
+            resource,
+            holder,
+            fence,
+            mode: lease_mode,
+        } => api::EventKind::Granted {
+            resource: resource.to_string(),
+            holder: holder.clone(),
+            fence: *fence,
+            mode: mode(*lease_mode),
+        },
+        EventKind::Released { resource, fence } => api::EventKind::Released {
+            resource: resource.to_string(),
+            fence: *fence,
+        },
+        EventKind::Expired { resource, fence } => api::EventKind::Expired {
+            resource: resource.to_string(),
+            fence: *fence,
+        },
+        EventKind::KvWritten { key, fence } => api::EventKind::KvWritten {
+            key: key.to_string(),
+            revision: event.revision,
+            fence: *fence,
+        },
+        EventKind::KvDeleted { key } => api::EventKind::KvDeleted {
+            key: key.to_string(),
+        },
+        EventKind::TaskEnqueued { queue, task_id } => {
+            api::EventKind::TaskEnqueued(change(queue, task_id, None, None, None))
+        }
+        EventKind::TaskClaimed {
+            queue,
+            task_id,
+            fence,
+            attempt,
+        } => {
+            api::EventKind::TaskClaimed(change(queue, task_id, Some(*fence), Some(*attempt), None))
+        }
+        EventKind::TaskCompleted {
+            queue,
+            task_id,
+            fence,
+        } => api::EventKind::TaskCompleted(change(queue, task_id, Some(*fence), None, None)),
+        EventKind::TaskFailed {
+            queue,
+            task_id,
+            fence,
+            retry,
+        } => api::EventKind::TaskFailed(change(queue, task_id, Some(*fence), None, Some(*retry))),
+        EventKind::TaskReleased {
+            queue,
+            task_id,
+            fence,
+        } => api::EventKind::TaskReleased(change(queue, task_id, Some(*fence), None, None)),
+        EventKind::TaskExpired {
+            queue,
+            task_id,
+            fence,
+        } => api::EventKind::TaskExpired(change(queue, task_id, Some(*fence), None, None)),
+        EventKind::TaskDead { queue, task_id } => {
+            api::EventKind::TaskDead(change(queue, task_id, None, None, None))
+        }
+    };
+    api::Event {
+        revision: event.revision,
+        namespace: event.namespace.to_string(),
+        cluster_time_ms: event.time_ms,
+        kind,
+    }
 }
 
 #[cfg(test)]

@@ -10,9 +10,11 @@
 mod cluster;
 mod convert;
 mod error;
+mod events;
 mod extract;
 mod kv;
 mod leases;
+mod queues;
 
 use std::ops::Deref;
 use std::sync::Arc;
@@ -299,6 +301,22 @@ pub fn router(app: AppState) -> Router {
             "/v1/kv/{*key}",
             get(kv::get).put(kv::put).delete(kv::delete),
         )
+        .route("/v1/queues/{queue}", get(queues::counts))
+        .route(
+            "/v1/queues/{queue}/tasks",
+            post(queues::enqueue).get(queues::list),
+        )
+        .route("/v1/queues/{queue}/claim", post(queues::claim))
+        .route(
+            "/v1/queues/{queue}/tasks/{id}/complete",
+            post(queues::complete),
+        )
+        .route("/v1/queues/{queue}/tasks/{id}/fail", post(queues::fail))
+        .route(
+            "/v1/queues/{queue}/tasks/{id}/release",
+            post(queues::release),
+        )
+        .route("/v1/events", get(events::events))
         .route("/v1/cluster/members", post(cluster::add_member))
         .route("/v1/cluster/members/{id}", delete(cluster::remove_member))
         .layer(from_fn_with_state(app.clone(), forward_unless_leader));
@@ -403,16 +421,22 @@ async fn forward(app: &AppState, request: Request, api_addr: &str) -> Result<Res
     let url = format!("http://{api_addr}{path_and_query}");
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
         .map_err(ApiError::internal)?;
-    let mut outgoing = app
-        .forwarder
-        .request(method, url)
-        .timeout(FORWARD_TIMEOUT)
-        .body(body);
+    let streaming = parts
+        .headers
+        .get(header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/event-stream"));
+    let mut outgoing = app.forwarder.request(method, url);
+    if !streaming {
+        outgoing = outgoing.timeout(FORWARD_TIMEOUT);
+    }
+    let mut outgoing = outgoing.body(body);
     let relayed = [
         header::CONTENT_TYPE.as_str(),
         header::ACCEPT.as_str(),
         HEADER_NAMESPACE,
         HEADER_IDEMPOTENCY_KEY,
+        "last-event-id",
     ];
     for name in relayed {
         if let Some(value) = parts.headers.get(name) {
@@ -443,12 +467,18 @@ async fn forward(app: &AppState, request: Request, api_addr: &str) -> Result<Res
             headers.insert(name, value);
         }
     }
-    let body = answer.bytes().await.map_err(|error| {
-        ApiError::outcome_unknown(format!("the leader's answer was cut off: {error}"))
-    })?;
     headers.remove(header::CONTENT_LENGTH);
     headers.remove(header::TRANSFER_ENCODING);
-    let mut response = Response::new(Body::from(body));
+    // An event stream is relayed as it comes; any other answer is read whole first, so a cut
+    // becomes OUTCOME_UNKNOWN instead of a truncated body.
+    let body = if streaming && status.is_success() {
+        Body::from_stream(answer.bytes_stream())
+    } else {
+        Body::from(answer.bytes().await.map_err(|error| {
+            ApiError::outcome_unknown(format!("the leader's answer was cut off: {error}"))
+        })?)
+    };
+    let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     Ok(response)

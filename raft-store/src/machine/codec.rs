@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use super::events::EventLog;
 use super::idempotency::IdempotencyTable;
+use super::queues::claims_by_session;
 use super::{Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
@@ -149,6 +150,8 @@ impl Machine {
             namespaces: body.namespaces,
             session_deadlines: Default::default(),
             max_hold_deadlines: Default::default(),
+            claim_deadlines: Default::default(),
+            delayed: Default::default(),
             idempotency: body.idempotency,
             events: body.events,
         };
@@ -184,6 +187,27 @@ impl Machine {
                         resource.clone(),
                     ));
                 }
+            }
+            for (queue, queue_state) in &mut state.queues {
+                queue_state.rebuild(self.time_ms);
+                for (ready_at_ms, sequence, task_id) in queue_state.delayed(self.time_ms) {
+                    self.delayed.insert((
+                        ready_at_ms,
+                        namespace.clone(),
+                        queue.clone(),
+                        sequence,
+                        task_id.clone(),
+                    ));
+                }
+            }
+            for (session_id, claims) in claims_by_session(&state.queues) {
+                let session = state
+                    .sessions
+                    .get_mut(&session_id)
+                    .ok_or_else(|| format!("a claim in {namespace} names a missing session"))?;
+                self.claim_deadlines
+                    .insert((session.deadline_ms, namespace.clone(), session_id));
+                session.claims.extend(claims);
             }
         }
         Ok(())

@@ -43,6 +43,12 @@ impl EventLog {
         }
     }
 
+    pub(super) fn oldest_revision(&self) -> u64 {
+        self.window
+            .front()
+            .map_or(self.last_revision + 1, |event| event.revision)
+    }
+
     pub(super) fn last_revision(&self) -> u64 {
         self.last_revision
     }
@@ -50,10 +56,7 @@ impl EventLog {
     /// Events with a revision above `after`, at most `limit`; `None` if some of them have
     /// already left the window.
     pub(super) fn after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
-        let oldest_kept = self
-            .window
-            .front()
-            .map_or(self.last_revision + 1, |event| event.revision);
+        let oldest_kept = self.oldest_revision();
         if after.saturating_add(1) < oldest_kept {
             return None;
         }

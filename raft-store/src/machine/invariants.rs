@@ -10,6 +10,8 @@ impl Machine {
     pub fn check_invariants(&self) -> Result<(), String> {
         let mut fences = BTreeSet::new();
         let (mut sessions_seen, mut max_holds_seen) = (0usize, 0usize);
+        let (mut claims_seen, mut sessions_with_claims, mut delayed_seen) =
+            (0usize, 0usize, 0usize);
         for (namespace, state) in &self.namespaces {
             if state.is_empty() {
                 return Err(format!("namespace {namespace} is empty but kept"));
@@ -94,6 +96,62 @@ impl Machine {
                     }
                 }
             }
+            for (queue, queue_state) in &state.queues {
+                queue_state.check(queue, self.time_ms)?;
+                for (session_id, task_id, fence) in queue_state.claims() {
+                    let claimed = (queue.clone(), task_id.clone());
+                    if !state
+                        .sessions
+                        .get(&session_id)
+                        .is_some_and(|session| session.claims.contains(&claimed))
+                    {
+                        return Err(format!(
+                            "claim on {queue}/{task_id} is missing from its session"
+                        ));
+                    }
+                    if fence == 0 || fence > self.fence_counter || !fences.insert(fence) {
+                        return Err(format!(
+                            "claim on {queue}/{task_id} has a bad or shared fence {fence}"
+                        ));
+                    }
+                    claims_seen += 1;
+                }
+                for (ready_at_ms, sequence, task_id) in queue_state.delayed(self.time_ms) {
+                    let entry = (
+                        ready_at_ms,
+                        namespace.clone(),
+                        queue.clone(),
+                        sequence,
+                        task_id.clone(),
+                    );
+                    if !self.delayed.contains(&entry) {
+                        return Err(format!(
+                            "delayed task {queue}/{task_id} is missing from the delay index"
+                        ));
+                    }
+                    delayed_seen += 1;
+                }
+            }
+            for (session_id, session) in &state.sessions {
+                if session.claims.is_empty() {
+                    continue;
+                }
+                sessions_with_claims += 1;
+                if !self.claim_deadlines.contains(&(
+                    session.deadline_ms,
+                    namespace.clone(),
+                    *session_id,
+                )) {
+                    return Err(format!(
+                        "session {session_id} holds claims but is missing from the claim index"
+                    ));
+                }
+                if session.deadline_ms <= self.time_ms {
+                    return Err(format!(
+                        "session {session_id} is dead but its claims did not lapse"
+                    ));
+                }
+            }
             for (key, entry) in &state.kv {
                 if entry.revision == 0 || entry.revision > self.events.last_revision() {
                     return Err(format!(
@@ -115,6 +173,24 @@ impl Machine {
                 "{} max-held leases but {} index entries",
                 max_holds_seen,
                 self.max_hold_deadlines.len()
+            ));
+        }
+        let session_claims: usize = self
+            .namespaces
+            .values()
+            .flat_map(|state| state.sessions.values())
+            .map(|session| session.claims.len())
+            .sum();
+        if session_claims != claims_seen || sessions_with_claims != self.claim_deadlines.len() {
+            return Err(format!(
+                "{claims_seen} claims on tasks but sessions list {session_claims}; {sessions_with_claims} claiming sessions but {} indexed",
+                self.claim_deadlines.len()
+            ));
+        }
+        if delayed_seen != self.delayed.len() {
+            return Err(format!(
+                "{delayed_seen} delayed tasks but {} in the delay index",
+                self.delayed.len()
             ));
         }
         let window = self.events.window();

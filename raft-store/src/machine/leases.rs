@@ -43,6 +43,7 @@ impl Machine {
             .remove(&(old_deadline_ms, namespace.clone(), session_id));
         self.session_deadlines
             .insert((new_deadline_ms, namespace.clone(), session_id));
+        self.move_claim_deadline(namespace, session_id, old_deadline_ms, new_deadline_ms);
         Ok(Reply::KeptAlive {
             session_id,
             expires_in_ms,
@@ -128,6 +129,8 @@ impl Machine {
                 );
             }
         }
+        // Its claims lapse now, as if it had expired: each counts as an attempt.
+        self.lapse_claims(namespace, session_id);
         self.remove_session(namespace, session_id);
         Ok(Reply::SessionEnded { released })
     }
@@ -149,9 +152,10 @@ impl Machine {
         match owner {
             Owner::Session(session_id) => {
                 let session = self.live_session_mut(namespace, *session_id)?;
-                if session.leases.len() >= self.limits.leases_per_session_max {
+                if session.leases.len() + session.claims.len() >= self.limits.leases_per_session_max
+                {
                     return Err(Rejection::ResourceExhausted(format!(
-                        "this session already holds {} leases, the most a session may hold; release some or use another session",
+                        "this session already holds {} leases and claims, the most a session may hold; release some or use another session",
                         self.limits.leases_per_session_max
                     )));
                 }
@@ -340,7 +344,7 @@ impl Machine {
         (leases, sessions)
     }
 
-    fn check_new_session(
+    pub(super) fn check_new_session(
         &self,
         namespace: &Namespace,
         new_session: &NewSession,
@@ -369,7 +373,7 @@ impl Machine {
         Ok(())
     }
 
-    fn insert_session(&mut self, namespace: &Namespace, new_session: &NewSession) {
+    pub(super) fn insert_session(&mut self, namespace: &Namespace, new_session: &NewSession) {
         let deadline_ms = self.time_ms + new_session.ttl_ms;
         let session = Session {
             holder: new_session.holder.clone(),
@@ -377,6 +381,7 @@ impl Machine {
             labels: new_session.labels.clone(),
             deadline_ms,
             leases: Default::default(),
+            claims: Default::default(),
         };
         self.namespaces
             .entry(namespace.clone())
@@ -388,7 +393,7 @@ impl Machine {
     }
 
     /// The session if it is alive at the current cluster time, else `LEASE_LOST`.
-    fn live_session_mut(
+    pub(super) fn live_session_mut(
         &mut self,
         namespace: &Namespace,
         session_id: SessionId,
@@ -433,8 +438,8 @@ impl Machine {
             .remove(&session_id)
             .expect("the session exists");
         debug_assert!(
-            session.leases.is_empty(),
-            "a session is removed only after its leases"
+            session.leases.is_empty() && session.claims.is_empty(),
+            "a session is removed only after its leases and claims"
         );
         self.session_deadlines
             .remove(&(session.deadline_ms, namespace.clone(), session_id));

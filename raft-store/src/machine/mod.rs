@@ -17,6 +17,7 @@ mod idempotency;
 mod invariants;
 mod kv;
 mod leases;
+mod queues;
 mod types;
 
 #[cfg(test)]
@@ -31,14 +32,16 @@ pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecErr
 pub use command::{
     Batch, Command, Event, EventKind, FenceClaim, FenceStatus, Grant, IdempotencyTag, KvView,
     LeaseView, NewSession, Op, Owner, Page, Recorded, Rejection, Reply, Response, SessionView,
+    TaskClaim, TaskClaimed, TaskCounts, TaskState, TaskView,
 };
 pub use types::{
     validate_holder, validate_idempotency_key, validate_labels, validate_max_hold, validate_ttl,
-    Labels, LeaseMode, Limits, Namespace, ResourcePath, SessionId,
+    Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId,
 };
 
 use events::EventLog;
 use idempotency::IdempotencyTable;
+use queues::{NewTask, QueueState};
 
 /// The whole replicated state. See the module docs for the rules it lives by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,6 +56,10 @@ pub struct Machine {
     session_deadlines: BTreeSet<(u64, Namespace, SessionId)>,
     /// Every lease with a max hold, by the deadline that max hold sets.
     max_hold_deadlines: BTreeSet<(u64, Namespace, ResourcePath)>,
+    /// Sessions holding at least one task claim, by deadline: their claims lapse with them.
+    claim_deadlines: BTreeSet<(u64, Namespace, SessionId)>,
+    /// Ready tasks whose delay has not run out, by the time it does.
+    delayed: BTreeSet<(u64, Namespace, Name, u64, Name)>,
     idempotency: IdempotencyTable,
     events: EventLog,
 }
@@ -62,11 +69,15 @@ struct NamespaceState {
     sessions: BTreeMap<SessionId, Session>,
     leases: BTreeMap<ResourcePath, Lease>,
     kv: BTreeMap<ResourcePath, KvEntry>,
+    queues: BTreeMap<Name, QueueState>,
 }
 
 impl NamespaceState {
     fn is_empty(&self) -> bool {
-        self.sessions.is_empty() && self.leases.is_empty() && self.kv.is_empty()
+        self.sessions.is_empty()
+            && self.leases.is_empty()
+            && self.kv.is_empty()
+            && self.queues.is_empty()
     }
 }
 
@@ -80,6 +91,9 @@ struct Session {
     /// The resources this session holds a lease on (a reverse index, rebuilt on decode).
     #[serde(skip)]
     leases: BTreeSet<ResourcePath>,
+    /// The tasks this session holds a claim on, as `(queue, task id)` (rebuilt on decode).
+    #[serde(skip)]
+    claims: BTreeSet<(Name, Name)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -115,6 +129,8 @@ impl Machine {
             namespaces: BTreeMap::new(),
             session_deadlines: BTreeSet::new(),
             max_hold_deadlines: BTreeSet::new(),
+            claim_deadlines: BTreeSet::new(),
+            delayed: BTreeSet::new(),
             idempotency: IdempotencyTable::default(),
             events: EventLog::default(),
         }
@@ -124,6 +140,7 @@ impl Machine {
     pub fn apply(&mut self, batch: &Batch) -> Vec<Response> {
         self.time_ms = self.time_ms.max(batch.stamp_ms);
         self.idempotency.prune(self.time_ms, &self.limits);
+        self.advance_queues();
         batch
             .commands
             .iter()
@@ -249,6 +266,11 @@ impl Machine {
         }
     }
 
+    /// The revision of the oldest event still kept (one past the last when none is kept).
+    pub fn oldest_event_revision(&self) -> u64 {
+        self.events.oldest_revision()
+    }
+
     /// The events after revision `after`, at most `limit`; `None` when `after` is older than the
     /// kept window, so a reader must re-list instead of silently missing changes.
     pub fn events_after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
@@ -273,6 +295,9 @@ impl Machine {
                 }
                 let outcome = self.apply_op(namespace, op);
                 if let (Some(tag), Ok(reply)) = (idempotency, &outcome) {
+                    if !reply.changed_state() {
+                        return Response::fresh(outcome);
+                    }
                     self.idempotency.record(
                         namespace,
                         tag,
@@ -323,6 +348,46 @@ impl Machine {
             } => self.acquire(namespace, resource, *mode, owner, *max_hold_ms, labels),
             Op::KvPut { key, value, fence } => self.kv_put(namespace, key, value, fence.as_ref()),
             Op::KvDelete { key, fence } => self.kv_delete(namespace, key, fence.as_ref()),
+            Op::Enqueue {
+                queue,
+                task_id,
+                payload,
+                priority,
+                depends_on,
+                max_attempts,
+                delay_ms,
+            } => self.enqueue(
+                namespace,
+                queue,
+                NewTask {
+                    task_id,
+                    payload,
+                    priority: *priority,
+                    depends_on,
+                    max_attempts: *max_attempts,
+                    delay_ms: *delay_ms,
+                },
+            ),
+            Op::Claim { queue, owner } => self.claim(namespace, queue, owner),
+            Op::Complete {
+                queue,
+                task_id,
+                claim,
+                result,
+            } => self.complete(namespace, queue, task_id, *claim, result.as_deref()),
+            Op::Fail {
+                queue,
+                task_id,
+                claim,
+                reason,
+                retry,
+            } => self.fail(namespace, queue, task_id, *claim, reason, *retry),
+            Op::ReleaseTask {
+                queue,
+                task_id,
+                claim,
+                note,
+            } => self.release_task(namespace, queue, task_id, *claim, note.as_deref()),
         }
     }
 

@@ -139,6 +139,17 @@ fn render(response: &Response) -> String {
             format!("swept leases={leases} sessions={sessions}")
         }
         Ok(Reply::LimitsSet) => "limits_set".to_owned(),
+        Ok(Reply::TaskEnqueued(task)) => format!("enqueued {}", task.id),
+        Ok(Reply::TaskClaimed(claimed)) => {
+            format!(
+                "claimed {} fence={} attempt={}",
+                claimed.task.id, claimed.fence, claimed.attempt
+            )
+        }
+        Ok(Reply::QueueEmpty) => "empty".to_owned(),
+        Ok(Reply::TaskUpdated(task)) => {
+            format!("task {} {:?} attempt={}", task.id, task.state, task.attempt)
+        }
         Err(Rejection::LeaseHeld { held_by, .. }) => {
             format!(
                 "LEASE_HELD {} fence={} expires_in={}",
@@ -1022,4 +1033,340 @@ fn paths_parse_by_segments() {
     );
     assert!(SessionId::parse("FF").is_err());
     assert!(SessionId::parse(&"G".repeat(32)).is_err());
+}
+
+fn name(text: &str) -> Name {
+    Name(text.to_owned())
+}
+
+fn enqueue(id: &str, priority: i32, depends_on: &[&str]) -> Op {
+    Op::Enqueue {
+        queue: name("q"),
+        task_id: name(id),
+        payload: "{}".to_owned(),
+        priority,
+        depends_on: depends_on.iter().map(|id| name(id)).collect(),
+        max_attempts: 3,
+        delay_ms: 0,
+    }
+}
+
+fn enqueue_with(id: &str, max_attempts: u32, delay_ms: u64) -> Op {
+    Op::Enqueue {
+        queue: name("q"),
+        task_id: name(id),
+        payload: "{}".to_owned(),
+        priority: 0,
+        depends_on: Vec::new(),
+        max_attempts,
+        delay_ms,
+    }
+}
+
+fn claim(session: u128) -> Op {
+    Op::Claim {
+        queue: name("q"),
+        owner: Owner::Session(SessionId(session)),
+    }
+}
+
+fn task_claim(session: u128, fence: u64) -> TaskClaim {
+    TaskClaim {
+        session_id: SessionId(session),
+        fence,
+    }
+}
+
+fn complete(id: &str, session: u128, fence: u64) -> Op {
+    Op::Complete {
+        queue: name("q"),
+        task_id: name(id),
+        claim: task_claim(session, fence),
+        result: Some("\"ok\"".to_owned()),
+    }
+}
+
+fn fail(id: &str, session: u128, fence: u64, retry: bool) -> Op {
+    Op::Fail {
+        queue: name("q"),
+        task_id: name(id),
+        claim: task_claim(session, fence),
+        reason: "boom".to_owned(),
+        retry,
+    }
+}
+
+fn release_task(id: &str, session: u128, fence: u64) -> Op {
+    Op::ReleaseTask {
+        queue: name("q"),
+        task_id: name(id),
+        claim: task_claim(session, fence),
+        note: Some("half done".to_owned()),
+    }
+}
+
+#[test]
+fn claims_follow_priority_then_enqueue_order() {
+    let machine = check(vec![
+        (0, create(A, "worker", 10_000), "session expires_in=10000"),
+        (0, enqueue("low", 0, &[]), "enqueued low"),
+        (0, enqueue("high-1", 5, &[]), "enqueued high-1"),
+        (0, enqueue("high-2", 5, &[]), "enqueued high-2"),
+        (0, enqueue("negative", -1, &[]), "enqueued negative"),
+        (0, claim(A), "claimed high-1 fence=1 attempt=1"),
+        (0, claim(A), "claimed high-2 fence=2 attempt=1"),
+        (0, claim(A), "claimed low fence=3 attempt=1"),
+        (0, claim(A), "claimed negative fence=4 attempt=1"),
+        (0, claim(A), "empty"),
+    ]);
+    let counts = machine.queue_counts(&namespace(), &name("q"));
+    assert_eq!((counts.ready, counts.claimed), (0, 4));
+}
+
+#[test]
+fn dependencies_hold_a_task_until_every_one_is_done() {
+    check(vec![
+        (0, create(A, "worker", 10_000), "session expires_in=10000"),
+        (0, enqueue("build", 0, &[]), "enqueued build"),
+        (0, enqueue("lint", 0, &[]), "enqueued lint"),
+        (
+            0,
+            enqueue("deploy", 9, &["build", "lint"]),
+            "enqueued deploy",
+        ),
+        (0, enqueue("ghost", 0, &["missing"]), "INVALID_ARGUMENT"),
+        (0, enqueue("build", 0, &[]), "INVALID_ARGUMENT"),
+        (0, claim(A), "claimed build fence=1 attempt=1"),
+        (0, complete("build", A, 1), "task build Done attempt=1"),
+        (0, claim(A), "claimed lint fence=2 attempt=1"),
+        (0, claim(A), "empty"),
+        (0, complete("lint", A, 2), "task lint Done attempt=1"),
+        (0, claim(A), "claimed deploy fence=3 attempt=1"),
+        (
+            0,
+            enqueue("after-deploy", 0, &["build"]),
+            "enqueued after-deploy",
+        ),
+        (0, claim(A), "claimed after-deploy fence=4 attempt=1"),
+    ]);
+}
+
+#[test]
+fn a_delayed_task_becomes_claimable_at_its_time() {
+    check(vec![
+        (0, create(A, "worker", 10_000), "session expires_in=10000"),
+        (100, enqueue_with("later", 3, 500), "enqueued later"),
+        (599, claim(A), "empty"),
+        (600, claim(A), "claimed later fence=1 attempt=1"),
+    ]);
+}
+
+#[test]
+fn a_stalled_worker_loses_its_claim_and_its_late_complete_is_refused() {
+    let machine = check(vec![
+        (0, create(A, "slow", 1_000), "session expires_in=1000"),
+        (0, create(B, "fast", 10_000), "session expires_in=10000"),
+        (0, enqueue("t", 0, &[]), "enqueued t"),
+        (0, claim(A), "claimed t fence=1 attempt=1"),
+        (999, claim(B), "empty"),
+        (1_000, claim(B), "claimed t fence=2 attempt=2"),
+        (1_001, complete("t", A, 1), "STALE_FENCE current=2"),
+        (1_001, complete("t", A, 2), "STALE_FENCE current=2"),
+        (1_002, complete("t", B, 2), "task t Done attempt=2"),
+        (1_003, complete("t", B, 2), "STALE_FENCE current=none"),
+        (1_003, complete("nope", B, 2), "NOT_FOUND"),
+    ]);
+    let counts = machine.queue_counts(&namespace(), &name("q"));
+    assert_eq!(
+        (counts.ready, counts.claimed, counts.done, counts.dead),
+        (0, 0, 1, 0)
+    );
+}
+
+#[test]
+fn the_claim_after_the_last_attempt_lapses_makes_the_task_dead_with_its_dependents() {
+    check(vec![
+        (0, enqueue_with("flaky", 2, 0), "enqueued flaky"),
+        (
+            0,
+            enqueue("needs-flaky", 0, &["flaky"]),
+            "enqueued needs-flaky",
+        ),
+        (0, create(A, "w1", 1_000), "session expires_in=1000"),
+        (0, claim(A), "claimed flaky fence=1 attempt=1"),
+        (1_000, create(B, "w2", 1_000), "session expires_in=1000"),
+        (1_000, claim(B), "claimed flaky fence=2 attempt=2"),
+        (2_000, create(C, "w3", 1_000), "session expires_in=1000"),
+        (2_000, claim(C), "empty"),
+        (
+            2_000,
+            enqueue("needs-dead", 0, &["flaky"]),
+            "INVALID_ARGUMENT",
+        ),
+    ]);
+}
+
+#[test]
+fn fail_retries_or_kills_and_release_keeps_the_attempt() {
+    let machine = check(vec![
+        (0, create(A, "worker", 10_000), "session expires_in=10000"),
+        (0, enqueue_with("t", 2, 0), "enqueued t"),
+        (0, claim(A), "claimed t fence=1 attempt=1"),
+        (0, release_task("t", A, 1), "task t Ready attempt=0"),
+        (0, release_task("t", A, 1), "STALE_FENCE current=none"),
+        (0, claim(A), "claimed t fence=2 attempt=1"),
+        (0, fail("t", A, 2, true), "task t Ready attempt=1"),
+        (0, claim(A), "claimed t fence=3 attempt=2"),
+        (0, fail("t", A, 3, true), "task t Dead attempt=2"),
+        (0, enqueue("u", 0, &[]), "enqueued u"),
+        (0, claim(A), "claimed u fence=4 attempt=1"),
+        (0, fail("u", A, 4, false), "task u Dead attempt=1"),
+    ]);
+    let task = machine
+        .task(&namespace(), &name("q"), &name("t"))
+        .expect("kept");
+    assert_eq!(task.note.as_deref(), Some("half done"));
+    assert_eq!(task.reason.as_deref(), Some("boom"));
+}
+
+#[test]
+fn ending_a_session_gives_its_claims_back_and_an_empty_claim_creates_no_session() {
+    let mut machine = check(vec![
+        (0, create(A, "worker", 10_000), "session expires_in=10000"),
+        (0, enqueue("t", 0, &[]), "enqueued t"),
+        (0, claim(A), "claimed t fence=1 attempt=1"),
+        (0, end(A), "ended []"),
+        (
+            0,
+            Op::Claim {
+                queue: name("q"),
+                owner: Owner::NewSession(new_session(B, "w2", 1_000)),
+            },
+            "claimed t fence=2 attempt=2",
+        ),
+        (0, claim(B), "empty"),
+    ]);
+    assert_eq!(machine.counts().0, 1);
+    let empty_claim = Op::Claim {
+        queue: name("q"),
+        owner: Owner::NewSession(new_session(C, "w3", 1_000)),
+    };
+    check_on(&mut machine, vec![(0, empty_claim, "empty")]);
+    assert_eq!(
+        machine.counts().0,
+        1,
+        "no session was created for an empty claim"
+    );
+    let key = "claim-on-empty-queue-0001";
+    assert_eq!(step(&mut machine, 0, tagged(key, 1, claim(B))), "empty");
+    check_on(&mut machine, vec![(0, enqueue("u", 0, &[]), "enqueued u")]);
+    assert_eq!(
+        step(&mut machine, 0, tagged(key, 1, claim(B))),
+        "claimed u fence=3 attempt=1",
+        "an empty answer is not replayed"
+    );
+    assert_eq!(
+        step(&mut machine, 0, tagged(key, 1, claim(B))),
+        "replay claimed u fence=3 attempt=1"
+    );
+}
+
+#[test]
+fn queue_limits_are_refused_and_change_nothing() {
+    let big_payload = format!("\"{}\"", "p".repeat(256 * 1024));
+    let too_many: Vec<String> = (0..65).map(|index| format!("d{index}")).collect();
+    let table: Vec<(Op, &str)> = vec![
+        (
+            Op::Enqueue {
+                queue: name("q"),
+                task_id: name("t"),
+                payload: big_payload,
+                priority: 0,
+                depends_on: vec![],
+                max_attempts: 3,
+                delay_ms: 0,
+            },
+            "PAYLOAD_TOO_LARGE",
+        ),
+        (enqueue_with("t", 0, 0), "INVALID_ARGUMENT"),
+        (enqueue_with("t", 101, 0), "INVALID_ARGUMENT"),
+        (
+            enqueue_with("t", 3, 30 * 24 * 60 * 60 * 1_000 + 1),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            Op::Enqueue {
+                queue: name("q"),
+                task_id: name("t"),
+                payload: "1".to_owned(),
+                priority: 0,
+                depends_on: too_many.iter().map(|id| name(id)).collect(),
+                max_attempts: 3,
+                delay_ms: 0,
+            },
+            "INVALID_ARGUMENT",
+        ),
+        (enqueue("bad/id", 0, &[]), "INVALID_ARGUMENT"),
+        (
+            Op::Enqueue {
+                queue: name("bad queue"),
+                task_id: name("t"),
+                payload: "1".to_owned(),
+                priority: 0,
+                depends_on: vec![],
+                max_attempts: 3,
+                delay_ms: 0,
+            },
+            "INVALID_ARGUMENT",
+        ),
+        (claim(A), "LEASE_LOST"),
+    ];
+    for (op, expected) in table {
+        let mut machine = Machine::default();
+        machine.apply(&Batch::tick(5));
+        let before = machine.encode_snapshot().expect("encode");
+        assert_eq!(
+            step(&mut machine, 5, command(op.clone())),
+            expected,
+            "{op:?}"
+        );
+        assert_eq!(
+            machine.encode_snapshot().expect("encode"),
+            before,
+            "state untouched by {op:?}"
+        );
+    }
+    let mut machine = with_limits(|limits| limits.tasks_per_queue_max = 1);
+    check_on(
+        &mut machine,
+        vec![
+            (0, enqueue("a", 0, &[]), "enqueued a"),
+            (0, enqueue("b", 0, &[]), "RESOURCE_EXHAUSTED"),
+        ],
+    );
+}
+
+#[test]
+fn queues_survive_a_snapshot_round_trip_with_their_indexes() {
+    let machine = check(vec![
+        (0, create(A, "worker", 5_000), "session expires_in=5000"),
+        (0, enqueue("a", 1, &[]), "enqueued a"),
+        (0, enqueue("b", 2, &["a"]), "enqueued b"),
+        (0, enqueue_with("c", 3, 900), "enqueued c"),
+        (0, enqueue("d", 0, &[]), "enqueued d"),
+        (0, claim(A), "claimed a fence=1 attempt=1"),
+    ]);
+    let decoded =
+        Machine::decode_snapshot(&machine.encode_snapshot().expect("encode")).expect("decode");
+    assert_eq!(decoded, machine);
+    let mut decoded = decoded;
+    check_on(
+        &mut decoded,
+        vec![
+            (0, complete("a", A, 1), "task a Done attempt=1"),
+            (0, claim(A), "claimed b fence=2 attempt=1"),
+            (0, claim(A), "claimed d fence=3 attempt=1"),
+            (900, claim(A), "claimed c fence=4 attempt=1"),
+        ],
+    );
 }

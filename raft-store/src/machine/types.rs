@@ -31,6 +31,11 @@ pub struct Limits {
     pub kv_value_bytes_max: usize,
     pub task_payload_bytes_max: usize,
     pub tasks_per_queue_max: usize,
+    pub task_dependencies_max: usize,
+    pub task_attempts_max: u32,
+    pub task_delay_ms_max: u64,
+    pub task_text_chars_max: usize,
+    pub name_chars_max: usize,
     pub list_page_max: usize,
     pub idempotency_key_chars_min: usize,
     pub idempotency_key_chars_max: usize,
@@ -58,6 +63,11 @@ impl Default for Limits {
             kv_value_bytes_max: 256 * 1024,
             task_payload_bytes_max: 256 * 1024,
             tasks_per_queue_max: 1_000_000,
+            task_dependencies_max: 64,
+            task_attempts_max: 100,
+            task_delay_ms_max: 30 * 24 * 60 * 60 * 1_000,
+            task_text_chars_max: 4_096,
+            name_chars_max: 128,
             list_page_max: 1_000,
             idempotency_key_chars_min: 16,
             idempotency_key_chars_max: 255,
@@ -174,6 +184,45 @@ impl Borrow<str> for ResourcePath {
 }
 
 impl fmt::Display for ResourcePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A name of one segment: a queue name or a task id. `[A-Za-z0-9._:-]`, 1..=`name_chars_max`.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct Name(pub(in crate::machine) String);
+
+impl Name {
+    pub fn parse(what: &str, text: &str, limits: &Limits) -> Result<Name, Rejection> {
+        let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':');
+        if text.is_empty() || text.len() > limits.name_chars_max {
+            return Err(Rejection::invalid(format!(
+                "{what} must be 1..={} characters, got {}",
+                limits.name_chars_max,
+                text.len()
+            )));
+        }
+        if !text.chars().all(valid_char) {
+            return Err(Rejection::invalid(format!(
+                "{what} {text:?} may only contain letters, digits, '.', '_', ':' and '-'"
+            )));
+        }
+        Ok(Name(text.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for Name {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Name {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }

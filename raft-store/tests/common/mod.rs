@@ -2,22 +2,28 @@
 //! `machine_model`.
 //!
 //! The universe is deliberately tiny (two namespaces, four session ids, three holders, eight
-//! paths) so that commands collide all the time: the same path is acquired by two sessions, a
-//! subtree lands on top of an exclusive lease, a fence is presented by the wrong session, an
+//! paths, two queues of six task ids) so that commands collide all the time: the same path is
+//! acquired by two sessions, a subtree lands on top of an exclusive lease, a fence is presented
+//! by the wrong session, a task is completed twice or by a worker whose claim lapsed, an
 //! idempotency key is reused with another fingerprint. Stamps mostly rise, sometimes go back,
-//! and sometimes jump past every TTL so that leases and sessions expire between entries.
+//! and sometimes jump past every TTL so that leases, sessions and task claims expire between
+//! entries.
 //!
-//! The strategy produces `Scenario`s of abstract commands. Fence tokens and "the session that
-//! holds this path" are resolved against the machine just before each entry is applied
-//! (`Entry::materialize`), so they land near the live fences instead of being random numbers.
+//! The strategy produces `Scenario`s of abstract commands. Fence tokens, "the session that
+//! holds this path", "a claimed task" and "its claimer" are resolved against the machine just
+//! before each entry is applied (`Entry::materialize`), so they land near the live fences
+//! instead of being random numbers. A task view never names its claimer's session (it is a
+//! secret), so the claimers are learnt from the claim answers themselves: callers keep a
+//! `Claimers` book and feed it every applied batch (`Claimers::observe`).
 
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
 
 use baton_raft_store::machine::{
-    Batch, Command, FenceClaim, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Namespace,
-    NewSession, Op, Owner, ResourcePath, SessionId,
+    Batch, Command, FenceClaim, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Name,
+    Namespace, NewSession, Op, Owner, Reply, ResourcePath, Response, SessionId, TaskClaim,
+    TaskState,
 };
 use proptest::prelude::*;
 
@@ -41,13 +47,27 @@ pub const IDEMPOTENCY_KEYS: [&str; 5] = [
     "short-key",
     "idem key with spaces",
 ];
+/// The queues of the universe (in each namespace).
+pub const QUEUES: [&str; 2] = ["q1", "q2"];
+/// The task ids of the universe (in each queue).
+pub const TASK_IDS: [&str; 6] = ["t0", "t1", "t2", "t3", "t4", "t5"];
+/// A valid task id that is never enqueued: an unknown dependency or target.
+pub const GHOST_TASK: &str = "ghost";
+/// Queue names or task ids the machine must refuse (built around `Name::parse`): empty, a
+/// character outside `[A-Za-z0-9._:-]`, and one character over `name_chars_max` (128).
+pub const INVALID_NAMES: [&str; 4] = ["", "bad/id", "bad queue", LONG_NAME];
+const LONG_NAME: &str = "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn";
+/// A payload or result over the tight limits' `task_payload_bytes_max` (16).
+pub const LONG_PAYLOAD: &str = "\"this payload is too long\"";
+/// A reason or note over the tight limits' `task_text_chars_max` (8).
+pub const LONG_TEXT: &str = "a reason that is too long";
 /// Fingerprints; bytes 0xFD/0xFE are avoided so encodings stay clear of bincode's wide-length
 /// markers (see `machine_props::decode_survives_*`).
 pub const FINGERPRINTS: [[u8; 32]; 2] = [[0x11; 32], [0x22; 32]];
 
 /// The default limits, or tight ones under which the quotas (`RESOURCE_EXHAUSTED`), the value
-/// size, the segment count and the idempotency and event windows are reached within a few
-/// commands.
+/// and payload sizes, the segment, dependency and text counts and the idempotency and event
+/// windows are reached within a few commands.
 pub fn limits_for(tight: bool) -> Limits {
     if !tight {
         return Limits::default();
@@ -56,10 +76,14 @@ pub fn limits_for(tight: bool) -> Limits {
         path_segments_max: 4,
         holder_chars_max: 8,
         labels_max: 2,
-        leases_per_session_max: 3,
+        leases_per_session_max: 2,
         sessions_per_namespace_max: 3,
         kv_keys_per_namespace_max: 3,
         kv_value_bytes_max: 16,
+        task_payload_bytes_max: 16,
+        tasks_per_queue_max: 3,
+        task_dependencies_max: 2,
+        task_text_chars_max: 8,
         idempotency_ttl_ms: 10_000,
         idempotency_keys_max: 3,
         events_kept_max: 20,
@@ -85,6 +109,34 @@ pub fn unchecked_path(text: &str) -> ResourcePath {
         bincode::serde::decode_from_slice::<ResourcePath, _>(&bytes, bincode::config::standard())
             .expect("a newtype over a string decodes from a string");
     resource
+}
+
+pub fn name(text: &str) -> Name {
+    Name::parse("name", text, &Limits::default()).expect("a valid name")
+}
+
+/// A `Name` holding any text, even one `parse` refuses (see `unchecked_path`).
+pub fn unchecked_name(text: &str) -> Name {
+    let bytes =
+        bincode::serde::encode_to_vec(text, bincode::config::standard()).expect("a string encodes");
+    let (name, _) =
+        bincode::serde::decode_from_slice::<Name, _>(&bytes, bincode::config::standard())
+            .expect("a newtype over a string decodes from a string");
+    name
+}
+
+/// The valid queues of the universe.
+pub fn queues() -> Vec<Name> {
+    QUEUES.iter().map(|text| name(text)).collect()
+}
+
+/// Every valid task id a scenario may name (the universe's and the ghost).
+pub fn task_ids() -> Vec<Name> {
+    TASK_IDS
+        .iter()
+        .chain([&GHOST_TASK])
+        .map(|text| name(text))
+        .collect()
 }
 
 /// Every path a scenario may name, valid and invalid.
@@ -148,6 +200,87 @@ pub enum AbstractOp {
         key: ResourcePath,
         fence: Option<AbstractFence>,
     },
+    Enqueue {
+        queue: Name,
+        task_id: TaskChoice,
+        payload: String,
+        priority: i32,
+        depends_on: Vec<TaskChoice>,
+        max_attempts: u32,
+        delay_ms: u64,
+    },
+    /// With `prefer_ready`, the claim goes to the other queue of its namespace when only that
+    /// one has a task to claim; with `busy_worker`, it is made by a session of the namespace
+    /// that already holds a claim, if there is one (a worker taking task after task).
+    Claim {
+        queue: Name,
+        owner: Owner,
+        prefer_ready: bool,
+        busy_worker: bool,
+    },
+    /// Complete, fail or release a task with a claim resolved just before the entry.
+    Finish {
+        queue: Name,
+        task: TaskChoice,
+        claim: AbstractTaskClaim,
+        how: Finish,
+    },
+}
+
+/// What a complete, fail or release carries besides the claim.
+#[derive(Debug, Clone)]
+pub enum Finish {
+    Complete { result: Option<String> },
+    Fail { reason: String, retry: bool },
+    Release { note: Option<String> },
+}
+
+/// Which task an operation names, resolved right before the entry is applied.
+#[derive(Debug, Clone)]
+pub enum TaskChoice {
+    /// The `n`th (modulo their number) task of the queue, in id order, whatever its state;
+    /// the `n`th id of the universe when the queue is empty.
+    Existing(usize),
+    /// The `n`th (modulo their number) id of the universe that the queue does not hold yet;
+    /// the `n`th id of the universe when it holds them all.
+    Unused(usize),
+    /// The `n`th (modulo their number) claimed task of the whole universe: the command moves
+    /// to that task's namespace and queue. Like `Existing` when none is claimed.
+    Claimed(usize),
+    Id(Name),
+}
+
+/// The claim a complete, fail or release presents: like `AbstractFence`, for tasks.
+#[derive(Debug, Clone)]
+pub struct AbstractTaskClaim {
+    pub token: TokenChoice,
+    pub session: SessionChoice,
+}
+
+/// The claimers of task claims, learnt from the answers (task views hide them): fence →
+/// session, per namespace.
+#[derive(Debug, Clone, Default)]
+pub struct Claimers {
+    by_fence: BTreeMap<(Namespace, u64), SessionId>,
+}
+
+impl Claimers {
+    /// Records the claimer of every claim granted by `batch` (answered by `responses`).
+    pub fn observe(&mut self, batch: &Batch, responses: &[Response]) {
+        for (command, response) in batch.commands.iter().zip(responses) {
+            if let (Command::Namespaced { namespace, .. }, Ok(Reply::TaskClaimed(claimed))) =
+                (command, &response.outcome)
+            {
+                self.by_fence
+                    .insert((namespace.clone(), claimed.fence), claimed.session_id);
+            }
+        }
+    }
+
+    /// The session that was granted the claim with this fence.
+    pub fn claimer(&self, namespace: &Namespace, fence: u64) -> Option<SessionId> {
+        self.by_fence.get(&(namespace.clone(), fence)).copied()
+    }
 }
 
 /// A fence claim, resolved against the machine's state right before the entry is applied.
@@ -168,7 +301,7 @@ pub enum ReleaseChoice {
 
 #[derive(Debug, Clone, Copy)]
 pub enum TokenChoice {
-    /// The live fence of the claimed resource (or the counter when there is none).
+    /// The live fence of the claimed resource or task (or the counter when there is none).
     Live,
     /// `fence_counter + offset`, clamped at 0: old tokens, and the next grants of this entry.
     CounterPlus(i64),
@@ -176,18 +309,18 @@ pub enum TokenChoice {
 
 #[derive(Debug, Clone, Copy)]
 pub enum SessionChoice {
-    /// The session that holds the claimed resource, if one of the universe's ids does.
+    /// The session that holds the claimed resource or task, if one of the universe's ids does.
     Holder,
     Id(SessionId),
 }
 
 impl Entry {
-    /// The concrete batch for `machine`'s current state.
-    pub fn materialize(&self, machine: &Machine) -> Batch {
+    /// The concrete batch for `machine`'s current state, whose claimers `claimers` knows.
+    pub fn materialize(&self, machine: &Machine, claimers: &Claimers) -> Batch {
         let commands = self
             .commands
             .iter()
-            .map(|command| command.materialize(machine))
+            .map(|command| command.materialize(machine, claimers))
             .collect();
         Batch {
             stamp_ms: self.stamp_ms,
@@ -197,7 +330,7 @@ impl Entry {
 }
 
 impl AbstractCommand {
-    fn materialize(&self, machine: &Machine) -> Command {
+    fn materialize(&self, machine: &Machine, claimers: &Claimers) -> Command {
         match self {
             AbstractCommand::Sweep { max } => Command::Sweep { max: *max },
             AbstractCommand::Namespaced {
@@ -205,7 +338,7 @@ impl AbstractCommand {
                 tag,
                 op,
             } => {
-                let namespace = namespace(*index);
+                let mut namespace = namespace(*index);
                 let idempotency = tag.map(|(key, fingerprint)| IdempotencyTag {
                     key: IDEMPOTENCY_KEYS[key].to_owned(),
                     fingerprint: FINGERPRINTS[fingerprint],
@@ -264,6 +397,104 @@ impl AbstractCommand {
                             .as_ref()
                             .map(|fence| fence.materialize(machine, &namespace)),
                     },
+                    AbstractOp::Enqueue {
+                        queue,
+                        task_id,
+                        payload,
+                        priority,
+                        depends_on,
+                        max_attempts,
+                        delay_ms,
+                    } => Op::Enqueue {
+                        queue: queue.clone(),
+                        task_id: task_id.resolve_in(machine, &namespace, queue),
+                        payload: payload.clone(),
+                        priority: *priority,
+                        // An existing task of an empty queue is no dependency at all.
+                        depends_on: depends_on
+                            .iter()
+                            .filter(|choice| {
+                                !matches!(choice, TaskChoice::Existing(_))
+                                    || !machine
+                                        .tasks(&namespace, queue, None, None, 1)
+                                        .items
+                                        .is_empty()
+                            })
+                            .map(|choice| choice.resolve_in(machine, &namespace, queue))
+                            .collect(),
+                        max_attempts: *max_attempts,
+                        delay_ms: *delay_ms,
+                    },
+                    AbstractOp::Claim {
+                        queue,
+                        owner,
+                        prefer_ready,
+                        busy_worker,
+                    } => {
+                        let has_work = |queue: &Name| {
+                            machine
+                                .tasks(&namespace, queue, Some(TaskState::Ready), None, 1_000)
+                                .items
+                                .iter()
+                                .any(|task| {
+                                    task.waiting_on == 0 && task.ready_at_ms <= machine.time_ms()
+                                })
+                        };
+                        let queue = match queues().into_iter().find(|other| other != queue) {
+                            Some(other)
+                                if *prefer_ready && !has_work(queue) && has_work(&other) =>
+                            {
+                                other
+                            }
+                            _ => queue.clone(),
+                        };
+                        let worker = queues()
+                            .iter()
+                            .flat_map(|queue| {
+                                machine
+                                    .tasks(&namespace, queue, Some(TaskState::Claimed), None, 1_000)
+                                    .items
+                            })
+                            .filter_map(|task| task.claim)
+                            .find_map(|(fence, _)| claimers.claimer(&namespace, fence));
+                        let owner = match worker {
+                            Some(session_id) if *busy_worker => Owner::Session(session_id),
+                            _ => owner.clone(),
+                        };
+                        Op::Claim { queue, owner }
+                    }
+                    AbstractOp::Finish {
+                        queue,
+                        task,
+                        claim,
+                        how,
+                    } => {
+                        let mut queue = queue.clone();
+                        let task_id = task.resolve(machine, &mut namespace, &mut queue);
+                        let claim =
+                            claim.materialize(machine, claimers, &namespace, &queue, &task_id);
+                        match how {
+                            Finish::Complete { result } => Op::Complete {
+                                queue,
+                                task_id,
+                                claim,
+                                result: result.clone(),
+                            },
+                            Finish::Fail { reason, retry } => Op::Fail {
+                                queue,
+                                task_id,
+                                claim,
+                                reason: reason.clone(),
+                                retry: *retry,
+                            },
+                            Finish::Release { note } => Op::ReleaseTask {
+                                queue,
+                                task_id,
+                                claim,
+                                note: note.clone(),
+                            },
+                        }
+                    }
                 };
                 Command::Namespaced {
                     namespace,
@@ -303,6 +534,92 @@ impl AbstractFence {
             token,
             session_id,
         }
+    }
+}
+
+impl TaskChoice {
+    /// The task id this choice names in `machine`, staying in `namespace` and `queue`.
+    fn resolve_in(&self, machine: &Machine, namespace: &Namespace, queue: &Name) -> Name {
+        self.resolve(machine, &mut namespace.clone(), &mut queue.clone())
+    }
+
+    /// The task id this choice names in `machine`; `Claimed` may move the command to the
+    /// claimed task's namespace and queue.
+    fn resolve(&self, machine: &Machine, namespace: &mut Namespace, queue: &mut Name) -> Name {
+        match self {
+            TaskChoice::Id(task_id) => task_id.clone(),
+            TaskChoice::Unused(index) => {
+                let unused: Vec<&str> = TASK_IDS
+                    .iter()
+                    .copied()
+                    .filter(|id| machine.task(namespace, queue, &self::name(id)).is_none())
+                    .collect();
+                if unused.is_empty() {
+                    name(TASK_IDS[index % TASK_IDS.len()])
+                } else {
+                    name(unused[index % unused.len()])
+                }
+            }
+            TaskChoice::Existing(index) => {
+                let tasks = machine.tasks(namespace, queue, None, None, 1_000).items;
+                if tasks.is_empty() {
+                    name(TASK_IDS[index % TASK_IDS.len()])
+                } else {
+                    tasks[index % tasks.len()].id.clone()
+                }
+            }
+            TaskChoice::Claimed(index) => {
+                let claimed: Vec<(Namespace, Name, Name)> = (0..NAMESPACES.len())
+                    .map(self::namespace)
+                    .flat_map(|namespace| {
+                        queues().into_iter().flat_map(move |queue| {
+                            let namespace = namespace.clone();
+                            machine
+                                .tasks(&namespace, &queue, Some(TaskState::Claimed), None, 1_000)
+                                .items
+                                .into_iter()
+                                .map(move |task| (namespace.clone(), queue.clone(), task.id))
+                        })
+                    })
+                    .collect();
+                if claimed.is_empty() {
+                    return TaskChoice::Existing(*index).resolve(machine, namespace, queue);
+                }
+                let (claimed_namespace, claimed_queue, task_id) =
+                    claimed[index % claimed.len()].clone();
+                *namespace = claimed_namespace;
+                *queue = claimed_queue;
+                task_id
+            }
+        }
+    }
+}
+
+impl AbstractTaskClaim {
+    fn materialize(
+        &self,
+        machine: &Machine,
+        claimers: &Claimers,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+    ) -> TaskClaim {
+        let counter = machine.fence_counter();
+        let live = machine
+            .task(namespace, queue, task_id)
+            .and_then(|task| task.claim)
+            .map(|(fence, _)| fence);
+        let fence = match self.token {
+            TokenChoice::Live => live.unwrap_or(counter),
+            TokenChoice::CounterPlus(offset) => counter.saturating_add_signed(offset),
+        };
+        let session_id = match self.session {
+            SessionChoice::Id(session_id) => session_id,
+            SessionChoice::Holder => live
+                .and_then(|fence| claimers.claimer(namespace, fence))
+                .unwrap_or(SessionId(1)),
+        };
+        TaskClaim { session_id, fence }
     }
 }
 
@@ -418,7 +735,167 @@ fn release_choice() -> impl Strategy<Value = ReleaseChoice> {
     prop_oneof![3 => (0usize..8).prop_map(ReleaseChoice::Held), 1 => resource().prop_map(ReleaseChoice::Path)]
 }
 
-fn op() -> impl Strategy<Value = AbstractOp> {
+/// Mostly the first queue, so that work piles up where the claims look for it.
+fn queue() -> impl Strategy<Value = Name> {
+    prop_oneof![
+        30 => Just(name(QUEUES[0])),
+        10 => Just(name(QUEUES[1])),
+        1 => proptest::sample::select(INVALID_NAMES.to_vec()).prop_map(unchecked_name),
+    ]
+}
+
+/// Mostly an id the queue does not hold yet, sometimes any (perhaps taken), rarely invalid.
+fn new_task_id() -> impl Strategy<Value = TaskChoice> {
+    prop_oneof![
+        30 => (0usize..6).prop_map(TaskChoice::Unused),
+        10 => proptest::sample::select(TASK_IDS.to_vec()).prop_map(|id| TaskChoice::Id(name(id))),
+        1 => proptest::sample::select(INVALID_NAMES.to_vec()).prop_map(|id| TaskChoice::Id(unchecked_name(id))),
+    ]
+}
+
+/// A dependency: mostly a task that exists, sometimes any id of the universe, rarely an
+/// unknown or invalid one.
+fn dependency() -> impl Strategy<Value = TaskChoice> {
+    prop_oneof![
+        16 => (0usize..8).prop_map(TaskChoice::Existing),
+        3 => proptest::sample::select(TASK_IDS.to_vec()).prop_map(|id| TaskChoice::Id(name(id))),
+        1 => Just(TaskChoice::Id(name(GHOST_TASK))),
+        1 => proptest::sample::select(INVALID_NAMES.to_vec()).prop_map(|id| TaskChoice::Id(unchecked_name(id))),
+    ]
+}
+
+/// Mostly none; one or two (sometimes the same twice); rarely three, over the tight limit.
+fn dependencies() -> BoxedStrategy<Vec<TaskChoice>> {
+    prop_oneof![
+        8 => Just(Vec::new()),
+        6 => proptest::collection::vec(dependency(), 1..=2),
+        1 => proptest::collection::vec(dependency(), 3..=3),
+    ]
+    .boxed()
+}
+
+fn payload() -> impl Strategy<Value = String> {
+    prop_oneof![
+        12 => proptest::sample::select(vec!["{}", "1", "\"p\""]).prop_map(str::to_owned),
+        1 => Just(LONG_PAYLOAD.to_owned()),
+    ]
+}
+
+fn max_attempts() -> impl Strategy<Value = u32> {
+    prop_oneof![
+        30 => 1u32..=3,
+        1 => proptest::sample::select(vec![0u32, 101]),
+    ]
+}
+
+fn delay_ms() -> impl Strategy<Value = u64> {
+    prop_oneof![
+        20 => Just(0u64),
+        3 => Just(300u64),
+        2 => Just(2_000u64),
+        1 => proptest::sample::select(vec![30 * 24 * 60 * 60 * 1_000, 30 * 24 * 60 * 60 * 1_000 + 1]),
+    ]
+}
+
+fn enqueue() -> BoxedStrategy<AbstractOp> {
+    (
+        queue(),
+        new_task_id(),
+        payload(),
+        -1i32..=2,
+        dependencies(),
+        max_attempts(),
+        delay_ms(),
+    )
+        .prop_map(
+            |(queue, task_id, payload, priority, depends_on, max_attempts, delay_ms)| {
+                AbstractOp::Enqueue {
+                    queue,
+                    task_id,
+                    payload,
+                    priority,
+                    depends_on,
+                    max_attempts,
+                    delay_ms,
+                }
+            },
+        )
+        .boxed()
+}
+
+/// The target of a complete, fail or release: mostly a claimed task, sometimes any task of
+/// the queue, rarely an unknown or invalid id.
+fn finish_target() -> BoxedStrategy<TaskChoice> {
+    prop_oneof![
+        12 => (0usize..4).prop_map(TaskChoice::Claimed),
+        4 => (0usize..8).prop_map(TaskChoice::Existing),
+        1 => Just(TaskChoice::Id(name(GHOST_TASK))),
+        1 => proptest::sample::select(INVALID_NAMES.to_vec()).prop_map(|id| TaskChoice::Id(unchecked_name(id))),
+    ]
+    .boxed()
+}
+
+fn task_claim() -> BoxedStrategy<AbstractTaskClaim> {
+    let token = prop_oneof![
+        8 => Just(TokenChoice::Live),
+        2 => (-3i64..=1).prop_map(TokenChoice::CounterPlus),
+    ];
+    let session = prop_oneof![
+        8 => Just(SessionChoice::Holder),
+        1 => session_id().prop_map(SessionChoice::Id),
+    ];
+    (token, session)
+        .prop_map(|(token, session)| AbstractTaskClaim { token, session })
+        .boxed()
+}
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        10 => Just("boom".to_owned()),
+        2 => Just(String::new()),
+        1 => Just(LONG_TEXT.to_owned()),
+    ]
+}
+
+fn finish() -> BoxedStrategy<Finish> {
+    let result = prop_oneof![
+        4 => Just(None),
+        4 => Just(Some("\"ok\"".to_owned())),
+        1 => Just(Some(LONG_PAYLOAD.to_owned())),
+    ];
+    let note = prop_oneof![
+        2 => Just(None),
+        3 => Just(Some("half".to_owned())),
+        1 => Just(Some(LONG_TEXT.to_owned())),
+    ];
+    prop_oneof![
+        7 => result.prop_map(|result| Finish::Complete { result }),
+        4 => (text(), any::<bool>()).prop_map(|(reason, retry)| Finish::Fail { reason, retry }),
+        2 => note.prop_map(|note| Finish::Release { note }),
+    ]
+    .boxed()
+}
+
+/// A claimer: an existing session or, more often than for an acquire, a new one.
+fn claim_owner() -> impl Strategy<Value = Owner> {
+    prop_oneof![
+        2 => session_id().prop_map(Owner::Session),
+        3 => new_session().prop_map(Owner::NewSession),
+    ]
+}
+
+fn queue_op() -> BoxedStrategy<AbstractOp> {
+    prop_oneof![
+        9 => enqueue(),
+        6 => (queue(), claim_owner(), proptest::bool::weighted(0.8), proptest::bool::weighted(0.5))
+            .prop_map(|(queue, owner, prefer_ready, busy_worker)| AbstractOp::Claim { queue, owner, prefer_ready, busy_worker }),
+        9 => (queue(), finish_target(), task_claim(), finish())
+            .prop_map(|(queue, task, claim, how)| AbstractOp::Finish { queue, task, claim, how }),
+    ]
+    .boxed()
+}
+
+fn lease_op() -> BoxedStrategy<AbstractOp> {
     prop_oneof![
         3 => new_session().prop_map(AbstractOp::CreateSession),
         4 => session_id().prop_map(AbstractOp::Keepalive),
@@ -426,10 +903,11 @@ fn op() -> impl Strategy<Value = AbstractOp> {
         1 => session_id().prop_map(AbstractOp::EndSession),
         10 => (resource(), mode(), owner(), max_hold_ms(), labels()).prop_map(
             |(resource, mode, owner, max_hold_ms, labels)| AbstractOp::Acquire { resource, mode, owner, max_hold_ms, labels }
-        ),
+        ).boxed(),
         3 => (resource(), value(), fence()).prop_map(|(key, value, fence)| AbstractOp::KvPut { key, value, fence }),
         2 => (resource(), fence()).prop_map(|(key, fence)| AbstractOp::KvDelete { key, fence }),
     ]
+    .boxed()
 }
 
 fn idempotency_key() -> impl Strategy<Value = usize> {
@@ -443,9 +921,17 @@ fn tag() -> impl Strategy<Value = Option<(usize, usize)>> {
     ]
 }
 
+/// Queue operations happen mostly in the first namespace (a claim by an existing session moves
+/// to that session's namespace), so that enqueued work meets claims.
+fn queue_namespace() -> impl Strategy<Value = usize> {
+    prop_oneof![4 => Just(0usize), 1 => Just(1usize)]
+}
+
 fn command() -> impl Strategy<Value = AbstractCommand> {
     prop_oneof![
-        12 => (0..NAMESPACES.len(), tag(), op())
+        12 => (0..NAMESPACES.len(), tag(), lease_op())
+            .prop_map(|(namespace, tag, op)| AbstractCommand::Namespaced { namespace, tag, op }),
+        9 => (queue_namespace(), tag(), queue_op())
             .prop_map(|(namespace, tag, op)| AbstractCommand::Namespaced { namespace, tag, op }),
         1 => (0u32..4).prop_map(|max| AbstractCommand::Sweep { max }),
     ]
@@ -517,6 +1003,10 @@ impl Scenario {
                     | AbstractOp::Acquire {
                         owner: Owner::NewSession(session),
                         ..
+                    }
+                    | AbstractOp::Claim {
+                        owner: Owner::NewSession(session),
+                        ..
                     } => {
                         if session.session_id.0 == 0 {
                             created = (created + 1).min(SESSION_IDS_MAX);
@@ -527,6 +1017,10 @@ impl Scenario {
                         }
                     }
                     AbstractOp::Acquire {
+                        owner: Owner::Session(session_id),
+                        ..
+                    }
+                    | AbstractOp::Claim {
                         owner: Owner::Session(session_id),
                         ..
                     }
@@ -542,6 +1036,15 @@ impl Scenario {
                             *session_id = reference(created, *session_id).0;
                         }
                     }
+                    AbstractOp::Finish {
+                        claim:
+                            AbstractTaskClaim {
+                                session: SessionChoice::Id(session_id),
+                                ..
+                            },
+                        ..
+                    } => *session_id = reference(created, *session_id).0,
+                    AbstractOp::Enqueue { .. } | AbstractOp::Finish { .. } => {}
                 }
             }
         }

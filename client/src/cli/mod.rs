@@ -1,0 +1,529 @@
+//! The `baton` command line of SPEC section 6: flags, subcommands, and the dispatch from one to
+//! a client call. Global flags (`--endpoints`, `--holder`, `--namespace`, `--json`,
+//! `--timeout`) are accepted before or after the subcommand and read `BATON_*` variables.
+//! What must never live here: HTTP; every request goes through `baton_client::Client`.
+
+mod commands;
+pub mod duration;
+mod events;
+pub mod output;
+mod run;
+mod tasks;
+
+use std::time::Duration;
+
+use baton_client::api::TaskState;
+use baton_client::{Client, Error};
+use clap::{Args, Parser, Subcommand};
+
+use duration::{format_duration, parse_duration};
+use output::{Failure, EXIT_FAILURE};
+
+/// Longest single attempt of a request, whatever `--timeout` says.
+const REQUEST_TIMEOUT_MAX: Duration = Duration::from_secs(5);
+
+/// Leases with fence tokens for agents: claim a file, a migration or a task; see who holds
+/// it; run a command while holding it.
+#[derive(Debug, Parser)]
+#[command(name = "baton", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every subcommand takes, before or after its name.
+#[derive(Debug, Args)]
+pub struct Global {
+    /// Baton nodes to talk to, comma-separated.
+    #[arg(
+        long,
+        global = true,
+        env = "BATON_ENDPOINTS",
+        value_delimiter = ',',
+        default_value = "http://127.0.0.1:7420"
+    )]
+    pub endpoints: Vec<String>,
+    /// Holder name of sessions created here (default: user@host).
+    #[arg(long, global = true, env = "BATON_HOLDER")]
+    pub holder: Option<String>,
+    /// Namespace (default: `default`).
+    #[arg(long, global = true, env = "BATON_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// Print the API's answer object as JSON on stdout.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Time limit of the whole command (a `--wait` adds to it; `run` only limits acquiring).
+    #[arg(long, global = true, default_value = "30s", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Acquire a lease; prints its fence and session id.
+    Acquire(AcquireArgs),
+    /// Release a lease held by a session.
+    Release {
+        /// The leased resource.
+        resource: String,
+        /// The session holding it.
+        #[arg(long)]
+        session: String,
+    },
+    /// Renew a session and every lease it holds.
+    Keepalive {
+        /// The session to renew.
+        #[arg(long)]
+        session: String,
+    },
+    /// Show the live lease on a resource.
+    Get {
+        /// The resource.
+        resource: String,
+    },
+    /// List live leases, optionally under a prefix.
+    List {
+        /// Only resources starting with this prefix.
+        prefix: Option<String>,
+    },
+    /// Create, end or show sessions.
+    #[command(subcommand)]
+    Session(SessionCommand),
+    /// Check fence tokens.
+    #[command(subcommand)]
+    Fence(FenceCommand),
+    /// The fenced key-value store.
+    #[command(subcommand)]
+    Kv(KvCommand),
+    /// Cluster membership and status.
+    #[command(subcommand)]
+    Cluster(ClusterCommand),
+    /// Hold a lease while a command runs: `baton run RESOURCE -- CMD ARGS...`.
+    Run(RunArgs),
+    /// Work queues: add, claim, complete, fail, release and list tasks.
+    #[command(subcommand)]
+    Task(TaskCommand),
+    /// Print the changes after a revision, one line each: `REVISION TYPE details`.
+    Events {
+        /// Only changes after this revision (default: from the oldest kept one).
+        #[arg(long)]
+        after: Option<u64>,
+        /// Keep printing changes as they commit, until interrupted.
+        #[arg(long)]
+        follow: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TaskCommand {
+    /// Add a task; prints its id.
+    Add {
+        /// The queue.
+        queue: String,
+        /// The payload: JSON; text that is not JSON is stored as a string.
+        payload: String,
+        /// The task id (unique in the queue); generated when absent.
+        #[arg(long)]
+        id: Option<String>,
+        /// Higher is claimed first.
+        #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+        priority: i32,
+        /// Ids of tasks in the queue that must be done first, comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        depends_on: Vec<String>,
+        /// Attempts before the task is dead (server default: 3).
+        #[arg(long)]
+        max_attempts: Option<u32>,
+        /// Claimable only after this delay.
+        #[arg(long, value_parser = parse_duration)]
+        delay: Option<Duration>,
+    },
+    /// Claim the best ready task; prints its id (exit 3 when none is ready). The claim's
+    /// session is not kept alive: renew it with `baton keepalive --session S` while working,
+    /// or pick a TTL longer than the work.
+    Claim {
+        /// The queue.
+        queue: String,
+        /// TTL of the session created with the claim (not with --session).
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        ttl: Duration,
+        /// Claim for this existing session instead of creating one.
+        #[arg(long)]
+        session: Option<String>,
+        /// Print BATON_QUEUE=, BATON_TASK=, BATON_SESSION=, BATON_FENCE= and BATON_ATTEMPT=
+        /// lines instead of the id alone.
+        #[arg(long, conflicts_with = "json")]
+        env: bool,
+    },
+    /// Complete a claimed task.
+    Complete {
+        #[command(flatten)]
+        claim: ClaimRef,
+        /// A result kept on the task: JSON; text that is not JSON is stored as a string.
+        #[arg(long)]
+        result: Option<String>,
+    },
+    /// Fail this attempt of a claimed task (ready again while attempts remain).
+    Fail {
+        #[command(flatten)]
+        claim: ClaimRef,
+        /// Why it failed; kept on the task.
+        #[arg(long)]
+        reason: String,
+        /// Make the task dead now instead of ready again.
+        #[arg(long)]
+        no_retry: bool,
+    },
+    /// Give a claimed task back without counting an attempt.
+    Release {
+        #[command(flatten)]
+        claim: ClaimRef,
+        /// A note for the next claimer.
+        #[arg(long)]
+        note: Option<String>,
+    },
+    /// List a queue's tasks, optionally in one state.
+    List {
+        /// The queue.
+        queue: String,
+        /// Only tasks in this state.
+        #[arg(long, value_parser = parse_task_state)]
+        state: Option<TaskState>,
+    },
+    /// Show a queue's task counts by state.
+    Counts {
+        /// The queue.
+        queue: String,
+    },
+}
+
+/// A claim named on the command line: queue, task id, and the claim's session and fence
+/// (`BATON_SESSION` and `BATON_FENCE` by default, as `baton task claim --env` prints them).
+#[derive(Debug, Args)]
+pub struct ClaimRef {
+    /// The queue.
+    pub queue: String,
+    /// The task id.
+    pub id: String,
+    /// The session holding the claim.
+    #[arg(long, env = "BATON_SESSION")]
+    pub session: String,
+    /// The claim's fence.
+    #[arg(long, env = "BATON_FENCE")]
+    pub fence: u64,
+}
+
+fn parse_task_state(text: &str) -> Result<TaskState, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| format!("{text:?} is not one of ready, claimed, done, dead"))
+}
+
+#[derive(Debug, Args)]
+pub struct AcquireArgs {
+    /// The resource to claim, e.g. repo/src/auth.rs.
+    pub resource: String,
+    /// TTL of the session created with the lease (not with --session).
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Claim the path and everything under it.
+    #[arg(long)]
+    pub subtree: bool,
+    /// Acquire for this existing session instead of creating one.
+    #[arg(long)]
+    pub session: Option<String>,
+    /// Cap the lease's life even while keepalives continue.
+    #[arg(long, value_parser = parse_duration)]
+    pub max_hold: Option<Duration>,
+    /// Why you want it (shown to others).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// While held by someone else, retry for up to this long (exit 5 when it runs out).
+    #[arg(long, value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+    /// Print BATON_RESOURCE=, BATON_SESSION= and BATON_FENCE= lines.
+    #[arg(long, conflicts_with = "json")]
+    pub env: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SessionCommand {
+    /// Create a session (no keepalives: renew it with `baton keepalive`).
+    Create {
+        /// Session TTL.
+        #[arg(long, default_value = "30s", value_parser = parse_duration)]
+        ttl: Duration,
+        /// Print a BATON_SESSION= line.
+        #[arg(long, conflicts_with = "json")]
+        env: bool,
+    },
+    /// End a session, releasing every lease it holds.
+    End(SessionRef),
+    /// Show a session and its leases.
+    Get(SessionRef),
+}
+
+/// A session named by position or by `--session`.
+#[derive(Debug, Args)]
+pub struct SessionRef {
+    /// The session id.
+    #[arg(required_unless_present = "session", conflicts_with = "session")]
+    pub id: Option<String>,
+    /// The session id (same as the positional one).
+    #[arg(long)]
+    pub session: Option<String>,
+}
+
+impl SessionRef {
+    fn id(&self) -> String {
+        self.id
+            .clone()
+            .or_else(|| self.session.clone())
+            .unwrap_or_default()
+    }
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FenceCommand {
+    /// Exit 0 if TOKEN is the live fence of RESOURCE, else 4.
+    Check {
+        /// The resource.
+        resource: String,
+        /// The fence token.
+        token: u64,
+    },
+}
+
+/// `RESOURCE:TOKEN`, as `--fence` takes it.
+#[derive(Debug, Clone)]
+pub struct FenceArg {
+    pub resource: String,
+    pub token: u64,
+}
+
+fn parse_fence(text: &str) -> Result<FenceArg, String> {
+    let (resource, token) = text
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{text:?} is not RESOURCE:TOKEN"))?;
+    let token = token
+        .parse()
+        .map_err(|_| format!("{text:?}: the token {token:?} is not a positive integer"))?;
+    if resource.is_empty() {
+        return Err(format!("{text:?} names no resource"));
+    }
+    Ok(FenceArg {
+        resource: resource.to_owned(),
+        token,
+    })
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KvCommand {
+    /// Read a key: value, revision and the fence that wrote it.
+    Get {
+        /// The key.
+        key: String,
+    },
+    /// Write a key. VALUE is JSON; text that is not JSON is stored as a string.
+    Put {
+        /// The key.
+        key: String,
+        /// The value.
+        value: String,
+        /// Only if this fence is live for --session: RESOURCE:TOKEN.
+        #[arg(long, value_parser = parse_fence, requires = "session")]
+        fence: Option<FenceArg>,
+        /// The session holding --fence.
+        #[arg(long, requires = "fence")]
+        session: Option<String>,
+    },
+    /// Delete a key.
+    Delete {
+        /// The key.
+        key: String,
+        /// Only if this fence is live for --session: RESOURCE:TOKEN.
+        #[arg(long, value_parser = parse_fence, requires = "session")]
+        fence: Option<FenceArg>,
+        /// The session holding --fence.
+        #[arg(long, requires = "fence")]
+        session: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ClusterCommand {
+    /// How the first reachable node sees the cluster.
+    Status,
+    /// Add a node (as a learner, then a voter unless --learner).
+    Add {
+        /// The new node's id.
+        id: u64,
+        /// Its HTTP API address, host:port.
+        api_addr: String,
+        /// Its Raft peer address, host:port.
+        peer_addr: String,
+        /// Keep it a non-voting learner.
+        #[arg(long)]
+        learner: bool,
+    },
+    /// Remove a node.
+    Remove {
+        /// The node's id.
+        id: u64,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// The resource to hold while CMD runs.
+    pub resource: String,
+    /// Session TTL; the lease is renewed every third of it.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Claim the path and everything under it.
+    #[arg(long)]
+    pub subtree: bool,
+    /// While held by someone else, retry for up to this long (exit 5 when it runs out).
+    #[arg(long, value_parser = parse_duration)]
+    pub wait: Option<Duration>,
+    /// After SIGTERM on a lost lease, how long CMD has before SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// Cap the lease's life even while keepalives continue.
+    #[arg(long, value_parser = parse_duration)]
+    pub max_hold: Option<Duration>,
+    /// Why you want it (shown to others).
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
+}
+
+/// Runs the parsed command line; returns the exit code.
+pub async fn main(cli: Cli) -> u8 {
+    let json = cli.global.json;
+    let client = match client(&cli.global) {
+        Ok(client) => client,
+        Err(error) => {
+            Failure::from(error).report(json);
+            return output::EXIT_USAGE;
+        }
+    };
+    let timeout = cli.global.timeout;
+    let result = match cli.command {
+        Command::Run(args) => run::run(&client, args, timeout).await,
+        Command::Events {
+            after,
+            follow: true,
+        } => events::follow(&client, after, json).await,
+        command => {
+            let budget = timeout + command_wait(&command).unwrap_or_default();
+            match tokio::time::timeout(budget, commands::execute(&client, command, json)).await {
+                Ok(result) => result,
+                Err(_) => Err(Failure::new(
+                    EXIT_FAILURE,
+                    "TIMEOUT",
+                    format!(
+                        "the command did not finish within --timeout {}; its outcome is unknown",
+                        format_duration(timeout)
+                    ),
+                )),
+            }
+        }
+    };
+    match result {
+        Ok(code) => code,
+        Err(failure) => {
+            failure.report(json);
+            failure.exit
+        }
+    }
+}
+
+fn command_wait(command: &Command) -> Option<Duration> {
+    match command {
+        Command::Acquire(args) => args.wait,
+        _ => None,
+    }
+}
+
+fn client(global: &Global) -> Result<Client, Error> {
+    let mut builder = Client::builder(global.endpoints.iter().filter(|e| !e.trim().is_empty()))
+        .request_timeout(global.timeout.min(REQUEST_TIMEOUT_MAX))
+        .retry_budget(global.timeout);
+    if let Some(holder) = &global.holder {
+        builder = builder.holder(holder);
+    }
+    if let Some(namespace) = &global.namespace {
+        builder = builder.namespace(namespace);
+    }
+    builder.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn global_flags_go_before_or_after_the_subcommand() {
+        for args in [
+            &["baton", "--json", "--endpoints", "a:1,b:2", "get", "x"][..],
+            &["baton", "get", "x", "--endpoints", "a:1,b:2", "--json"][..],
+        ] {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            assert!(cli.global.json);
+            assert_eq!(cli.global.endpoints, ["a:1", "b:2"]);
+        }
+    }
+
+    #[test]
+    fn run_takes_the_command_after_a_double_dash() {
+        let cli = Cli::try_parse_from(["baton", "run", "r", "--ttl", "5s", "--", "sh", "-c", "x"])
+            .expect("parses");
+        let Command::Run(args) = cli.command else {
+            panic!("not run");
+        };
+        assert_eq!(args.command, ["sh", "-c", "x"]);
+        assert_eq!(args.ttl, Duration::from_secs(5));
+        assert!(Cli::try_parse_from(["baton", "run", "r"]).is_err());
+    }
+
+    #[test]
+    fn usage_errors_exit_2() {
+        for args in [
+            &["baton", "acquire", "r", "--ttl", "banana"][..],
+            &["baton", "acquire"][..],
+            &["baton", "frobnicate"][..],
+            &[
+                "baton",
+                "kv",
+                "put",
+                "k",
+                "v",
+                "--fence",
+                "nocolon",
+                "--session",
+                "s",
+            ][..],
+            &["baton", "kv", "put", "k", "v", "--fence", "r:1"][..],
+        ] {
+            let error = Cli::try_parse_from(args).expect_err("a usage error");
+            assert_eq!(error.exit_code(), 2, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn fences_parse_as_resource_colon_token() {
+        let fence = parse_fence("repo/a:b.rs:42").expect("parses");
+        assert_eq!((fence.resource.as_str(), fence.token), ("repo/a:b.rs", 42));
+        assert!(parse_fence(":4").is_err());
+        assert!(parse_fence("a:x").is_err());
+    }
+}

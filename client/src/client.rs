@@ -1,0 +1,1483 @@
+//! [`Client`]: one call per route of SPEC section 5, sent to a list of endpoints with bounded,
+//! safe retries.
+//!
+//! What lives here: endpoint choice (prefer the node last named in `Baton-Leader`, rotate when
+//! one is down), the retry loop with exponential backoff and jitter, idempotency keys (one per
+//! logical operation, reused by every retry of it), and the classification of every failure
+//! as "definitely not applied" or "outcome unknown". What must never live here: lease validity
+//! and background keepalives (`session.rs`), and any retry of a mutation without its
+//! idempotency key.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use reqwest::Method;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use serde_json::Value;
+use tokio::time::Instant;
+
+use crate::api::{
+    AcquireRequest, AddMemberRequest, ClusterStatus, CreateSessionRequest, CreateSessionResponse,
+    EndSessionResponse, ErrorCode, FenceCheckRequest, FenceCheckResponse, Grant, KeepaliveResponse,
+    KvDeleteRequest, KvDeleteResponse, KvEntry, KvPutRequest, KvPutResponse, Labels, Lease,
+    LeaseList, ListLeasesQuery, Problem, ReleaseRequest, ReleaseResponse, SessionId, SessionInfo,
+    DEFAULT_NAMESPACE, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY, HEADER_IDEMPOTENT_REPLAYED,
+    HEADER_LEADER, HEADER_NAMESPACE,
+};
+use crate::clock::{rate_error_ppm, Clock, SystemClock, CLOCK_RATE_ERROR_DEFAULT};
+use crate::error::{Error, Result};
+use crate::session::LeaseGuard;
+
+/// Default per-request timeout.
+pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
+/// Default number of attempts of one logical operation (the first one included).
+pub const ATTEMPTS_MAX_DEFAULT: u32 = 8;
+/// Default time budget of one logical operation, all attempts and backoffs included.
+pub const RETRY_BUDGET_DEFAULT: Duration = Duration::from_secs(15);
+/// First backoff between two attempts; it doubles up to [`BACKOFF_MAX`], with full jitter.
+pub const BACKOFF_INITIAL: Duration = Duration::from_millis(50);
+/// Longest backoff between two attempts.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Longest answer body the client reads (the server's own body limit is 1 MiB; a lease list
+/// page of 1,000 leases stays well below this).
+pub const ANSWER_BYTES_MAX: usize = 8 << 20;
+/// How often the client may ask `/v1/cluster` which endpoint a new leader is.
+const LEARN_MEMBERS_INTERVAL: Duration = Duration::from_secs(5);
+/// Longest wait a server's `Retry-After` may impose on one retry.
+const RETRY_AFTER_MAX: Duration = Duration::from_secs(2);
+
+/// A handle on a Baton cluster: a list of endpoints, a namespace, a holder name, timeouts and
+/// a retry budget. Cheap to clone; clones share connections and the leader hint.
+///
+/// Every method is one logical operation. It is sent to the endpoint believed to be the leader
+/// (any node answers any request; a follower forwards), and retried on another endpoint while
+/// that is safe: always when the request surely did not reach a leader (connection refused,
+/// `NO_LEADER`, `RESOURCE_EXHAUSTED`), and after a timeout or `OUTCOME_UNKNOWN` only because
+/// every mutation carries an `Idempotency-Key` made once for the operation and reused by each
+/// retry, so it is applied at most once (SPEC G8).
+///
+/// ```no_run
+/// # async fn example() -> Result<(), baton_client::Error> {
+/// use std::time::Duration;
+/// use baton_client::{AcquireOptions, Client};
+///
+/// let client = Client::builder(["http://127.0.0.1:7420"])
+///     .holder("agent-a")
+///     .request_timeout(Duration::from_secs(2))
+///     .build()?;
+/// let guard = client.acquire("repo/src/auth.rs", AcquireOptions::new()).await?;
+/// println!("fence {}", guard.fence());
+/// guard.release().await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    http: reqwest::Client,
+    endpoints: Vec<Endpoint>,
+    namespace: Option<String>,
+    holder: String,
+    request_timeout: Duration,
+    attempts_max: u32,
+    retry_budget: Duration,
+    clock: Arc<dyn Clock>,
+    clock_rate_error: f64,
+    /// The endpoint to try first: the last one that answered, or the leader's once known.
+    preferred: AtomicUsize,
+    /// Node id → endpoint index, learned from `GET /v1/cluster`.
+    leaders: Mutex<HashMap<u64, usize>>,
+    /// When the member addresses were last asked for, so they are asked at most every
+    /// [`LEARN_MEMBERS_INTERVAL`].
+    learned_at: Mutex<Option<Instant>>,
+}
+
+#[derive(Debug, Clone)]
+struct Endpoint {
+    /// `http://host:port`, no trailing slash.
+    base: String,
+    /// `host:port`, as `/v1/cluster` lists members' `api_addr`.
+    authority: String,
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter
+            .debug_struct("Client")
+            .field("endpoints", &self.inner.endpoints)
+            .field("namespace", &self.inner.namespace)
+            .field("holder", &self.inner.holder)
+            .field("request_timeout", &self.inner.request_timeout)
+            .field("attempts_max", &self.inner.attempts_max)
+            .field("retry_budget", &self.inner.retry_budget)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Client`]; see [`Client::builder`].
+#[derive(Debug)]
+pub struct ClientBuilder {
+    endpoints: Vec<String>,
+    namespace: Option<String>,
+    holder: Option<String>,
+    request_timeout: Duration,
+    attempts_max: u32,
+    retry_budget: Duration,
+    clock: Arc<dyn Clock>,
+    clock_rate_error: f64,
+}
+
+impl ClientBuilder {
+    /// The namespace of every request (header `Baton-Namespace`); `default` when unset.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> ClientBuilder {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// The holder name of sessions this client creates; default `user@host`.
+    pub fn holder(mut self, holder: impl Into<String>) -> ClientBuilder {
+        self.holder = Some(holder.into());
+        self
+    }
+
+    /// The timeout of one attempt (connect, send, answer). Default 5 s.
+    pub fn request_timeout(mut self, timeout: Duration) -> ClientBuilder {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// How many attempts one operation may make (at least 1). Default 8.
+    pub fn attempts_max(mut self, attempts: u32) -> ClientBuilder {
+        self.attempts_max = attempts.max(1);
+        self
+    }
+
+    /// How long one operation may take, all attempts and backoffs included. Default 15 s.
+    pub fn retry_budget(mut self, budget: Duration) -> ClientBuilder {
+        self.retry_budget = budget;
+        self
+    }
+
+    /// The monotonic clock lease guards measure their validity with (SPEC G7); the system's
+    /// by default. Tests inject a skewed or manual one.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> ClientBuilder {
+        self.clock = clock;
+        self
+    }
+
+    /// The assumed rate error of monotonic clocks (SPEC G6), default 0.01. Must match the
+    /// cluster's `clock_rate_error` or exceed it.
+    pub fn clock_rate_error(mut self, rate_error: f64) -> ClientBuilder {
+        self.clock_rate_error = rate_error;
+        self
+    }
+
+    /// The client.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when there is no endpoint, an endpoint is not
+    /// `http://host:port` (or `host:port`), or the clock rate error is not in `0.0..0.5`.
+    pub fn build(self) -> Result<Client> {
+        if self.endpoints.is_empty() {
+            return Err(invalid("give at least one endpoint"));
+        }
+        if !(0.0..0.5).contains(&self.clock_rate_error) {
+            return Err(invalid(format!(
+                "clock_rate_error must be in 0.0..0.5, not {}",
+                self.clock_rate_error
+            )));
+        }
+        rate_error_ppm(self.clock_rate_error);
+        let endpoints = self
+            .endpoints
+            .iter()
+            .map(|text| parse_endpoint(text))
+            .collect::<Result<Vec<_>>>()?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .connect_timeout(self.request_timeout.min(Duration::from_secs(2)))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|error| invalid(format!("cannot build an HTTP client: {error}")))?;
+        Ok(Client {
+            inner: Arc::new(Inner {
+                http,
+                endpoints,
+                namespace: self.namespace,
+                holder: self.holder.unwrap_or_else(default_holder),
+                request_timeout: self.request_timeout,
+                attempts_max: self.attempts_max,
+                retry_budget: self.retry_budget,
+                clock: self.clock,
+                clock_rate_error: self.clock_rate_error,
+                preferred: AtomicUsize::new(0),
+                leaders: Mutex::new(HashMap::new()),
+                learned_at: Mutex::new(None),
+            }),
+        })
+    }
+}
+
+/// A successful answer with what G7 and G8 need to know about it.
+#[derive(Debug, Clone)]
+pub struct Answer<T> {
+    /// The parsed answer body.
+    pub value: T,
+    /// Local clock reading when the operation's first attempt was sent (G7's `t0`).
+    pub sent_at: Duration,
+    /// True when the server replayed a recorded answer (`Idempotent-Replayed: true`).
+    pub replayed: bool,
+    /// `Baton-Leader` of the answer.
+    pub leader: Option<u64>,
+    /// `Baton-Cluster-Time` of the answer.
+    pub cluster_time_ms: Option<u64>,
+}
+
+/// How one operation is sent: its own timeout and budget may be shorter than the client's
+/// (a keepalive must not outlive its lease).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budget {
+    pub(crate) request_timeout: Duration,
+    pub(crate) deadline: Instant,
+}
+
+/// One logical operation: the same method, path, body and idempotency key on every attempt.
+struct Operation {
+    method: Method,
+    path: String,
+    body: Option<Vec<u8>>,
+    /// `Some` for every mutation.
+    idempotency_key: Option<String>,
+}
+
+/// What one attempt to open a stream came to ([`Client::open_stream`]).
+pub(crate) enum StreamOpen {
+    /// The stream is open; its body is unread.
+    Open(Box<reqwest::Response>),
+    /// Not open, and worth another attempt (on the next endpoint), after the pause if given.
+    Retry(Error, Option<Duration>),
+    /// A definite refusal (`NOT_FOUND` for a revision older than the kept window, a bad
+    /// query): another attempt would get the same.
+    Refused(Error),
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Answered(Box<reqwest::Response>),
+    /// A definite answer that settles the operation: a refusal.
+    Refused(Error),
+    /// Surely not applied: the connection was refused, or the server said so.
+    NotApplied(Error, Option<Duration>),
+    /// Maybe applied: the request may have reached a leader.
+    Unknown(Error),
+}
+
+impl Client {
+    /// A client with default settings for these endpoints (`http://host:port` or
+    /// `host:port`).
+    ///
+    /// # Errors
+    ///
+    /// As [`ClientBuilder::build`].
+    pub fn new<I, S>(endpoints: I) -> Result<Client>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Client::builder(endpoints).build()
+    }
+
+    /// A builder for these endpoints.
+    pub fn builder<I, S>(endpoints: I) -> ClientBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ClientBuilder {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            namespace: None,
+            holder: None,
+            request_timeout: REQUEST_TIMEOUT_DEFAULT,
+            attempts_max: ATTEMPTS_MAX_DEFAULT,
+            retry_budget: RETRY_BUDGET_DEFAULT,
+            clock: Arc::new(SystemClock::new()),
+            clock_rate_error: CLOCK_RATE_ERROR_DEFAULT,
+        }
+    }
+
+    /// The holder name of the sessions this client creates.
+    pub fn holder(&self) -> &str {
+        &self.inner.holder
+    }
+
+    /// The namespace of every request.
+    pub fn namespace(&self) -> &str {
+        self.inner.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE)
+    }
+
+    /// The guard clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
+    /// The assumed clock rate error.
+    pub fn clock_rate_error(&self) -> f64 {
+        self.inner.clock_rate_error
+    }
+
+    /// The default per-request timeout.
+    pub fn request_timeout(&self) -> Duration {
+        self.inner.request_timeout
+    }
+
+    /// The time budget of one operation, all attempts included; also how long an event
+    /// stream keeps trying to reconnect before it gives up.
+    pub fn retry_budget(&self) -> Duration {
+        self.inner.retry_budget
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Sessions
+    // -----------------------------------------------------------------------------------------
+
+    /// `POST /v1/sessions`: a bare session record. Most callers want
+    /// [`Client::session`], which also keeps it alive.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a TTL out of limits; transport errors as for every call.
+    pub async fn create_session_raw(
+        &self,
+        ttl: Duration,
+        labels: Labels,
+    ) -> Result<Answer<CreateSessionResponse>> {
+        let body = CreateSessionRequest {
+            holder: self.inner.holder.clone(),
+            ttl_ms: millis(ttl),
+            labels,
+        };
+        self.mutate(Method::POST, "/v1/sessions".to_owned(), Some(&body))
+            .await
+    }
+
+    /// `POST /v1/sessions/{id}/keepalive`: renews the session and every lease it holds.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] when the session is gone.
+    pub async fn keepalive(&self, session_id: &SessionId) -> Result<Answer<KeepaliveResponse>> {
+        self.keepalive_within(session_id, self.default_budget())
+            .await
+    }
+
+    pub(crate) async fn keepalive_within(
+        &self,
+        session_id: &SessionId,
+        budget: Budget,
+    ) -> Result<Answer<KeepaliveResponse>> {
+        let path = format!("/v1/sessions/{}/keepalive", encode(session_id.as_str()));
+        self.execute(
+            Operation {
+                method: Method::POST,
+                path,
+                body: None,
+                idempotency_key: Some(idempotency_key()),
+            },
+            budget,
+        )
+        .await
+    }
+
+    /// `POST /v1/sessions/{id}/release`: frees one resource of the session at once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Lost`] when the session is gone; [`Error::NotFound`] when it holds no lease
+    /// on that resource.
+    pub async fn release(&self, session_id: &SessionId, resource: &str) -> Result<ReleaseResponse> {
+        let path = format!("/v1/sessions/{}/release", encode(session_id.as_str()));
+        let body = ReleaseRequest {
+            resource: resource.to_owned(),
+        };
+        Ok(self.mutate(Method::POST, path, Some(&body)).await?.value)
+    }
+
+    /// `GET /v1/sessions/{id}`: the session and its leases.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when the session is gone.
+    pub async fn get_session(&self, session_id: &SessionId) -> Result<SessionInfo> {
+        let path = format!("/v1/sessions/{}", encode(session_id.as_str()));
+        self.read(Method::GET, path, None::<&()>).await
+    }
+
+    /// `DELETE /v1/sessions/{id}`: ends the session, releasing everything it holds.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] (or [`Error::Lost`]) when the session is already gone.
+    pub async fn end_session(&self, session_id: &SessionId) -> Result<EndSessionResponse> {
+        let path = format!("/v1/sessions/{}", encode(session_id.as_str()));
+        Ok(self.mutate(Method::DELETE, path, None::<&()>).await?.value)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Leases and fences
+    // -----------------------------------------------------------------------------------------
+
+    /// `POST /v1/leases` with any body: one grant, no guard. Most callers want
+    /// [`Client::acquire`] or [`crate::Session::acquire`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`] when a conflicting lease is live; [`Error::Lost`] when the named session
+    /// is gone; [`Error::InvalidArgument`] for a bad body.
+    pub async fn acquire_raw(&self, request: &AcquireRequest) -> Result<Answer<Grant>> {
+        self.mutate(Method::POST, "/v1/leases".to_owned(), Some(request))
+            .await
+    }
+
+    /// [`Client::acquire_raw`] with a caller-chosen idempotency key: for callers (like the
+    /// Jepsen harness) that retry an operation themselves across client instances.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::acquire_raw`], plus [`Error::IdempotencyKeyReused`].
+    pub async fn acquire_raw_with_key(
+        &self,
+        request: &AcquireRequest,
+        idempotency_key: &str,
+    ) -> Result<Answer<Grant>> {
+        let body = serde_json::to_vec(request).map_err(|error| invalid(error.to_string()))?;
+        self.execute(
+            Operation {
+                method: Method::POST,
+                path: "/v1/leases".to_owned(),
+                body: Some(body),
+                idempotency_key: Some(idempotency_key.to_owned()),
+            },
+            self.default_budget(),
+        )
+        .await
+    }
+
+    /// [`Client::acquire_raw`], retrying while `LEASE_HELD` for up to `wait` (a pause that
+    /// grows, with jitter, and is cut short when the holder's lease is due to expire).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::acquire_raw`]; [`Error::Held`] once `wait` ran out.
+    pub async fn acquire_raw_waiting(
+        &self,
+        request: &AcquireRequest,
+        wait: Option<Duration>,
+    ) -> Result<Answer<Grant>> {
+        crate::session::acquire_waiting(self, request, wait).await
+    }
+
+    /// Acquires `resource` with a new session created in the same write (holder and TTL from
+    /// this client and `options`), and returns a guard that keeps the session alive and
+    /// ends it when released or dropped. A refused acquire creates no session.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`] when a conflicting lease is live (after `options.wait` ran out, if set);
+    /// [`Error::InvalidArgument`] for a bad path or TTL; transport errors as for every call.
+    pub async fn acquire(&self, resource: &str, options: AcquireOptions) -> Result<LeaseGuard> {
+        crate::session::acquire_with_new_session(self, resource, options).await
+    }
+
+    /// `GET /v1/leases/{resource}`: the live lease on exactly that path.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when no lease is live on it.
+    pub async fn get_lease(&self, resource: &str) -> Result<Lease> {
+        let path = format!("/v1/leases/{}", encode_path(resource));
+        self.read(Method::GET, path, None::<&()>).await
+    }
+
+    /// `GET /v1/leases?prefix=&limit=&cursor=`: one page of live leases.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad prefix, limit or cursor.
+    pub async fn list_leases(&self, query: &ListLeasesQuery) -> Result<LeaseList> {
+        let mut parameters = Vec::new();
+        if let Some(prefix) = &query.prefix {
+            parameters.push(format!("prefix={}", encode(prefix)));
+        }
+        if let Some(limit) = query.limit {
+            parameters.push(format!("limit={limit}"));
+        }
+        if let Some(cursor) = &query.cursor {
+            parameters.push(format!("cursor={}", encode(cursor)));
+        }
+        let mut path = "/v1/leases".to_owned();
+        if !parameters.is_empty() {
+            path.push('?');
+            path.push_str(&parameters.join("&"));
+        }
+        self.read(Method::GET, path, None::<&()>).await
+    }
+
+    /// `POST /v1/fence/check`: whether `token` is the live fence of `resource`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad path.
+    pub async fn fence_check(&self, resource: &str, token: u64) -> Result<FenceCheckResponse> {
+        let body = FenceCheckRequest {
+            resource: resource.to_owned(),
+            fence: token,
+        };
+        self.read(Method::POST, "/v1/fence/check".to_owned(), Some(&body))
+            .await
+    }
+
+    /// Whether the guard's fence is still the live fence of its resource, as the cluster sees
+    /// it now.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::fence_check`].
+    pub async fn check_fence(&self, guard: &LeaseGuard) -> Result<FenceCheckResponse> {
+        self.fence_check(guard.resource(), guard.fence()).await
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Fenced key-value store
+    // -----------------------------------------------------------------------------------------
+
+    /// `GET /v1/kv/{key}`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when the key has no value.
+    pub async fn kv_get(&self, key: &str) -> Result<KvEntry> {
+        let path = format!("/v1/kv/{}", encode_path(key));
+        self.read(Method::GET, path, None::<&()>).await
+    }
+
+    /// `PUT /v1/kv/{key}` without a fence: an unconditional write.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::PayloadTooLarge`] for a value over 256 KiB; [`Error::InvalidArgument`] for a
+    /// bad key.
+    pub async fn kv_put(&self, key: &str, value: Value) -> Result<KvPutResponse> {
+        self.kv_put_request(
+            key,
+            &KvPutRequest {
+                value,
+                fence: None,
+                session_id: None,
+            },
+        )
+        .await
+    }
+
+    /// `PUT /v1/kv/{key}` fenced by `guard`: applied only if the guard's fence is the live
+    /// fence of its resource, held by its session, when the write applies (SPEC G4).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleFence`] when the fence is no longer live; [`Error::Lost`] without sending
+    /// anything when the guard already knows it is no longer valid.
+    pub async fn kv_put_fenced(
+        &self,
+        guard: &LeaseGuard,
+        key: &str,
+        value: Value,
+    ) -> Result<KvPutResponse> {
+        guard.ensure_valid()?;
+        self.kv_put_request(
+            key,
+            &KvPutRequest {
+                value,
+                fence: Some(guard.fence_ref()),
+                session_id: Some(guard.session_id().clone()),
+            },
+        )
+        .await
+    }
+
+    /// `PUT /v1/kv/{key}` with any body (for callers holding a fence without a guard).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::kv_put_fenced`].
+    pub async fn kv_put_request(&self, key: &str, request: &KvPutRequest) -> Result<KvPutResponse> {
+        let path = format!("/v1/kv/{}", encode_path(key));
+        Ok(self.mutate(Method::PUT, path, Some(request)).await?.value)
+    }
+
+    /// `DELETE /v1/kv/{key}` without a fence.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad key.
+    pub async fn kv_delete(&self, key: &str) -> Result<KvDeleteResponse> {
+        self.kv_delete_request(key, &KvDeleteRequest::default())
+            .await
+    }
+
+    /// `DELETE /v1/kv/{key}` fenced by `guard`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::kv_put_fenced`].
+    pub async fn kv_delete_fenced(
+        &self,
+        guard: &LeaseGuard,
+        key: &str,
+    ) -> Result<KvDeleteResponse> {
+        guard.ensure_valid()?;
+        self.kv_delete_request(
+            key,
+            &KvDeleteRequest {
+                fence: Some(guard.fence_ref()),
+                session_id: Some(guard.session_id().clone()),
+            },
+        )
+        .await
+    }
+
+    /// `DELETE /v1/kv/{key}` with any body.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::kv_put_fenced`].
+    pub async fn kv_delete_request(
+        &self,
+        key: &str,
+        request: &KvDeleteRequest,
+    ) -> Result<KvDeleteResponse> {
+        let path = format!("/v1/kv/{}", encode_path(key));
+        Ok(self
+            .mutate(Method::DELETE, path, Some(request))
+            .await?
+            .value)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Cluster
+    // -----------------------------------------------------------------------------------------
+
+    /// `GET /v1/cluster` of the first endpoint that answers (each node describes itself).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Unavailable`] when no endpoint answers.
+    pub async fn cluster_status(&self) -> Result<ClusterStatus> {
+        self.read(Method::GET, "/v1/cluster".to_owned(), None::<&()>)
+            .await
+    }
+
+    /// `POST /v1/cluster/members`: adds a node as a learner and, if `voter`, promotes it.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad member.
+    pub async fn add_member(&self, request: &AddMemberRequest) -> Result<Value> {
+        Ok(self
+            .mutate(
+                Method::POST,
+                "/v1/cluster/members".to_owned(),
+                Some(request),
+            )
+            .await?
+            .value)
+    }
+
+    /// `DELETE /v1/cluster/members/{id}`.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when there is no such member.
+    pub async fn remove_member(&self, id: u64) -> Result<Value> {
+        let path = format!("/v1/cluster/members/{id}");
+        Ok(self.mutate(Method::DELETE, path, None::<&()>).await?.value)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Streams
+    // -----------------------------------------------------------------------------------------
+
+    /// One attempt to open a streaming `GET` (the event stream) on the preferred endpoint,
+    /// with `headers` added. On success the answer's body is left unread, for the caller to
+    /// read chunk by chunk without a whole-answer timeout (only sending and the answer's head
+    /// are bounded by the request timeout). After a failure the next endpoint becomes the
+    /// preferred one, so the caller's next attempt goes to another node.
+    pub(crate) async fn open_stream(&self, path: &str, headers: &[(&str, String)]) -> StreamOpen {
+        let endpoints = self.inner.endpoints.len();
+        let index = self.inner.preferred.load(Ordering::Relaxed) % endpoints;
+        let endpoint = &self.inner.endpoints[index];
+        let rotate = || {
+            self.inner
+                .preferred
+                .store((index + 1) % endpoints, Ordering::Relaxed);
+        };
+        let mut request = self
+            .inner
+            .http
+            .get(format!("{}{}", endpoint.base, path))
+            .header(reqwest::header::ACCEPT, "text/event-stream");
+        if let Some(namespace) = &self.inner.namespace {
+            request = request.header(HEADER_NAMESPACE, namespace);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, value);
+        }
+        let unavailable = |message: String| Error::Unavailable {
+            code: None,
+            message: format!("{}: {message}", endpoint.base),
+        };
+        let response = match tokio::time::timeout(self.inner.request_timeout, request.send()).await
+        {
+            Ok(Ok(response)) => response,
+            Ok(Err(error)) => {
+                rotate();
+                return StreamOpen::Retry(unavailable(describe(&error)), None);
+            }
+            Err(_) => {
+                rotate();
+                let timeout = self.inner.request_timeout;
+                return StreamOpen::Retry(
+                    unavailable(format!("no answer within {timeout:?}")),
+                    None,
+                );
+            }
+        };
+        let preferred = self.learn_leader(&response, endpoint).unwrap_or(index);
+        self.inner.preferred.store(preferred, Ordering::Relaxed);
+        let status = response.status();
+        if status.is_success() {
+            return StreamOpen::Open(Box::new(response));
+        }
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let bytes =
+            match tokio::time::timeout(self.inner.request_timeout, read_body(response)).await {
+                Ok(Ok(bytes)) => bytes,
+                Ok(Err(message)) => {
+                    rotate();
+                    return StreamOpen::Retry(unavailable(message), None);
+                }
+                Err(_) => {
+                    rotate();
+                    return StreamOpen::Retry(
+                        unavailable("the refusal was not read in time".into()),
+                        None,
+                    );
+                }
+            };
+        match serde_json::from_slice::<Problem>(&bytes) {
+            Ok(problem) => {
+                let retry_after = problem
+                    .retry_after_ms
+                    .map(Duration::from_millis)
+                    .or(retry_after)
+                    .map(|wait| wait.min(RETRY_AFTER_MAX));
+                let retryable = problem.code.is_indeterminate() || problem.code.is_retryable();
+                let error = Error::from_problem(problem);
+                if retryable {
+                    rotate();
+                    StreamOpen::Retry(error, retry_after)
+                } else {
+                    StreamOpen::Refused(error)
+                }
+            }
+            Err(_) => {
+                let message = format!(
+                    "HTTP {status} without a problem body: {}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+                );
+                if status.is_server_error() {
+                    rotate();
+                    StreamOpen::Retry(unavailable(message), retry_after)
+                } else {
+                    StreamOpen::Refused(invalid(message))
+                }
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The retry loop
+    // -----------------------------------------------------------------------------------------
+
+    pub(crate) fn default_budget(&self) -> Budget {
+        Budget {
+            request_timeout: self.inner.request_timeout,
+            deadline: Instant::now() + self.inner.retry_budget,
+        }
+    }
+
+    /// A mutation: a fresh idempotency key, reused by every retry.
+    pub(crate) async fn mutate<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: String,
+        body: Option<&B>,
+    ) -> Result<Answer<T>> {
+        let body = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|error| invalid(error.to_string()))?;
+        self.execute(
+            Operation {
+                method,
+                path,
+                body,
+                idempotency_key: Some(idempotency_key()),
+            },
+            self.default_budget(),
+        )
+        .await
+    }
+
+    /// A read: retried freely, no key.
+    pub(crate) async fn read<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: String,
+        body: Option<&B>,
+    ) -> Result<T> {
+        let body = body
+            .map(serde_json::to_vec)
+            .transpose()
+            .map_err(|error| invalid(error.to_string()))?;
+        let operation = Operation {
+            method,
+            path,
+            body,
+            idempotency_key: None,
+        };
+        Ok(self.execute(operation, self.default_budget()).await?.value)
+    }
+
+    /// Sends `operation` until it gets an answer that settles it, the attempts run out, or the
+    /// budget's deadline passes. A read is retried after any transport failure; a mutation
+    /// too, because it carries its idempotency key. Once any attempt may have been applied,
+    /// a later "not applied" failure does not make the whole operation "not applied": the
+    /// error is then [`Error::Indeterminate`].
+    async fn execute<T: DeserializeOwned>(
+        &self,
+        operation: Operation,
+        budget: Budget,
+    ) -> Result<Answer<T>> {
+        let sent_at = self.inner.clock.now();
+        let endpoints = self.inner.endpoints.len();
+        let mut index = self.inner.preferred.load(Ordering::Relaxed) % endpoints;
+        let mut maybe_applied = false;
+        let mut failures: Vec<String> = Vec::new();
+        let mut last_error: Option<Error> = None;
+        for attempt in 1..=self.inner.attempts_max {
+            let now = Instant::now();
+            if now >= budget.deadline {
+                break;
+            }
+            let timeout = budget.request_timeout.min(budget.deadline - now);
+            let endpoint = &self.inner.endpoints[index];
+            let outcome = self.attempt(index, &operation, timeout).await;
+            let retry_after = match outcome {
+                Attempt::Answered(response) => {
+                    return self
+                        .settle(*response, sent_at, maybe_applied, &operation)
+                        .await;
+                }
+                Attempt::Refused(error) => return Err(error),
+                Attempt::NotApplied(error, retry_after) => {
+                    failures.push(format!("{}: {}", endpoint.base, error.message()));
+                    last_error = Some(error);
+                    retry_after
+                }
+                Attempt::Unknown(error) => {
+                    failures.push(format!("{}: {}", endpoint.base, error.message()));
+                    maybe_applied = true;
+                    last_error = Some(error);
+                    None
+                }
+            };
+            tracing::debug!(
+                attempt,
+                endpoint = %endpoint.base,
+                route = %operation.method,
+                "attempt failed; trying the next endpoint"
+            );
+            index = (index + 1) % endpoints;
+            self.inner.preferred.store(index, Ordering::Relaxed);
+            if attempt < self.inner.attempts_max {
+                let pause = retry_after
+                    .map(|wait| wait.min(RETRY_AFTER_MAX))
+                    .unwrap_or_else(|| backoff(attempt));
+                let pause = pause.min(budget.deadline.saturating_duration_since(Instant::now()));
+                tokio::time::sleep(pause).await;
+            }
+        }
+        let summary = summarize(&failures);
+        Err(match last_error {
+            Some(error) if maybe_applied || error.is_indeterminate() => Error::Indeterminate {
+                code: match error {
+                    Error::Indeterminate { code, .. } => code,
+                    _ => None,
+                },
+                message: format!("the outcome is unknown: {summary}"),
+            },
+            Some(Error::Unavailable { code, .. }) => Error::Unavailable {
+                code,
+                message: format!("no endpoint could take the request ({summary})"),
+            },
+            Some(error) => error,
+            None => Error::Unavailable {
+                code: None,
+                message: summary,
+            },
+        })
+    }
+
+    /// Sends one attempt and sorts out transport failures and retryable refusals.
+    async fn attempt(&self, index: usize, operation: &Operation, timeout: Duration) -> Attempt {
+        let endpoint = &self.inner.endpoints[index];
+        let url = format!("{}{}", endpoint.base, operation.path);
+        let mut request = self
+            .inner
+            .http
+            .request(operation.method.clone(), &url)
+            .timeout(timeout);
+        if let Some(namespace) = &self.inner.namespace {
+            request = request.header(HEADER_NAMESPACE, namespace);
+        }
+        if let Some(key) = &operation.idempotency_key {
+            request = request.header(HEADER_IDEMPOTENCY_KEY, key);
+        }
+        if let Some(body) = &operation.body {
+            request = request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body.clone());
+        }
+        let response = match request.send().await {
+            Ok(response) => response,
+            Err(error) if error.is_connect() => {
+                return Attempt::NotApplied(
+                    Error::Unavailable {
+                        code: None,
+                        message: format!("cannot connect: {}", describe(&error)),
+                    },
+                    None,
+                )
+            }
+            Err(error) => {
+                return Attempt::Unknown(Error::Indeterminate {
+                    code: None,
+                    message: if error.is_timeout() {
+                        format!("no answer within {timeout:?}")
+                    } else {
+                        format!("the request failed after it was sent: {}", describe(&error))
+                    },
+                })
+            }
+        };
+        // Whoever answered is reachable; the leader, once known, is better still.
+        let preferred = self.learn_leader(&response, endpoint).unwrap_or(index);
+        self.inner.preferred.store(preferred, Ordering::Relaxed);
+        let status = response.status();
+        if status.is_success() {
+            return Attempt::Answered(Box::new(response));
+        }
+        let retry_after = response
+            .headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let bytes = match read_body(response).await {
+            Ok(bytes) => bytes,
+            Err(message) => {
+                return Attempt::Unknown(Error::Indeterminate {
+                    code: None,
+                    message,
+                })
+            }
+        };
+        let error = match serde_json::from_slice::<Problem>(&bytes) {
+            Ok(problem) => {
+                let retry_after = problem
+                    .retry_after_ms
+                    .map(Duration::from_millis)
+                    .or(retry_after);
+                let code = problem.code;
+                let error = Error::from_problem(problem);
+                match code {
+                    ErrorCode::NoLeader | ErrorCode::ResourceExhausted => {
+                        return Attempt::NotApplied(error, retry_after)
+                    }
+                    // Only a mutation carrying its key may be sent again after this.
+                    ErrorCode::OutcomeUnknown => return Attempt::Unknown(error),
+                    _ => error,
+                }
+            }
+            Err(_) if status.is_server_error() => {
+                // A 5xx without a problem body (a proxy, a crash mid-answer): unknown.
+                return Attempt::Unknown(Error::Indeterminate {
+                    code: None,
+                    message: format!(
+                        "HTTP {status} without a problem body: {}",
+                        String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+                    ),
+                });
+            }
+            Err(_) => Error::InvalidArgument {
+                message: format!(
+                    "HTTP {status} without a problem body: {}",
+                    String::from_utf8_lossy(&bytes[..bytes.len().min(200)])
+                ),
+            },
+        };
+        // A definite refusal: the operation is settled, no retry.
+        Attempt::Refused(error)
+    }
+
+    async fn settle<T: DeserializeOwned>(
+        &self,
+        response: reqwest::Response,
+        sent_at: Duration,
+        maybe_applied: bool,
+        operation: &Operation,
+    ) -> Result<Answer<T>> {
+        let header = |name: &str| {
+            response
+                .headers()
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_owned)
+        };
+        let replayed = header(HEADER_IDEMPOTENT_REPLAYED)
+            .is_some_and(|value| value.eq_ignore_ascii_case("true"));
+        let leader = header(HEADER_LEADER).and_then(|value| value.trim().parse().ok());
+        let cluster_time_ms =
+            header(HEADER_CLUSTER_TIME).and_then(|value| value.trim().parse().ok());
+        let bytes = read_body(response)
+            .await
+            .map_err(|message| unknown_if_mutation(operation, maybe_applied, message))?;
+        let bytes = if bytes.is_empty() {
+            b"null".to_vec()
+        } else {
+            bytes
+        };
+        let value = serde_json::from_slice(&bytes).map_err(|error| {
+            unknown_if_mutation(
+                operation,
+                maybe_applied,
+                format!("the answer does not parse: {error}"),
+            )
+        })?;
+        Ok(Answer {
+            value,
+            sent_at,
+            replayed,
+            leader,
+            cluster_time_ms,
+        })
+    }
+
+    /// Remembers which endpoint the named leader is, so the next request goes there first.
+    fn learn_leader(&self, response: &reqwest::Response, answering: &Endpoint) -> Option<usize> {
+        let leader = response
+            .headers()
+            .get(HEADER_LEADER)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.trim().parse::<u64>().ok())?;
+        let known = {
+            let leaders = self
+                .inner
+                .leaders
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            leaders.get(&leader).copied()
+        };
+        if known.is_none() && self.inner.endpoints.len() > 1 && self.may_learn_members() {
+            // Learn the member addresses in the background, if a runtime runs us.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let client = self.clone();
+                let base = answering.base.clone();
+                runtime.spawn(async move { client.learn_members(&base).await });
+            }
+        }
+        known
+    }
+
+    fn may_learn_members(&self) -> bool {
+        let mut learned_at = self
+            .inner
+            .learned_at
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let now = Instant::now();
+        if learned_at.is_some_and(|at| now.duration_since(at) < LEARN_MEMBERS_INTERVAL) {
+            return false;
+        }
+        *learned_at = Some(now);
+        true
+    }
+
+    async fn learn_members(&self, base: &str) {
+        let url = format!("{base}/v1/cluster");
+        let Ok(response) = self
+            .inner
+            .http
+            .get(&url)
+            .timeout(self.inner.request_timeout)
+            .send()
+            .await
+        else {
+            return;
+        };
+        let Ok(bytes) = read_body(response).await else {
+            return;
+        };
+        let Ok(status) = serde_json::from_slice::<ClusterStatus>(&bytes) else {
+            return;
+        };
+        let mut leaders = self
+            .inner
+            .leaders
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        for member in &status.members {
+            if let Some(index) = self
+                .inner
+                .endpoints
+                .iter()
+                .position(|endpoint| endpoint.authority == member.api_addr)
+            {
+                leaders.insert(member.id, index);
+            }
+        }
+    }
+}
+
+/// Options of an acquire: TTL of a new session, mode, max hold, labels, reason, and how long
+/// to wait while the resource is held.
+///
+/// ```
+/// use std::time::Duration;
+/// use baton_client::AcquireOptions;
+///
+/// let options = AcquireOptions::new()
+///     .ttl(Duration::from_secs(10))
+///     .subtree()
+///     .max_hold(Duration::from_secs(600))
+///     .label("task", "refactor")
+///     .reason("splitting auth.rs")
+///     .wait(Duration::from_secs(30));
+/// assert_eq!(options.ttl_value(), Duration::from_secs(10));
+/// ```
+#[derive(Debug, Clone)]
+pub struct AcquireOptions {
+    pub(crate) ttl: Duration,
+    pub(crate) mode: crate::api::LeaseMode,
+    pub(crate) max_hold: Option<Duration>,
+    pub(crate) labels: Labels,
+    pub(crate) reason: Option<String>,
+    pub(crate) wait: Option<Duration>,
+}
+
+/// The TTL of a session created by an acquire when none is given.
+pub const TTL_DEFAULT: Duration = Duration::from_secs(30);
+
+impl Default for AcquireOptions {
+    fn default() -> AcquireOptions {
+        AcquireOptions::new()
+    }
+}
+
+impl AcquireOptions {
+    /// An exclusive lease, 30 s session TTL, no max hold, no wait.
+    pub fn new() -> AcquireOptions {
+        AcquireOptions {
+            ttl: TTL_DEFAULT,
+            mode: crate::api::LeaseMode::Exclusive,
+            max_hold: None,
+            labels: Labels::new(),
+            reason: None,
+            wait: None,
+        }
+    }
+
+    /// The TTL of the session created with the lease ([`Client::acquire`] only; a
+    /// [`crate::Session`] has its own).
+    pub fn ttl(mut self, ttl: Duration) -> AcquireOptions {
+        self.ttl = ttl;
+        self
+    }
+
+    /// The TTL set by [`AcquireOptions::ttl`].
+    pub fn ttl_value(&self) -> Duration {
+        self.ttl
+    }
+
+    /// A subtree lease: the path and everything under it.
+    pub fn subtree(mut self) -> AcquireOptions {
+        self.mode = crate::api::LeaseMode::Subtree;
+        self
+    }
+
+    /// Exclusive or subtree.
+    pub fn mode(mut self, mode: crate::api::LeaseMode) -> AcquireOptions {
+        self.mode = mode;
+        self
+    }
+
+    /// Caps the lease's life even while keepalives continue.
+    pub fn max_hold(mut self, max_hold: Duration) -> AcquireOptions {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// A label on the lease.
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> AcquireOptions {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Why the caller wants the resource.
+    pub fn reason(mut self, reason: impl Into<String>) -> AcquireOptions {
+        self.reason = Some(reason.into());
+        self
+    }
+
+    /// While the resource is held, retry (with backoff) for up to `wait` before giving up
+    /// with [`Error::Held`].
+    pub fn wait(mut self, wait: Duration) -> AcquireOptions {
+        self.wait = Some(wait);
+        self
+    }
+}
+
+/// A fresh idempotency key: a UUIDv4 from 16 random bytes (version and variant bits set).
+pub fn idempotency_key() -> String {
+    let mut bytes: [u8; 16] = rand::random();
+    bytes[6] = (bytes[6] & 0x0f) | 0x40;
+    bytes[8] = (bytes[8] & 0x3f) | 0x80;
+    let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+/// Whole milliseconds of a duration, saturating.
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `user@host` from `$USER` and the host name, for sessions that name no holder.
+pub fn default_holder() -> String {
+    let user = std::env::var("USER")
+        .or_else(|_| std::env::var("LOGNAME"))
+        .ok()
+        .filter(|user| !user.trim().is_empty())
+        .unwrap_or_else(|| "agent".to_owned());
+    format!("{}@{}", user.trim(), host_name())
+}
+
+fn host_name() -> String {
+    let from_file = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|text| text.trim().to_owned())
+        .filter(|name| !name.is_empty());
+    from_file
+        .or_else(|| {
+            let output = std::process::Command::new("hostname").output().ok()?;
+            let name = String::from_utf8_lossy(&output.stdout).trim().to_owned();
+            (output.status.success() && !name.is_empty()).then_some(name)
+        })
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// Exponential backoff with full jitter: a random pause in `[base/2, base]` where `base`
+/// doubles from [`BACKOFF_INITIAL`] up to [`BACKOFF_MAX`].
+pub(crate) fn backoff(attempt: u32) -> Duration {
+    let base = BACKOFF_INITIAL
+        .saturating_mul(1 << attempt.saturating_sub(1).min(16))
+        .min(BACKOFF_MAX);
+    let jitter: f64 = rand::random::<f64>() * 0.5 + 0.5;
+    base.mul_f64(jitter)
+}
+
+fn invalid(message: impl Into<String>) -> Error {
+    Error::InvalidArgument {
+        message: message.into(),
+    }
+}
+
+fn unknown_if_mutation(operation: &Operation, maybe_applied: bool, message: String) -> Error {
+    if operation.idempotency_key.is_some() || maybe_applied {
+        Error::Indeterminate {
+            code: None,
+            message,
+        }
+    } else {
+        Error::Unavailable {
+            code: None,
+            message,
+        }
+    }
+}
+
+/// The body of an answer, at most [`ANSWER_BYTES_MAX`] bytes.
+async fn read_body(mut response: reqwest::Response) -> std::result::Result<Vec<u8>, String> {
+    let mut bytes = Vec::new();
+    loop {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                if bytes.len() + chunk.len() > ANSWER_BYTES_MAX {
+                    return Err(format!(
+                        "the answer is longer than {ANSWER_BYTES_MAX} bytes"
+                    ));
+                }
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok(None) => return Ok(bytes),
+            Err(error) => return Err(format!("reading the answer failed: {}", describe(&error))),
+        }
+    }
+}
+
+/// The root cause of a reqwest error (`Connection refused (os error 111)`), which says more
+/// than the wrappers around it.
+fn describe(error: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}
+
+/// `N attempt(s); endpoint: its last failure; ...`, one entry per endpoint tried.
+fn summarize(failures: &[String]) -> String {
+    if failures.is_empty() {
+        return "the retry budget was spent before any attempt".to_owned();
+    }
+    let mut last_per_endpoint: Vec<(&str, &str)> = Vec::new();
+    for failure in failures {
+        let (endpoint, message) = failure.split_once(": ").unwrap_or((failure, ""));
+        match last_per_endpoint
+            .iter_mut()
+            .find(|(seen, _)| *seen == endpoint)
+        {
+            Some(entry) => entry.1 = message,
+            None => last_per_endpoint.push((endpoint, message)),
+        }
+    }
+    let details: Vec<String> = last_per_endpoint
+        .iter()
+        .map(|(endpoint, message)| format!("{endpoint}: {message}"))
+        .collect();
+    format!("{} attempt(s); {}", failures.len(), details.join("; "))
+}
+
+/// `http://host:port` (or `host:port`) as an [`Endpoint`].
+fn parse_endpoint(text: &str) -> Result<Endpoint> {
+    let trimmed = text.trim().trim_end_matches('/');
+    let base = if trimmed.contains("://") {
+        trimmed.to_owned()
+    } else {
+        format!("http://{trimmed}")
+    };
+    let Some(authority) = base.strip_prefix("http://") else {
+        return Err(invalid(format!(
+            "endpoint {text:?}: only http://host:port is supported"
+        )));
+    };
+    if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
+        return Err(invalid(format!(
+            "endpoint {text:?} is not http://host:port"
+        )));
+    }
+    Ok(Endpoint {
+        authority: authority.to_owned(),
+        base,
+    })
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters.
+pub(crate) fn encode(text: &str) -> String {
+    let mut encoded = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~') {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// Percent-encodes each `/`-separated segment of a resource path or key.
+pub(crate) fn encode_path(path: &str) -> String {
+    path.split('/').map(encode).collect::<Vec<_>>().join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idempotency_keys_are_uuid_v4() {
+        let first = idempotency_key();
+        let second = idempotency_key();
+        assert_ne!(first, second);
+        for key in [first, second] {
+            assert_eq!(key.len(), 36, "{key}");
+            let groups: Vec<&str> = key.split('-').collect();
+            assert_eq!(
+                groups.iter().map(|group| group.len()).collect::<Vec<_>>(),
+                [8, 4, 4, 4, 12]
+            );
+            assert!(groups[2].starts_with('4'), "{key}");
+            assert!(matches!(&groups[3][..1], "8" | "9" | "a" | "b"), "{key}");
+        }
+    }
+
+    #[test]
+    fn endpoints_and_paths_are_parsed_and_encoded() {
+        let endpoint = parse_endpoint("127.0.0.1:7420/").expect("host:port");
+        assert_eq!(endpoint.base, "http://127.0.0.1:7420");
+        assert_eq!(endpoint.authority, "127.0.0.1:7420");
+        assert!(parse_endpoint("https://a:1").is_err());
+        assert!(parse_endpoint("http://a:1/v1").is_err());
+        assert!(parse_endpoint("nohost").is_err());
+        assert_eq!(encode_path("repo/src/a b?.rs"), "repo/src/a%20b%3F.rs");
+        assert_eq!(encode("a/b"), "a%2Fb");
+    }
+
+    #[test]
+    fn backoff_grows_and_stays_bounded() {
+        for attempt in 1..40 {
+            let pause = backoff(attempt);
+            assert!(pause <= BACKOFF_MAX, "{attempt}: {pause:?}");
+            assert!(pause >= BACKOFF_INITIAL / 2, "{attempt}: {pause:?}");
+        }
+        assert!(backoff(10) >= BACKOFF_MAX / 2);
+    }
+}

@@ -1,0 +1,152 @@
+//! The event stream: `GET /v1/events?after=REV&limit=N` answers the changes after a revision
+//! in the request's namespace; with `Accept: text/event-stream` it keeps streaming them as they
+//! are applied. A revision older than the kept window is refused (`NOT_FOUND`, re-list), never
+//! silently skipped.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use baton_client::api::{EventsPage, EventsQuery};
+use baton_raft_store::machine::{Event, Namespace};
+
+use super::convert;
+use super::error::ApiError;
+use super::extract::{ApiQuery, Ns};
+use super::{Answer, AppState};
+
+/// Events read from the machine per step of a stream.
+const STREAM_STEP_MAX: usize = 256;
+
+fn too_old(after: u64, revision: u64) -> ApiError {
+    ApiError::not_found(format!(
+        "revision {after} is older than the oldest event kept: re-list what you follow and resume from revision {revision}"
+    ))
+}
+
+pub async fn events(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<EventsQuery>,
+) -> Result<Response, ApiError> {
+    let limits = app.limits();
+    let limit = query
+        .limit
+        .map_or(limits.list_page_max, |limit| limit as usize);
+    if limit == 0 || limit > limits.list_page_max {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1..={}",
+            limits.list_page_max
+        )));
+    }
+    let last_event_id = headers
+        .get("last-event-id")
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    let requested = query.after.or(last_event_id);
+    let ((page, revision), clocks) = app
+        .read(|machine| {
+            let after =
+                requested.unwrap_or_else(|| machine.oldest_event_revision().saturating_sub(1));
+            (
+                machine
+                    .events_after(after, limit)
+                    .map(|events| (after, events)),
+                machine.revision(),
+            )
+        })
+        .await?;
+    let Some((after, events)) = page else {
+        return Err(too_old(requested.unwrap_or_default(), revision));
+    };
+    let streaming = headers
+        .get(header::ACCEPT)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/event-stream"));
+    if streaming {
+        return Ok(stream(app, namespace, after).into_response());
+    }
+    let next = events.last().map_or(after, |event| event.revision);
+    let page = EventsPage {
+        events: events
+            .iter()
+            .filter(|event| event.namespace == namespace)
+            .map(convert::event)
+            .collect(),
+        next,
+    };
+    Ok(Answer::new(StatusCode::OK, &page, clocks.cluster_ms).into_response())
+}
+
+struct Follow {
+    app: AppState,
+    namespace: Namespace,
+    after: u64,
+    ready: VecDeque<Event>,
+    metrics:
+        tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, baton_raft_store::store::Member>>,
+    finished: bool,
+}
+
+/// Streams the namespace's events after `after` as they are applied on this node, which is
+/// the leader (followers forward). Each SSE event has `id` = its revision, so a client that
+/// reconnects with `Last-Event-ID` resumes exactly after the last event it saw.
+fn stream(app: AppState, namespace: Namespace, after: u64) -> impl IntoResponse {
+    let metrics = app.raft.metrics();
+    let follow = Follow {
+        app,
+        namespace,
+        after,
+        ready: VecDeque::new(),
+        metrics,
+        finished: false,
+    };
+    let events = futures_util::stream::unfold(follow, |mut follow| async move {
+        loop {
+            if follow.finished {
+                return None;
+            }
+            if let Some(event) = follow.ready.pop_front() {
+                let data = serde_json::to_string(&convert::event(&event)).unwrap_or_default();
+                let sse = SseEvent::default()
+                    .id(event.revision.to_string())
+                    .event("change")
+                    .data(data);
+                return Some((Ok::<_, Infallible>(sse), follow));
+            }
+            let read = follow.app.machine.read(|machine, _| {
+                (
+                    machine.events_after(follow.after, STREAM_STEP_MAX),
+                    machine.revision(),
+                )
+            });
+            match read {
+                Ok((Some(events), _)) if !events.is_empty() => {
+                    follow.after = events.last().map_or(follow.after, |event| event.revision);
+                    let namespace = follow.namespace.clone();
+                    follow.ready.extend(
+                        events
+                            .into_iter()
+                            .filter(|event| event.namespace == namespace),
+                    );
+                }
+                Ok((Some(_), _)) => {
+                    if follow.metrics.changed().await.is_err() {
+                        return None;
+                    }
+                }
+                Ok((None, revision)) => {
+                    follow.finished = true;
+                    let problem = too_old(follow.after, revision).problem;
+                    let data = serde_json::to_string(&problem).unwrap_or_default();
+                    return Some((Ok(SseEvent::default().event("error").data(data)), follow));
+                }
+                Err(_) => return None,
+            }
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

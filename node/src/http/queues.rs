@@ -1,0 +1,295 @@
+//! Work-queue routes: enqueue, claim-next, complete, fail, release, counts and the task list.
+//! Task ids not given by the client are drawn here, on the leader, and carried in the log.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use baton_client::api::{
+    ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, Owner as WireOwner,
+    QueueCounts, QueueInfo, TaskList, TaskReleaseRequest,
+};
+use baton_raft_store::machine::{Name, NewSession, Op, Owner, Reply, SessionId, TaskClaim};
+
+use super::convert;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
+use super::{Answer, AppState};
+
+fn parse_name(app: &AppState, what: &str, text: &str) -> Result<Name, ApiError> {
+    Name::parse(what, text, &app.limits()).map_err(ApiError::from_rejection)
+}
+
+fn task_claim(
+    session_id: &baton_client::api::SessionId,
+    fence: u64,
+) -> Result<TaskClaim, ApiError> {
+    let session_id = SessionId::parse(session_id.as_str()).map_err(ApiError::from_rejection)?;
+    Ok(TaskClaim { session_id, fence })
+}
+
+fn json_text(value: &serde_json::Value) -> Result<String, ApiError> {
+    serde_json::to_string(value).map_err(ApiError::internal)
+}
+
+pub async fn enqueue(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath(queue_text): ApiPath<String>,
+    body: ApiJson<EnqueueRequest>,
+) -> Result<Answer, ApiError> {
+    let queue = parse_name(&app, "queue", &queue_text)?;
+    let tag = app.idempotency_tag(
+        key,
+        &namespace,
+        "POST",
+        "/v1/queues/{queue}/tasks",
+        &[&queue_text],
+        &body.canonical,
+    );
+    let request = &body.value;
+    let task_id = match &request.id {
+        Some(id) => parse_name(&app, "task id", id)?,
+        None => parse_name(&app, "task id", &format!("{:032x}", rand::random::<u128>()))?,
+    };
+    let depends_on = request
+        .depends_on
+        .iter()
+        .map(|id| parse_name(&app, "dependency", id))
+        .collect::<Result<Vec<_>, _>>()?;
+    let payload = json_text(&request.payload)?;
+    let size_bytes = payload.len() + 256;
+    let op = Op::Enqueue {
+        queue,
+        task_id,
+        payload,
+        priority: request.priority,
+        depends_on,
+        max_attempts: request.max_attempts.unwrap_or(3),
+        delay_ms: request.not_before_ms.unwrap_or(0),
+    };
+    let written = app.write(&namespace, tag, op, size_bytes).await?;
+    match &written.reply {
+        Reply::TaskEnqueued(task) => Ok(written.answer(StatusCode::CREATED, &convert::task(task))),
+        _ => Err(written.unexpected()),
+    }
+}
+
+pub async fn claim(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath(queue_text): ApiPath<String>,
+    body: ApiJson<ClaimRequest>,
+) -> Result<Response, ApiError> {
+    let queue = parse_name(&app, "queue", &queue_text)?;
+    let tag = app.idempotency_tag(
+        key,
+        &namespace,
+        "POST",
+        "/v1/queues/{queue}/claim",
+        &[&queue_text],
+        &body.canonical,
+    );
+    let owner = match body.value.owner().map_err(ApiError::invalid)? {
+        WireOwner::Session(id) => {
+            Owner::Session(SessionId::parse(id.as_str()).map_err(ApiError::from_rejection)?)
+        }
+        WireOwner::NewSession { holder, ttl_ms } => Owner::NewSession(NewSession {
+            session_id: app.new_session_id(),
+            holder: holder.to_owned(),
+            ttl_ms,
+            labels: Default::default(),
+        }),
+    };
+    let written = app
+        .write(&namespace, tag, Op::Claim { queue, owner }, 256)
+        .await?;
+    match &written.reply {
+        Reply::TaskClaimed(claimed) => Ok(written
+            .answer(StatusCode::OK, &convert::claimed(claimed, written.clocks))
+            .into_response()),
+        Reply::QueueEmpty => {
+            let mut response = StatusCode::NO_CONTENT.into_response();
+            response.headers_mut().insert(
+                baton_client::api::HEADER_CLUSTER_TIME,
+                axum::http::HeaderValue::from(written.cluster_time_ms),
+            );
+            Ok(response)
+        }
+        _ => Err(written.unexpected()),
+    }
+}
+
+/// The task routes share one shape: parse, propose, answer with the task.
+async fn update(
+    app: &AppState,
+    namespace: &baton_raft_store::machine::Namespace,
+    tag: Option<baton_raft_store::machine::IdempotencyTag>,
+    op: Op,
+    size_bytes: usize,
+) -> Result<Answer, ApiError> {
+    let written = app.write(namespace, tag, op, size_bytes).await?;
+    match &written.reply {
+        Reply::TaskUpdated(task) => Ok(written.answer(StatusCode::OK, &convert::task(task))),
+        _ => Err(written.unexpected()),
+    }
+}
+
+pub async fn complete(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
+    body: ApiJson<CompleteRequest>,
+) -> Result<Answer, ApiError> {
+    let (queue, task_id) = (
+        parse_name(&app, "queue", &queue_text)?,
+        parse_name(&app, "task id", &id_text)?,
+    );
+    let route = "/v1/queues/{queue}/tasks/{id}/complete";
+    let tag = app.idempotency_tag(
+        key,
+        &namespace,
+        "POST",
+        route,
+        &[&queue_text, &id_text],
+        &body.canonical,
+    );
+    let request = &body.value;
+    let claim = task_claim(&request.session_id, request.fence)?;
+    let result = request.result.as_ref().map(json_text).transpose()?;
+    let size_bytes = result.as_ref().map_or(0, String::len) + 256;
+    update(
+        &app,
+        &namespace,
+        tag,
+        Op::Complete {
+            queue,
+            task_id,
+            claim,
+            result,
+        },
+        size_bytes,
+    )
+    .await
+}
+
+pub async fn fail(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
+    body: ApiJson<FailRequest>,
+) -> Result<Answer, ApiError> {
+    let (queue, task_id) = (
+        parse_name(&app, "queue", &queue_text)?,
+        parse_name(&app, "task id", &id_text)?,
+    );
+    let route = "/v1/queues/{queue}/tasks/{id}/fail";
+    let tag = app.idempotency_tag(
+        key,
+        &namespace,
+        "POST",
+        route,
+        &[&queue_text, &id_text],
+        &body.canonical,
+    );
+    let request = &body.value;
+    let claim = task_claim(&request.session_id, request.fence)?;
+    let op = Op::Fail {
+        queue,
+        task_id,
+        claim,
+        reason: request.reason.clone(),
+        retry: request.retry,
+    };
+    update(&app, &namespace, tag, op, request.reason.len() + 256).await
+}
+
+pub async fn release(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
+    body: ApiJson<TaskReleaseRequest>,
+) -> Result<Answer, ApiError> {
+    let (queue, task_id) = (
+        parse_name(&app, "queue", &queue_text)?,
+        parse_name(&app, "task id", &id_text)?,
+    );
+    let route = "/v1/queues/{queue}/tasks/{id}/release";
+    let tag = app.idempotency_tag(
+        key,
+        &namespace,
+        "POST",
+        route,
+        &[&queue_text, &id_text],
+        &body.canonical,
+    );
+    let request = &body.value;
+    let claim = task_claim(&request.session_id, request.fence)?;
+    let size_bytes = request.note.as_ref().map_or(0, String::len) + 256;
+    update(
+        &app,
+        &namespace,
+        tag,
+        Op::ReleaseTask {
+            queue,
+            task_id,
+            claim,
+            note: request.note.clone(),
+        },
+        size_bytes,
+    )
+    .await
+}
+
+pub async fn counts(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    ApiPath(queue_text): ApiPath<String>,
+) -> Result<Answer, ApiError> {
+    let queue = parse_name(&app, "queue", &queue_text)?;
+    let (counts, clocks) = app
+        .read(|machine| machine.queue_counts(&namespace, &queue))
+        .await?;
+    let info = QueueInfo {
+        queue: queue.to_string(),
+        counts: QueueCounts {
+            ready: counts.ready,
+            claimed: counts.claimed,
+            done: counts.done,
+            dead: counts.dead,
+        },
+    };
+    Ok(Answer::new(StatusCode::OK, &info, clocks.cluster_ms))
+}
+
+pub async fn list(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    ApiPath(queue_text): ApiPath<String>,
+    ApiQuery(query): ApiQuery<ListTasksQuery>,
+) -> Result<Answer, ApiError> {
+    let queue = parse_name(&app, "queue", &queue_text)?;
+    let limits = app.limits();
+    let limit = query
+        .limit
+        .map_or(limits.list_page_max, |limit| limit as usize);
+    if limit == 0 || limit > limits.list_page_max {
+        return Err(ApiError::invalid(format!(
+            "limit must be 1..={}",
+            limits.list_page_max
+        )));
+    }
+    let state = query.state.map(convert::task_state_from_wire);
+    let (page, clocks) = app
+        .read(|machine| machine.tasks(&namespace, &queue, state, query.cursor.as_deref(), limit))
+        .await?;
+    let list = TaskList {
+        tasks: page.items.iter().map(convert::task).collect(),
+        next_cursor: page.next_cursor,
+    };
+    Ok(Answer::new(StatusCode::OK, &list, clocks.cluster_ms))
+}

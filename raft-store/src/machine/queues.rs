@@ -1,0 +1,903 @@
+//! Work queues with leased claims: enqueue, claim-next, complete, fail, release, and the lapse
+//! of claims whose session died.
+//!
+//! A claim is a lease on a task: it carries a fence from the cluster-wide counter and lives
+//! exactly as long as its session. Claim-next picks the best ready task from an ordered index
+//! (priority, then enqueue order) in O(log n). Two time-driven transitions happen at the start
+//! of every entry, before its commands, so that every decision sees them at once: delayed tasks
+//! whose time has come join the ready index, and the claims of sessions whose deadline has
+//! passed lapse (the task is ready again, or dead after its last attempt). Both are found
+//! through deadline-ordered indexes, so each costs O(log n) once per task.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{
+    EventKind, NewSession, Owner, Rejection, Reply, TaskClaim, TaskClaimed, TaskCounts, TaskState,
+    TaskView,
+};
+use super::{Machine, Name, Namespace, SessionId};
+
+/// The fields of an `Op::Enqueue`, borrowed.
+pub(super) struct NewTask<'a> {
+    pub task_id: &'a Name,
+    pub payload: &'a str,
+    pub priority: i32,
+    pub depends_on: &'a [Name],
+    pub max_attempts: u32,
+    pub delay_ms: u64,
+}
+
+/// One queue: its tasks by id, plus indexes rebuilt on decode.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct QueueState {
+    tasks: BTreeMap<Name, Task>,
+    /// The enqueue order; ties in priority are served first-in first-out.
+    next_sequence: u64,
+    /// Claimable tasks: ready, dependencies done, delay over. Best first.
+    #[serde(skip)]
+    ready: BTreeSet<(Reverse<i32>, u64, Name)>,
+    #[serde(skip)]
+    counts: TaskCounts,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Task {
+    payload: String,
+    priority: i32,
+    depends_on: Vec<Name>,
+    /// Tasks that depend on this one and are not done yet.
+    dependents: Vec<Name>,
+    /// How many of `depends_on` are not done yet.
+    waiting_on: u32,
+    max_attempts: u32,
+    ready_at_ms: u64,
+    sequence: u64,
+    enqueued_revision: u64,
+    attempt: u32,
+    life: Life,
+    note: Option<String>,
+    /// The reason of the last failure that sent the task back to ready.
+    last_failure: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+enum Life {
+    Ready,
+    Claimed { session_id: SessionId, fence: u64 },
+    Done { result: Option<String> },
+    Dead { reason: String },
+}
+
+impl Task {
+    fn state(&self) -> TaskState {
+        match self.life {
+            Life::Ready => TaskState::Ready,
+            Life::Claimed { .. } => TaskState::Claimed,
+            Life::Done { .. } => TaskState::Done,
+            Life::Dead { .. } => TaskState::Dead,
+        }
+    }
+
+    fn is_claimable(&self, time_ms: u64) -> bool {
+        self.life == Life::Ready && self.waiting_on == 0 && self.ready_at_ms <= time_ms
+    }
+
+    fn is_delayed(&self, time_ms: u64) -> bool {
+        self.life == Life::Ready && self.waiting_on == 0 && self.ready_at_ms > time_ms
+    }
+}
+
+impl TaskCounts {
+    fn add(&mut self, state: TaskState, delta: i64) {
+        let count = match state {
+            TaskState::Ready => &mut self.ready,
+            TaskState::Claimed => &mut self.claimed,
+            TaskState::Done => &mut self.done,
+            TaskState::Dead => &mut self.dead,
+        };
+        *count = count.saturating_add_signed(delta);
+    }
+}
+
+impl QueueState {
+    /// Recomputes the indexes a snapshot leaves out, at cluster time `time_ms`.
+    pub(super) fn rebuild(&mut self, time_ms: u64) {
+        self.ready.clear();
+        self.counts = TaskCounts::default();
+        for (id, task) in &self.tasks {
+            self.counts.add(task.state(), 1);
+            if task.is_claimable(time_ms) {
+                self.ready
+                    .insert((Reverse(task.priority), task.sequence, id.clone()));
+            }
+        }
+    }
+
+    /// The claims held in this queue, as `(session, task id)`.
+    pub(super) fn claims(&self) -> impl Iterator<Item = (SessionId, &Name, u64)> {
+        self.tasks.iter().filter_map(|(id, task)| match task.life {
+            Life::Claimed { session_id, fence } => Some((session_id, id, fence)),
+            _ => None,
+        })
+    }
+
+    /// Delayed tasks as `(ready_at_ms, sequence, id)`, for the machine's delay index.
+    pub(super) fn delayed(&self, time_ms: u64) -> impl Iterator<Item = (u64, u64, &Name)> {
+        self.tasks
+            .iter()
+            .filter(move |(_, task)| task.is_delayed(time_ms))
+            .map(|(id, task)| (task.ready_at_ms, task.sequence, id))
+    }
+
+    /// Checks counts, the ready index and dependency bookkeeping.
+    pub(super) fn check(&self, queue: &Name, time_ms: u64) -> Result<(), String> {
+        let mut counts = TaskCounts::default();
+        for (id, task) in &self.tasks {
+            counts.add(task.state(), 1);
+            let indexed = self
+                .ready
+                .contains(&(Reverse(task.priority), task.sequence, id.clone()));
+            if indexed != task.is_claimable(time_ms) {
+                return Err(format!(
+                    "task {queue}/{id} is {}in the ready index",
+                    if indexed { "" } else { "not " }
+                ));
+            }
+            let waiting = task
+                .depends_on
+                .iter()
+                .filter(|dependency| {
+                    !matches!(
+                        self.tasks.get(*dependency).map(|task| &task.life),
+                        Some(Life::Done { .. })
+                    )
+                })
+                .count();
+            if waiting != task.waiting_on as usize {
+                return Err(format!(
+                    "task {queue}/{id} waits on {} but counts {}",
+                    waiting, task.waiting_on
+                ));
+            }
+            if task.attempt > task.max_attempts {
+                return Err(format!(
+                    "task {queue}/{id} is on attempt {} of {}",
+                    task.attempt, task.max_attempts
+                ));
+            }
+        }
+        if counts != self.counts || self.ready.len() > self.tasks.len() {
+            return Err(format!(
+                "queue {queue} counts {:?} but holds {:?}",
+                self.counts, counts
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Machine {
+    pub(super) fn enqueue(
+        &mut self,
+        namespace: &Namespace,
+        queue: &Name,
+        new_task: NewTask<'_>,
+    ) -> Result<Reply, Rejection> {
+        let NewTask {
+            task_id,
+            payload,
+            priority,
+            depends_on,
+            max_attempts,
+            delay_ms,
+        } = new_task;
+        let limits = &self.limits;
+        Name::parse("queue", queue.as_str(), limits)?;
+        Name::parse("task id", task_id.as_str(), limits)?;
+        if payload.len() > limits.task_payload_bytes_max {
+            return Err(Rejection::PayloadTooLarge(format!(
+                "the payload is {} bytes, at most {} are allowed",
+                payload.len(),
+                limits.task_payload_bytes_max
+            )));
+        }
+        if max_attempts == 0 || max_attempts > limits.task_attempts_max {
+            return Err(Rejection::invalid(format!(
+                "max_attempts must be 1..={}, got {max_attempts}",
+                limits.task_attempts_max
+            )));
+        }
+        if delay_ms > limits.task_delay_ms_max {
+            return Err(Rejection::invalid(format!(
+                "not_before_ms must be at most {}, got {delay_ms}",
+                limits.task_delay_ms_max
+            )));
+        }
+        if depends_on.len() > limits.task_dependencies_max {
+            return Err(Rejection::invalid(format!(
+                "at most {} dependencies are allowed, got {}",
+                limits.task_dependencies_max,
+                depends_on.len()
+            )));
+        }
+        let existing = self
+            .namespaces
+            .get(namespace)
+            .and_then(|state| state.queues.get(queue));
+        let tasks = existing.map_or(0, |queue| queue.tasks.len());
+        if existing.is_some_and(|queue| queue.tasks.contains_key(task_id)) {
+            return Err(Rejection::invalid(format!(
+                "task {task_id} already exists in queue {queue}: use another id (or the same Idempotency-Key to retry)"
+            )));
+        }
+        if tasks >= limits.tasks_per_queue_max {
+            return Err(Rejection::ResourceExhausted(format!(
+                "queue {queue} already holds {tasks} tasks, the most allowed"
+            )));
+        }
+        let dependencies: BTreeSet<&Name> = depends_on.iter().collect();
+        let mut waiting_on = 0u32;
+        for dependency in &dependencies {
+            Name::parse("dependency", dependency.as_str(), limits)?;
+            match existing
+                .and_then(|queue| queue.tasks.get(*dependency))
+                .map(|task| &task.life)
+            {
+                None => {
+                    return Err(Rejection::invalid(format!(
+                        "dependency {dependency} is not a task of queue {queue}"
+                    )));
+                }
+                Some(Life::Dead { .. }) => {
+                    return Err(Rejection::invalid(format!(
+                        "dependency {dependency} is dead: it will never be done"
+                    )));
+                }
+                Some(Life::Done { .. }) => {}
+                Some(_) => waiting_on += 1,
+            }
+        }
+
+        let time_ms = self.time_ms;
+        let event = EventKind::TaskEnqueued {
+            queue: queue.clone(),
+            task_id: task_id.clone(),
+        };
+        let revision = self.events.push(time_ms, namespace, event, &self.limits);
+        let state = self.namespaces.entry(namespace.clone()).or_default();
+        let queue_state = state.queues.entry(queue.clone()).or_default();
+        for dependency in &dependencies {
+            let dependency = queue_state
+                .tasks
+                .get_mut(*dependency)
+                .expect("checked above");
+            if !matches!(dependency.life, Life::Done { .. }) {
+                dependency.dependents.push(task_id.clone());
+            }
+        }
+        let sequence = queue_state.next_sequence;
+        queue_state.next_sequence += 1;
+        let task = Task {
+            payload: payload.to_owned(),
+            priority,
+            depends_on: dependencies.into_iter().cloned().collect(),
+            dependents: Vec::new(),
+            waiting_on,
+            max_attempts,
+            ready_at_ms: time_ms.saturating_add(delay_ms),
+            sequence,
+            enqueued_revision: revision,
+            attempt: 0,
+            life: Life::Ready,
+            note: None,
+            last_failure: None,
+        };
+        queue_state.counts.add(TaskState::Ready, 1);
+        queue_state.tasks.insert(task_id.clone(), task);
+        self.make_ready(namespace, queue, task_id);
+        Ok(Reply::TaskEnqueued(
+            self.task_view(namespace, queue, task_id)
+                .expect("just enqueued"),
+        ))
+    }
+
+    pub(super) fn claim(
+        &mut self,
+        namespace: &Namespace,
+        queue: &Name,
+        owner: &Owner,
+    ) -> Result<Reply, Rejection> {
+        Name::parse("queue", queue.as_str(), &self.limits)?;
+        match owner {
+            Owner::Session(session_id) => {
+                let session = self.live_session_mut(namespace, *session_id)?;
+                let held = session.leases.len() + session.claims.len();
+                if held >= self.limits.leases_per_session_max {
+                    return Err(Rejection::ResourceExhausted(format!(
+                        "this session already holds {held} leases and claims, the most a session may hold"
+                    )));
+                }
+            }
+            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session)?,
+        }
+        let best = self
+            .namespaces
+            .get(namespace)
+            .and_then(|state| state.queues.get(queue))
+            .and_then(|queue| queue.ready.first())
+            .map(|(_, _, id)| id.clone());
+        let Some(task_id) = best else {
+            return Ok(Reply::QueueEmpty);
+        };
+        let (session_id, session_created) = match owner {
+            Owner::Session(session_id) => (*session_id, false),
+            Owner::NewSession(NewSession { session_id, .. }) => {
+                if let Owner::NewSession(new_session) = owner {
+                    self.insert_session(namespace, new_session);
+                }
+                (*session_id, true)
+            }
+        };
+        self.fence_counter += 1;
+        let fence = self.fence_counter;
+        let queue_state = self.queue_mut(namespace, queue);
+        let task = queue_state
+            .tasks
+            .get_mut(&task_id)
+            .expect("indexed tasks exist");
+        queue_state
+            .ready
+            .remove(&(Reverse(task.priority), task.sequence, task_id.clone()));
+        task.attempt += 1;
+        task.life = Life::Claimed { session_id, fence };
+        let attempt = task.attempt;
+        queue_state.counts.add(TaskState::Ready, -1);
+        queue_state.counts.add(TaskState::Claimed, 1);
+        self.add_claim(namespace, session_id, queue, &task_id);
+        let event = EventKind::TaskClaimed {
+            queue: queue.clone(),
+            task_id: task_id.clone(),
+            fence,
+            attempt,
+        };
+        self.events
+            .push(self.time_ms, namespace, event, &self.limits);
+        let expires_in_ms =
+            self.namespaces[namespace].sessions[&session_id].deadline_ms - self.time_ms;
+        Ok(Reply::TaskClaimed(TaskClaimed {
+            task: self
+                .task_view(namespace, queue, &task_id)
+                .expect("just claimed"),
+            fence,
+            attempt,
+            session_id,
+            session_created,
+            expires_in_ms,
+        }))
+    }
+
+    pub(super) fn complete(
+        &mut self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+        claim: TaskClaim,
+        result: Option<&str>,
+    ) -> Result<Reply, Rejection> {
+        if let Some(result) = result {
+            self.check_payload("result", result)?;
+        }
+        self.check_claim(namespace, queue, task_id, claim)?;
+        self.end_claim(
+            namespace,
+            queue,
+            task_id,
+            Life::Done {
+                result: result.map(str::to_owned),
+            },
+        );
+        let event = EventKind::TaskCompleted {
+            queue: queue.clone(),
+            task_id: task_id.clone(),
+            fence: claim.fence,
+        };
+        self.events
+            .push(self.time_ms, namespace, event, &self.limits);
+        self.wake_dependents(namespace, queue, task_id);
+        Ok(Reply::TaskUpdated(
+            self.task_view(namespace, queue, task_id).expect("exists"),
+        ))
+    }
+
+    pub(super) fn fail(
+        &mut self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+        claim: TaskClaim,
+        reason: &str,
+        retry: bool,
+    ) -> Result<Reply, Rejection> {
+        self.check_text("reason", reason)?;
+        self.check_claim(namespace, queue, task_id, claim)?;
+        let task = &self.namespaces[namespace].queues[queue].tasks[task_id];
+        let retried = retry && task.attempt < task.max_attempts;
+        let event = EventKind::TaskFailed {
+            queue: queue.clone(),
+            task_id: task_id.clone(),
+            fence: claim.fence,
+            retry: retried,
+        };
+        self.events
+            .push(self.time_ms, namespace, event, &self.limits);
+        if retried {
+            self.end_claim(namespace, queue, task_id, Life::Ready);
+            let task = self.queue_mut(namespace, queue).tasks.get_mut(task_id).expect("exists");
+            task.last_failure = Some(reason.to_owned());
+            self.make_ready(namespace, queue, task_id);
+        } else {
+            self.kill_task(namespace, queue, task_id, reason.to_owned());
+        }
+        Ok(Reply::TaskUpdated(
+            self.task_view(namespace, queue, task_id).expect("exists"),
+        ))
+    }
+
+    pub(super) fn release_task(
+        &mut self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+        claim: TaskClaim,
+        note: Option<&str>,
+    ) -> Result<Reply, Rejection> {
+        if let Some(note) = note {
+            self.check_text("note", note)?;
+        }
+        self.check_claim(namespace, queue, task_id, claim)?;
+        self.end_claim(namespace, queue, task_id, Life::Ready);
+        let task = self
+            .queue_mut(namespace, queue)
+            .tasks
+            .get_mut(task_id)
+            .expect("exists");
+        task.attempt -= 1;
+        if note.is_some() {
+            task.note = note.map(str::to_owned);
+        }
+        let event = EventKind::TaskReleased {
+            queue: queue.clone(),
+            task_id: task_id.clone(),
+            fence: claim.fence,
+        };
+        self.events
+            .push(self.time_ms, namespace, event, &self.limits);
+        self.make_ready(namespace, queue, task_id);
+        Ok(Reply::TaskUpdated(
+            self.task_view(namespace, queue, task_id).expect("exists"),
+        ))
+    }
+
+    /// Time-driven transitions, run at the start of every entry (see the module docs).
+    pub(super) fn advance_queues(&mut self) {
+        while let Some((ready_at_ms, namespace, queue, sequence, task_id)) =
+            self.delayed.first().cloned()
+        {
+            if ready_at_ms > self.time_ms {
+                break;
+            }
+            self.delayed.remove(&(
+                ready_at_ms,
+                namespace.clone(),
+                queue.clone(),
+                sequence,
+                task_id.clone(),
+            ));
+            let queue_state = self.queue_mut(&namespace, &queue);
+            let priority = queue_state.tasks[&task_id].priority;
+            queue_state
+                .ready
+                .insert((Reverse(priority), sequence, task_id));
+        }
+        while let Some((deadline_ms, namespace, session_id)) = self.claim_deadlines.first().cloned()
+        {
+            if deadline_ms > self.time_ms {
+                break;
+            }
+            self.lapse_claims(&namespace, session_id);
+        }
+    }
+
+    /// Ends every claim of a session that died (expired or ended): each task is ready again,
+    /// or dead if that was its last attempt.
+    pub(super) fn lapse_claims(&mut self, namespace: &Namespace, session_id: SessionId) {
+        let session = self
+            .namespaces
+            .get_mut(namespace)
+            .and_then(|state| state.sessions.get_mut(&session_id));
+        let Some(session) = session else { return };
+        let claims = std::mem::take(&mut session.claims);
+        self.claim_deadlines
+            .remove(&(session.deadline_ms, namespace.clone(), session_id));
+        for (queue, task_id) in claims {
+            let task = &self.namespaces[namespace].queues[&queue].tasks[&task_id];
+            let Life::Claimed { fence, .. } = task.life else {
+                continue;
+            };
+            let last_attempt = task.attempt >= task.max_attempts;
+            let event = EventKind::TaskExpired {
+                queue: queue.clone(),
+                task_id: task_id.clone(),
+                fence,
+            };
+            self.events
+                .push(self.time_ms, namespace, event, &self.limits);
+            if last_attempt {
+                self.kill_task(
+                    namespace,
+                    &queue,
+                    &task_id,
+                    "its claim lapsed on the last attempt".to_owned(),
+                );
+            } else {
+                self.end_claim(namespace, &queue, &task_id, Life::Ready);
+                self.make_ready(namespace, &queue, &task_id);
+            }
+        }
+    }
+
+    /// Keeps the claim deadline index in step with a session's deadline.
+    pub(super) fn move_claim_deadline(
+        &mut self,
+        namespace: &Namespace,
+        session_id: SessionId,
+        old_ms: u64,
+        new_ms: u64,
+    ) {
+        if self
+            .claim_deadlines
+            .remove(&(old_ms, namespace.clone(), session_id))
+        {
+            self.claim_deadlines
+                .insert((new_ms, namespace.clone(), session_id));
+        }
+    }
+
+    /// The per-state counts of a queue (all zero for a queue never used).
+    pub fn queue_counts(&self, namespace: &Namespace, queue: &Name) -> TaskCounts {
+        self.namespaces
+            .get(namespace)
+            .and_then(|state| state.queues.get(queue))
+            .map(|queue| queue.counts)
+            .unwrap_or_default()
+    }
+
+    pub fn task(&self, namespace: &Namespace, queue: &Name, task_id: &Name) -> Option<TaskView> {
+        self.task_view(namespace, queue, task_id)
+    }
+
+    /// Tasks of a queue in id order after `cursor`, optionally only those in `state`.
+    pub fn tasks(
+        &self,
+        namespace: &Namespace,
+        queue: &Name,
+        state: Option<TaskState>,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> super::Page<TaskView> {
+        let limit = limit.clamp(1, self.limits.list_page_max);
+        let mut page = super::Page {
+            items: Vec::new(),
+            next_cursor: None,
+        };
+        let Some(queue_state) = self
+            .namespaces
+            .get(namespace)
+            .and_then(|namespace| namespace.queues.get(queue))
+        else {
+            return page;
+        };
+        let start = cursor.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        let range = queue_state
+            .tasks
+            .range::<str, _>((start, std::ops::Bound::Unbounded));
+        for (id, task) in range.filter(|(_, task)| state.is_none_or(|state| task.state() == state))
+        {
+            if page.items.len() == limit {
+                page.next_cursor = page.items.last().map(|last: &TaskView| last.id.to_string());
+                break;
+            }
+            page.items.push(self.view_of(namespace, queue, id, task));
+        }
+        page
+    }
+
+    fn task_view(&self, namespace: &Namespace, queue: &Name, task_id: &Name) -> Option<TaskView> {
+        let task = self
+            .namespaces
+            .get(namespace)?
+            .queues
+            .get(queue)?
+            .tasks
+            .get(task_id)?;
+        Some(self.view_of(namespace, queue, task_id, task))
+    }
+
+    fn view_of(
+        &self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+        task: &Task,
+    ) -> TaskView {
+        let (result, reason) = match &task.life {
+            Life::Done { result } => (result.clone(), None),
+            Life::Dead { reason } => (None, Some(reason.clone())),
+            _ => (None, task.last_failure.clone()),
+        };
+        let claim = match task.life {
+            Life::Claimed { session_id, fence } => {
+                let holder = self.namespaces[namespace]
+                    .sessions
+                    .get(&session_id)
+                    .map(|session| session.holder.clone());
+                Some((fence, holder.unwrap_or_default()))
+            }
+            _ => None,
+        };
+        TaskView {
+            queue: queue.clone(),
+            id: task_id.clone(),
+            payload: task.payload.clone(),
+            priority: task.priority,
+            depends_on: task.depends_on.clone(),
+            state: task.state(),
+            attempt: task.attempt,
+            max_attempts: task.max_attempts,
+            ready_at_ms: task.ready_at_ms,
+            waiting_on: task.waiting_on,
+            note: task.note.clone(),
+            result,
+            reason,
+            claim,
+            enqueued_revision: task.enqueued_revision,
+        }
+    }
+
+    /// G4 for tasks: the fence must be the live claim's and the session its holder, now.
+    fn check_claim(
+        &self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+        claim: TaskClaim,
+    ) -> Result<(), Rejection> {
+        Name::parse("queue", queue.as_str(), &self.limits)?;
+        Name::parse("task id", task_id.as_str(), &self.limits)?;
+        let task = self
+            .namespaces
+            .get(namespace)
+            .and_then(|state| state.queues.get(queue))
+            .and_then(|queue| queue.tasks.get(task_id))
+            .ok_or_else(|| Rejection::NotFound(format!("queue {queue} has no task {task_id}")))?;
+        match task.life {
+            Life::Claimed { session_id, fence } if fence == claim.fence && session_id == claim.session_id => Ok(()),
+            Life::Claimed { fence, .. } => Err(Rejection::StaleFence {
+                message: format!(
+                    "fence {} is not the live claim of {queue}/{task_id} held by this session (live fence {fence}): refused",
+                    claim.fence
+                ),
+                current_fence: Some(fence),
+            }),
+            _ => Err(Rejection::StaleFence {
+                message: format!("{queue}/{task_id} has no live claim, so fence {} is stale: refused", claim.fence),
+                current_fence: None,
+            }),
+        }
+    }
+
+    fn check_payload(&self, what: &str, json: &str) -> Result<(), Rejection> {
+        if json.len() > self.limits.task_payload_bytes_max {
+            return Err(Rejection::PayloadTooLarge(format!(
+                "the {what} is {} bytes, at most {} are allowed",
+                json.len(),
+                self.limits.task_payload_bytes_max
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_text(&self, what: &str, text: &str) -> Result<(), Rejection> {
+        let chars = text.chars().count();
+        if chars > self.limits.task_text_chars_max {
+            return Err(Rejection::invalid(format!(
+                "{what} is {chars} characters, at most {} are allowed",
+                self.limits.task_text_chars_max
+            )));
+        }
+        Ok(())
+    }
+
+    fn queue_mut(&mut self, namespace: &Namespace, queue: &Name) -> &mut QueueState {
+        self.namespaces
+            .get_mut(namespace)
+            .and_then(|state| state.queues.get_mut(queue))
+            .expect("the queue exists")
+    }
+
+    /// Puts a `Ready` task whose dependencies are done into the ready or the delay index.
+    fn make_ready(&mut self, namespace: &Namespace, queue: &Name, task_id: &Name) {
+        let time_ms = self.time_ms;
+        let queue_state = self.queue_mut(namespace, queue);
+        let task = &queue_state.tasks[task_id];
+        if task.waiting_on > 0 || task.life != Life::Ready {
+            return;
+        }
+        let (priority, sequence, ready_at_ms) = (task.priority, task.sequence, task.ready_at_ms);
+        if ready_at_ms <= time_ms {
+            queue_state
+                .ready
+                .insert((Reverse(priority), sequence, task_id.clone()));
+        } else {
+            self.delayed.insert((
+                ready_at_ms,
+                namespace.clone(),
+                queue.clone(),
+                sequence,
+                task_id.clone(),
+            ));
+        }
+    }
+
+    /// Moves a claimed task to `life`, dropping the claim from its session's books.
+    fn end_claim(&mut self, namespace: &Namespace, queue: &Name, task_id: &Name, life: Life) {
+        let queue_state = self.queue_mut(namespace, queue);
+        let task = queue_state.tasks.get_mut(task_id).expect("exists");
+        let Life::Claimed { session_id, .. } = task.life else {
+            return;
+        };
+        let new_state = match &life {
+            Life::Ready => TaskState::Ready,
+            Life::Claimed { .. } => TaskState::Claimed,
+            Life::Done { .. } => TaskState::Done,
+            Life::Dead { .. } => TaskState::Dead,
+        };
+        task.life = life;
+        queue_state.counts.add(TaskState::Claimed, -1);
+        queue_state.counts.add(new_state, 1);
+        self.remove_claim(namespace, session_id, queue, task_id);
+    }
+
+    /// Makes a task dead, and with it every task that can now never run because it depends on
+    /// it, transitively.
+    fn kill_task(&mut self, namespace: &Namespace, queue: &Name, task_id: &Name, reason: String) {
+        let mut doomed = vec![(task_id.clone(), reason)];
+        while let Some((id, reason)) = doomed.pop() {
+            let task = &self.namespaces[namespace].queues[queue].tasks[&id];
+            match task.life {
+                Life::Claimed { .. } => {
+                    self.end_claim(namespace, queue, &id, Life::Dead { reason })
+                }
+                Life::Ready => {
+                    let queue_state = self.queue_mut(namespace, queue);
+                    let task = queue_state.tasks.get_mut(&id).expect("exists");
+                    let (priority, sequence, ready_at_ms) =
+                        (task.priority, task.sequence, task.ready_at_ms);
+                    task.life = Life::Dead { reason };
+                    queue_state
+                        .ready
+                        .remove(&(Reverse(priority), sequence, id.clone()));
+                    queue_state.counts.add(TaskState::Ready, -1);
+                    queue_state.counts.add(TaskState::Dead, 1);
+                    self.delayed.remove(&(
+                        ready_at_ms,
+                        namespace.clone(),
+                        queue.clone(),
+                        sequence,
+                        id.clone(),
+                    ));
+                }
+                Life::Done { .. } | Life::Dead { .. } => continue,
+            }
+            let event = EventKind::TaskDead {
+                queue: queue.clone(),
+                task_id: id.clone(),
+            };
+            self.events
+                .push(self.time_ms, namespace, event, &self.limits);
+            let dependents = std::mem::take(
+                &mut self
+                    .queue_mut(namespace, queue)
+                    .tasks
+                    .get_mut(&id)
+                    .expect("exists")
+                    .dependents,
+            );
+            doomed.extend(
+                dependents
+                    .into_iter()
+                    .map(|dependent| (dependent, format!("its dependency {id} is dead"))),
+            );
+        }
+    }
+
+    /// A task is done: its dependents wait on one task fewer, and may become ready.
+    fn wake_dependents(&mut self, namespace: &Namespace, queue: &Name, task_id: &Name) {
+        let dependents = std::mem::take(
+            &mut self
+                .queue_mut(namespace, queue)
+                .tasks
+                .get_mut(task_id)
+                .expect("exists")
+                .dependents,
+        );
+        for dependent in dependents {
+            let task = self
+                .queue_mut(namespace, queue)
+                .tasks
+                .get_mut(&dependent)
+                .expect("dependents exist");
+            task.waiting_on -= 1;
+            self.make_ready(namespace, queue, &dependent);
+        }
+    }
+
+    fn add_claim(
+        &mut self,
+        namespace: &Namespace,
+        session_id: SessionId,
+        queue: &Name,
+        task_id: &Name,
+    ) {
+        let session = self
+            .namespaces
+            .get_mut(namespace)
+            .and_then(|state| state.sessions.get_mut(&session_id))
+            .expect("the claimer lives");
+        if session.claims.is_empty() {
+            self.claim_deadlines
+                .insert((session.deadline_ms, namespace.clone(), session_id));
+        }
+        session.claims.insert((queue.clone(), task_id.clone()));
+    }
+
+    fn remove_claim(
+        &mut self,
+        namespace: &Namespace,
+        session_id: SessionId,
+        queue: &Name,
+        task_id: &Name,
+    ) {
+        let Some(session) = self
+            .namespaces
+            .get_mut(namespace)
+            .and_then(|state| state.sessions.get_mut(&session_id))
+        else {
+            return;
+        };
+        session.claims.remove(&(queue.clone(), task_id.clone()));
+        if session.claims.is_empty() {
+            self.claim_deadlines
+                .remove(&(session.deadline_ms, namespace.clone(), session_id));
+        }
+    }
+}
+
+/// The tasks a snapshot names as claimed, by session, for rebuilding `Session::claims`.
+pub(super) fn claims_by_session(
+    queues: &BTreeMap<Name, QueueState>,
+) -> BTreeMap<SessionId, Vec<(Name, Name)>> {
+    let mut claims: BTreeMap<SessionId, Vec<(Name, Name)>> = BTreeMap::new();
+    for (queue, state) in queues {
+        for (session_id, task_id, _) in state.claims() {
+            claims
+                .entry(session_id)
+                .or_default()
+                .push((queue.clone(), task_id.clone()));
+        }
+    }
+    claims
+}
