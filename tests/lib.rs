@@ -831,19 +831,30 @@ fn try_send_signal(pid: u32, signal: &str) -> Result<(), String> {
 /// when the build fails.
 pub fn batond_path() -> &'static Path {
     static BATOND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match BATOND.get_or_init(build_batond) {
+    match BATOND.get_or_init(|| built_binary("BATOND_BIN", "baton-node", "batond")) {
         Ok(path) => path,
         Err(message) => panic!("{message}"),
     }
 }
 
-fn build_batond() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("BATOND_BIN") {
+/// The `baton` command line, found the same way (`BATON_BIN`, or built from `baton-client`).
+pub fn baton_path() -> &'static Path {
+    static BATON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    match BATON.get_or_init(|| built_binary("BATON_BIN", "baton-client", "baton")) {
+        Ok(path) => path,
+        Err(message) => panic!("{message}"),
+    }
+}
+
+/// `$override_var` when set, else builds `bin` of `package` with `$CARGO build` in the tests'
+/// profile and finds it in the target directory.
+fn built_binary(override_var: &str, package: &str, bin: &str) -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os(override_var) {
         let path = PathBuf::from(path);
         return if path.is_file() {
             Ok(path)
         } else {
-            Err(format!("BATOND_BIN={} is not a file", path.display()))
+            Err(format!("{override_var}={} is not a file", path.display()))
         };
     }
     let profile_dir = profile_dir();
@@ -858,7 +869,7 @@ fn build_batond() -> Result<PathBuf, String> {
         .join("Cargo.toml");
     let mut command = Command::new(&cargo);
     command
-        .args(["build", "--quiet", "-p", "baton-node", "--bin", "batond"])
+        .args(["build", "--quiet", "-p", package, "--bin", bin])
         .arg("--manifest-path")
         .arg(&manifest);
     if release {
@@ -866,19 +877,19 @@ fn build_batond() -> Result<PathBuf, String> {
     }
     let output = command.output().map_err(|error| {
         format!(
-            "could not run `{} build -p baton-node --bin batond`: {error}",
+            "could not run `{} build -p {package} --bin {bin}`: {error}",
             cargo.to_string_lossy()
         )
     })?;
     if !output.status.success() {
         return Err(format!(
-            "building batond failed ({}); the integration tests need it.\n{}{}",
+            "building {bin} failed ({}); the integration tests need it.\n{}{}",
             output.status,
             String::from_utf8_lossy(&output.stdout),
             String::from_utf8_lossy(&output.stderr)
         ));
     }
-    let binary = format!("batond{}", std::env::consts::EXE_SUFFIX);
+    let binary = format!("{bin}{}", std::env::consts::EXE_SUFFIX);
     let profile = if release { "release" } else { "debug" };
     let mut candidates = Vec::new();
     if let Some(directory) = &profile_dir {
@@ -899,7 +910,7 @@ fn build_batond() -> Result<PathBuf, String> {
         .iter()
         .find(|path| path.is_file())
         .cloned()
-        .ok_or_else(|| format!("batond was built but is not at any of {candidates:?}"))
+        .ok_or_else(|| format!("{bin} was built but is not at any of {candidates:?}"))
 }
 
 /// `…/target/debug` from the test binary's `…/target/debug/deps/it-xxxx`.
@@ -1306,65 +1317,4 @@ pub fn is_session_id(text: &str) -> bool {
 pub fn mentions_number(text: &str, number: u64) -> bool {
     text.split(|c: char| !c.is_ascii_digit())
         .any(|word| word == number.to_string())
-}
-
-// ---------------------------------------------------------------------------------------------
-// The baton binary
-// ---------------------------------------------------------------------------------------------
-
-/// The `baton` command line: `BATON_BIN`, or built once with `cargo build -p baton-client --bin
-/// baton` in the tests' profile and found next to `batond` (as `tests/it/cli.rs` does for
-/// itself). Panics with cargo's output when the build fails.
-pub fn baton_path() -> &'static Path {
-    static BATON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match BATON.get_or_init(build_baton) {
-        Ok(path) => path,
-        Err(message) => panic!("{message}"),
-    }
-}
-
-fn build_baton() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("BATON_BIN") {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(format!("BATON_BIN={} is not a file", path.display()))
-        };
-    }
-    let batond = batond_path();
-    let release = batond
-        .parent()
-        .and_then(Path::file_name)
-        .is_some_and(|name| name == "release");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .join("Cargo.toml");
-    let mut build = Command::new(&cargo);
-    build
-        .args(["build", "--quiet", "-p", "baton-client", "--bin", "baton"])
-        .arg("--manifest-path")
-        .arg(&manifest);
-    if release {
-        build.arg("--release");
-    }
-    let output = build
-        .output()
-        .map_err(|error| format!("could not run cargo to build baton: {error}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "building baton failed ({}):\n{}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let path = batond.with_file_name(format!("baton{}", std::env::consts::EXE_SUFFIX));
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("baton was built but is not at {}", path.display()))
-    }
 }

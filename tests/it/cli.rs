@@ -5,9 +5,7 @@
 //! `baton` is built once (like `batond` by the harness) and found next to `batond`; set
 //! `BATON_BIN` to test a prebuilt one. Every process a test starts is killed on drop.
 
-use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use baton_client::api::{
@@ -16,7 +14,7 @@ use baton_client::api::{
     SessionInfo,
 };
 use baton_tests::{
-    batond_path, free_port, is_session_id, mentions_number, poll_until, Cluster, Method,
+    baton_path, free_port, is_session_id, mentions_number, poll_until, Cluster, Method,
 };
 use serde::de::DeserializeOwned;
 
@@ -631,60 +629,4 @@ fn process_exists(pid: u32) -> bool {
             after_name.chars().next()
         })
         .is_some_and(|state| state != 'Z')
-}
-
-/// The `baton` binary: `BATON_BIN`, or built once with `$CARGO build -p baton-client --bin
-/// baton` in the tests' profile and found next to `batond`.
-fn baton_path() -> &'static Path {
-    static BATON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match BATON.get_or_init(build_baton) {
-        Ok(path) => path,
-        Err(message) => panic!("{message}"),
-    }
-}
-
-fn build_baton() -> Result<PathBuf, String> {
-    if let Some(path) = std::env::var_os("BATON_BIN") {
-        let path = PathBuf::from(path);
-        return if path.is_file() {
-            Ok(path)
-        } else {
-            Err(format!("BATON_BIN={} is not a file", path.display()))
-        };
-    }
-    let batond = batond_path();
-    let release = batond
-        .parent()
-        .and_then(Path::file_name)
-        .is_some_and(|name| name == "release");
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .join("Cargo.toml");
-    let mut build = std::process::Command::new(&cargo);
-    build
-        .args(["build", "--quiet", "-p", "baton-client", "--bin", "baton"])
-        .arg("--manifest-path")
-        .arg(&manifest);
-    if release {
-        build.arg("--release");
-    }
-    let output = build
-        .output()
-        .map_err(|error| format!("could not run cargo to build baton: {error}"))?;
-    if !output.status.success() {
-        return Err(format!(
-            "building baton failed ({}):\n{}{}",
-            output.status,
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        ));
-    }
-    let path = batond.with_file_name(format!("baton{}", std::env::consts::EXE_SUFFIX));
-    if path.is_file() {
-        Ok(path)
-    } else {
-        Err(format!("baton was built but is not at {}", path.display()))
-    }
 }

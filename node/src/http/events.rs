@@ -33,16 +33,7 @@ pub async fn events(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
-    let limits = app.limits();
-    let limit = query
-        .limit
-        .map_or(limits.list_page_max, |limit| limit as usize);
-    if limit == 0 || limit > limits.list_page_max {
-        return Err(ApiError::invalid(format!(
-            "limit must be 1..={}",
-            limits.list_page_max
-        )));
-    }
+    let limit = app.page_limit(query.limit)?;
     let last_event_id = headers
         .get("last-event-id")
         .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());

@@ -5,10 +5,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use baton_client::api::{
     AcquireRequest, CreateSessionRequest, EndSessionResponse, FenceCheckRequest,
-    FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, Owner as WireOwner,
-    ReleaseRequest, ReleaseResponse,
+    FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, ReleaseRequest,
+    ReleaseResponse,
 };
-use baton_raft_store::machine::{NewSession, Op, Owner, Reply, ResourcePath, SessionId};
+use baton_raft_store::machine::{NewSession, Op, Reply, ResourcePath, SessionId};
 
 use super::convert;
 use super::error::ApiError;
@@ -183,15 +183,7 @@ pub async fn acquire(
     let tag = app.idempotency_tag(key, &namespace, "POST", "/v1/leases", &[], &body.canonical);
     let request = &body.value;
     let resource = parse_path(&app, &request.resource)?;
-    let owner = match request.owner().map_err(ApiError::invalid)? {
-        WireOwner::Session(id) => Owner::Session(parse_session_id(id.as_str())?),
-        WireOwner::NewSession { holder, ttl_ms } => Owner::NewSession(NewSession {
-            session_id: app.new_session_id(),
-            holder: holder.to_owned(),
-            ttl_ms,
-            labels: Default::default(),
-        }),
-    };
+    let owner = app.owner(request.owner())?;
     let mut labels = request.labels.clone();
     if let Some(reason) = &request.reason {
         labels.insert("reason".to_owned(), reason.clone());
@@ -237,16 +229,7 @@ pub async fn list_leases(
     Ns(namespace): Ns,
     ApiQuery(query): ApiQuery<ListLeasesQuery>,
 ) -> Result<Answer, ApiError> {
-    let limits = app.limits();
-    let limit = query
-        .limit
-        .map_or(limits.list_page_max, |limit| limit as usize);
-    if limit == 0 || limit > limits.list_page_max {
-        return Err(ApiError::invalid(format!(
-            "limit must be 1..={}",
-            limits.list_page_max
-        )));
-    }
+    let limit = app.page_limit(query.limit)?;
     let prefix = query.prefix.unwrap_or_default();
     let (page, clocks) = app
         .read(|machine| machine.leases(&namespace, &prefix, query.cursor.as_deref(), limit))

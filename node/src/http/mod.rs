@@ -32,7 +32,7 @@ use baton_client::api::{
     HEADER_LEADER, HEADER_NAMESPACE,
 };
 use baton_raft_store::machine::{
-    IdempotencyTag, Limits, Machine, Namespace, Op, Rejection, Reply, SessionId,
+    IdempotencyTag, Limits, Machine, Namespace, NewSession, Op, Owner, Rejection, Reply, SessionId,
 };
 use baton_raft_store::store::{MachineHandle, TypeConfig};
 use openraft::Raft;
@@ -88,6 +88,36 @@ impl AppState {
         self.machine
             .read(|machine, _| machine.limits().clone())
             .unwrap_or_default()
+    }
+
+    /// A list's page size: `requested`, or the largest allowed when absent.
+    pub fn page_limit(&self, requested: Option<u32>) -> Result<usize, ApiError> {
+        let page_max = self.limits().list_page_max;
+        let limit = requested.map_or(page_max, |limit| limit as usize);
+        if limit == 0 || limit > page_max {
+            return Err(ApiError::invalid(format!("limit must be 1..={page_max}")));
+        }
+        Ok(limit)
+    }
+
+    /// Who an acquire or a claim is for: the named session, or a new one drawn here.
+    pub fn owner(
+        &self,
+        owner: Result<baton_client::api::Owner<'_>, String>,
+    ) -> Result<Owner, ApiError> {
+        match owner.map_err(ApiError::invalid)? {
+            baton_client::api::Owner::Session(id) => Ok(Owner::Session(
+                SessionId::parse(id.as_str()).map_err(ApiError::from_rejection)?,
+            )),
+            baton_client::api::Owner::NewSession { holder, ttl_ms } => {
+                Ok(Owner::NewSession(NewSession {
+                    session_id: self.new_session_id(),
+                    holder: holder.to_owned(),
+                    ttl_ms,
+                    labels: Default::default(),
+                }))
+            }
+        }
     }
 
     pub fn leader(&self) -> Option<u64> {

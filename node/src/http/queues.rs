@@ -5,10 +5,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use baton_client::api::{
-    ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, Owner as WireOwner,
-    QueueCounts, QueueInfo, TaskList, TaskReleaseRequest,
+    ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, QueueCounts,
+    QueueInfo, TaskList, TaskReleaseRequest,
 };
-use baton_raft_store::machine::{Name, NewSession, Op, Owner, Reply, SessionId, TaskClaim};
+use baton_raft_store::machine::{Name, Op, Reply, SessionId, TaskClaim};
 
 use super::convert;
 use super::error::ApiError;
@@ -91,17 +91,7 @@ pub async fn claim(
         &[&queue_text],
         &body.canonical,
     );
-    let owner = match body.value.owner().map_err(ApiError::invalid)? {
-        WireOwner::Session(id) => {
-            Owner::Session(SessionId::parse(id.as_str()).map_err(ApiError::from_rejection)?)
-        }
-        WireOwner::NewSession { holder, ttl_ms } => Owner::NewSession(NewSession {
-            session_id: app.new_session_id(),
-            holder: holder.to_owned(),
-            ttl_ms,
-            labels: Default::default(),
-        }),
-    };
+    let owner = app.owner(body.value.owner())?;
     let written = app
         .write(&namespace, tag, Op::Claim { queue, owner }, 256)
         .await?;
@@ -273,16 +263,7 @@ pub async fn list(
     ApiQuery(query): ApiQuery<ListTasksQuery>,
 ) -> Result<Answer, ApiError> {
     let queue = parse_name(&app, "queue", &queue_text)?;
-    let limits = app.limits();
-    let limit = query
-        .limit
-        .map_or(limits.list_page_max, |limit| limit as usize);
-    if limit == 0 || limit > limits.list_page_max {
-        return Err(ApiError::invalid(format!(
-            "limit must be 1..={}",
-            limits.list_page_max
-        )));
-    }
+    let limit = app.page_limit(query.limit)?;
     let state = query.state.map(convert::task_state_from_wire);
     let (page, clocks) = app
         .read(|machine| machine.tasks(&namespace, &queue, state, query.cursor.as_deref(), limit))

@@ -435,7 +435,11 @@ impl Machine {
             .push(self.time_ms, namespace, event, &self.limits);
         if retried {
             self.end_claim(namespace, queue, task_id, Life::Ready);
-            let task = self.queue_mut(namespace, queue).tasks.get_mut(task_id).expect("exists");
+            let task = self
+                .queue_mut(namespace, queue)
+                .tasks
+                .get_mut(task_id)
+                .expect("exists");
             task.last_failure = Some(reason.to_owned());
             self.make_ready(namespace, queue, task_id);
         } else {
