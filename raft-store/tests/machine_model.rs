@@ -627,6 +627,17 @@ impl Model {
         if in_queue >= self.limits.tasks_per_queue_max {
             return Err(Refusal::Exhausted);
         }
+        let mut queues: Vec<&Name> = self
+            .tasks
+            .iter()
+            .filter(|task| task.namespace == *namespace)
+            .map(|task| &task.queue)
+            .collect();
+        queues.sort();
+        queues.dedup();
+        if in_queue == 0 && queues.len() >= self.limits.queues_per_namespace_max {
+            return Err(Refusal::Exhausted);
+        }
         let mut dependencies: Vec<Name> = depends_on.to_vec();
         dependencies.sort();
         dependencies.dedup();

@@ -238,6 +238,15 @@ impl Machine {
                 "queue {queue} already holds {tasks} tasks, the most allowed"
             )));
         }
+        let queues = self
+            .namespaces
+            .get(namespace)
+            .map_or(0, |state| state.queues.len());
+        if existing.is_none() && queues >= limits.queues_per_namespace_max {
+            return Err(Rejection::ResourceExhausted(format!(
+                "namespace {namespace} already has {queues} queues, the most allowed"
+            )));
+        }
         let dependencies: BTreeSet<&Name> = depends_on.iter().collect();
         let mut waiting_on = 0u32;
         for dependency in &dependencies {

@@ -1344,6 +1344,24 @@ fn queue_limits_are_refused_and_change_nothing() {
             (0, enqueue("b", 0, &[]), "RESOURCE_EXHAUSTED"),
         ],
     );
+    let mut machine = with_limits(|limits| limits.queues_per_namespace_max = 1);
+    let in_other_queue = Op::Enqueue {
+        queue: name("other"),
+        task_id: name("x"),
+        payload: "1".to_owned(),
+        priority: 0,
+        depends_on: vec![],
+        max_attempts: 3,
+        delay_ms: 0,
+    };
+    check_on(
+        &mut machine,
+        vec![
+            (0, enqueue("a", 0, &[]), "enqueued a"),
+            (0, in_other_queue, "RESOURCE_EXHAUSTED"),
+            (0, enqueue("b", 0, &[]), "enqueued b"),
+        ],
+    );
 }
 
 #[test]

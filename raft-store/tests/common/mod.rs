@@ -82,6 +82,7 @@ pub fn limits_for(tight: bool) -> Limits {
         kv_value_bytes_max: 16,
         task_payload_bytes_max: 16,
         tasks_per_queue_max: 3,
+        queues_per_namespace_max: 1,
         task_dependencies_max: 2,
         task_text_chars_max: 8,
         idempotency_ttl_ms: 10_000,
