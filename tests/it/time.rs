@@ -182,3 +182,98 @@ async fn idle_cluster_time_keeps_pace_with_real_time_and_never_gains_on_it() {
          pace (allowed lag {allowed_lag_ms} ms)"
     );
 }
+
+#[tokio::test]
+async fn a_failover_extends_a_lease_by_about_the_leaderless_gap_and_never_shortens_it() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let leader = cluster.leader().await;
+    let acquire = json!({"resource": "time/lease", "holder": "agent-a", "ttl_ms": 20_000});
+    let grant = api.post(leader, "/v1/leases", &acquire).await;
+    let granted = Instant::now();
+    grant.expect_status(201);
+    let granted_expires_in = grant.body["expires_in_ms"].as_u64().expect("expires_in_ms") as f64;
+
+    let killed_at = Instant::now();
+    leader.kill();
+    let survivors = cluster.live_nodes();
+    let mut attempt = 0;
+    let lease = poll_until(
+        Duration::from_secs(10),
+        "the lease read after failover",
+        async || {
+            let node = survivors[attempt % survivors.len()];
+            attempt += 1;
+            let reply = api
+                .call(Method::GET, node, "/v1/leases/time/lease")
+                .try_send()
+                .await
+                .ok()?;
+            (reply.status == 200).then_some(reply)
+        },
+    )
+    .await;
+    let answered = Instant::now();
+    let leaderless_ms = (answered - killed_at).as_secs_f64() * 1000.0;
+    let elapsed_ms = (answered - granted).as_secs_f64() * 1000.0;
+    let expires_in = lease.body["expires_in_ms"].as_u64().expect("expires_in_ms") as f64;
+    // Without a failover the lease would have this much left by now; cluster time stood still
+    // while there was no leader, so the lease has that much more.
+    let extension_ms = expires_in - (granted_expires_in - elapsed_ms);
+    eprintln!(
+        "time: after {leaderless_ms:.0} ms without a usable leader the lease has {expires_in} ms left, \
+         {extension_ms:.0} ms more than real time alone would leave"
+    );
+    assert!(
+        extension_ms >= -RATE_SLACK_MS,
+        "the failover shortened the lease by {:.0} ms",
+        -extension_ms
+    );
+    assert!(
+        extension_ms >= 100.0,
+        "the leaderless gap ({leaderless_ms:.0} ms, election timeout 300 ms) did not extend the lease: {extension_ms:.0} ms"
+    );
+    assert!(
+        extension_ms <= leaderless_ms + RATE_SLACK_MS,
+        "the lease gained {extension_ms:.0} ms, more than the {leaderless_ms:.0} ms leaderless gap"
+    );
+}
+
+#[tokio::test]
+async fn a_leader_restarted_faster_than_the_election_timeout_keeps_time_monotonic() {
+    let cluster = Cluster::start(3).await;
+    let mut observations = Observations::default();
+    let mut round = 0;
+    for node in cluster.nodes().iter().cycle().take(12) {
+        request(&cluster, node, round, &mut observations).await;
+        round += 1;
+    }
+    let leader = cluster.leader().await;
+    let restarted = leader.id;
+    // SIGKILL and start again at once: with a 300 ms election timeout the node is back before
+    // its followers time out, and may resume leadership in the same term.
+    leader.kill();
+    leader.restart();
+    poll_until(
+        Duration::from_secs(10),
+        "a write after the quick restart",
+        async || {
+            let nodes = cluster.nodes();
+            let node = &nodes[round % nodes.len()];
+            round += 1;
+            let wrote = request(&cluster, node, round - 1, &mut observations).await;
+            wrote.then_some(())
+        },
+    )
+    .await;
+    cluster.wait_ready(Duration::from_secs(20)).await;
+    for node in cluster.nodes().iter().cycle().take(24) {
+        request(&cluster, node, round, &mut observations).await;
+        round += 1;
+    }
+    let leader_now = cluster.leader().await.id;
+    eprintln!(
+        "time: node {restarted} restarted at once; leader now {leader_now}; {} answers, never decreasing",
+        observations.seen.len()
+    );
+}
