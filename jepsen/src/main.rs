@@ -1,7 +1,22 @@
-//! `baton-jepsen`: the fault-injection harness of SPEC section 7 (`test`, being built) and the
-//! load tool the benchmarks in the issue notes come from (`bench`).
+//! `baton-jepsen`: the fault-injection harness of SPEC section 7 (`test`) and the load tool
+//! the benchmarks in the issue notes come from (`bench`).
+//!
+//! `test` starts a three-node cluster of real `batond` processes (`cluster`), puts a
+//! fault-injecting network between them (`net`), runs a workload (`workloads/`) and faults
+//! (`nemesis`), records a history (`history`), judges it (`checkers/`) and reports (`report`);
+//! `runner` puts these in order. Every process it starts is stopped on exit, on Ctrl-C or
+//! SIGTERM, and on panic.
 
 mod bench;
+mod checkers;
+mod cluster;
+mod history;
+mod http;
+mod nemesis;
+mod net;
+mod report;
+mod runner;
+mod workloads;
 
 use clap::{Parser, Subcommand};
 
@@ -21,7 +36,9 @@ enum Command {
     /// Lease cycles (acquire, keepalive, release) per second at several concurrencies.
     Bench(bench::BenchArgs),
     /// The fault-injection test of SPEC section 7.
-    Test,
+    Test(runner::TestArgs),
+    /// Judge a stored history again (and time the checkers).
+    Check(runner::CheckArgs),
 }
 
 #[tokio::main]
@@ -34,10 +51,34 @@ async fn main() -> std::process::ExitCode {
                 std::process::ExitCode::from(2)
             }
         },
-        Command::Test => {
-            // Exit 2 is "harness failure" in SPEC section 7: never mistaken for a verdict.
-            eprintln!("baton-jepsen test: the fault-injection harness is not built yet");
-            std::process::ExitCode::from(2)
+        Command::Check(args) => std::process::ExitCode::from(runner::recheck(args)),
+        Command::Test(args) => {
+            // Dropping the run future on a signal drops its cluster guard, which resumes and
+            // kills every node it started; a panic unwinds through the same guard.
+            let code = tokio::select! {
+                code = runner::run(args) => code,
+                signal = shutdown_signal() => {
+                    eprintln!("baton-jepsen test: {signal}: stopping every process started");
+                    2
+                }
+            };
+            std::process::ExitCode::from(code)
         }
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM, naming which.
+async fn shutdown_signal() -> &'static str {
+    let mut terminate =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(terminate) => terminate,
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+                return "interrupted";
+            }
+        };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "interrupted",
+        _ = terminate.recv() => "terminated",
     }
 }

@@ -1304,6 +1304,9 @@ impl Model {
             mode: lease.mode,
             labels: lease.labels.clone(),
             acquired_at_ms: lease.acquired_at_ms,
+            max_hold_ms: lease
+                .max_hold_deadline_ms
+                .map(|deadline| deadline - lease.acquired_at_ms),
             expires_in_ms: self.deadline(index) - self.time_ms,
         })
     }

@@ -323,6 +323,8 @@ pub struct LeaseView {
     pub mode: LeaseMode,
     pub labels: Labels,
     pub acquired_at_ms: u64,
+    /// The max hold asked for at acquire, if any.
+    pub max_hold_ms: Option<u64>,
     pub expires_in_ms: u64,
 }
 

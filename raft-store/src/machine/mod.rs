@@ -417,6 +417,9 @@ impl Machine {
             mode: lease.mode,
             labels: lease.labels.clone(),
             acquired_at_ms: lease.acquired_at_ms,
+            max_hold_ms: lease
+                .max_hold_deadline_ms
+                .map(|max_hold_deadline_ms| max_hold_deadline_ms - lease.acquired_at_ms),
             expires_in_ms: deadline_ms - self.time_ms,
         })
     }

@@ -1,0 +1,125 @@
+//! Fences rise (SPEC G3): every grant (lease acquire or task claim) gets a token greater than
+//! every token granted before it, cluster-wide. From the history: no two distinct grants share
+//! a token, and a grant that was invoked after another one completed has a larger token. A
+//! retry with the same idempotency key is the same grant (its replay shows the same token).
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Value};
+
+use super::{ms, CheckResult};
+use crate::history::{pairs, Op, OpType};
+
+/// A successful grant: `(invoke ns, complete ns, fence, idempotency key, resource, index)`.
+struct Grant<'a> {
+    invoke_ns: u64,
+    complete_ns: u64,
+    fence: u64,
+    key: &'a str,
+    resource: &'a str,
+    index: u64,
+}
+
+/// Checks fence order.
+pub fn check(history: &[Op]) -> CheckResult {
+    let mut grants: Vec<Grant<'_>> = pairs(history)
+        .into_iter()
+        .filter(|pair| pair.outcome() == OpType::Ok)
+        .filter(|pair| pair.invoke.f == "acquire" || pair.invoke.f == "claim")
+        .filter_map(|pair| {
+            Some(Grant {
+                invoke_ns: pair.invoke.time_ns,
+                complete_ns: pair.end_ns(),
+                fence: pair.result()["fence"].as_u64()?,
+                key: pair.invoke.value["idempotency_key"].as_str().unwrap_or(""),
+                resource: pair.invoke.key_str(),
+                index: pair.invoke.index,
+            })
+        })
+        .collect();
+    let mut violations: Vec<Value> = Vec::new();
+    let mut by_fence: BTreeMap<u64, &Grant<'_>> = BTreeMap::new();
+    for grant in &grants {
+        if let Some(other) = by_fence.insert(grant.fence, grant) {
+            if other.key != grant.key || grant.key.is_empty() {
+                violations.push(
+                    json!({"problem": "two grants share a fence", "fence": grant.fence,
+                    "resources": [other.resource, grant.resource],
+                    "invocations": [other.index, grant.index]}),
+                );
+            }
+        }
+    }
+    // Sweep in invocation order, folding in grants that completed before each invocation.
+    grants.sort_by_key(|grant| grant.invoke_ns);
+    let mut completed: Vec<&Grant<'_>> = grants.iter().collect();
+    completed.sort_by_key(|grant| grant.complete_ns);
+    let mut next = 0;
+    let mut highest: Option<&Grant<'_>> = None;
+    for grant in &grants {
+        while next < completed.len() && completed[next].complete_ns < grant.invoke_ns {
+            if highest.is_none_or(|top| completed[next].fence > top.fence) {
+                highest = Some(completed[next]);
+            }
+            next += 1;
+        }
+        if let Some(top) = highest {
+            if top.fence >= grant.fence && top.key != grant.key {
+                violations.push(json!({"problem": "a later grant got a lower or equal fence",
+                    "earlier": {"invocation": top.index, "fence": top.fence, "resource": top.resource,
+                                "completed_ms": ms(top.complete_ns)},
+                    "later": {"invocation": grant.index, "fence": grant.fence, "resource": grant.resource,
+                              "invoked_ms": ms(grant.invoke_ns)}}));
+            }
+        }
+    }
+    CheckResult::from_violations(&format!("{} grants", grants.len()), violations)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkers::Verdict;
+    use crate::history::build::{indexed, op};
+
+    fn grant(process: u64, from: u64, to: u64, fence: u64, key: &str) -> Vec<Op> {
+        vec![
+            op(
+                process,
+                OpType::Invoke,
+                from,
+                "acquire",
+                "a",
+                json!({"idempotency_key": key}),
+            ),
+            op(
+                process,
+                OpType::Ok,
+                to,
+                "acquire",
+                "a",
+                json!({"fence": fence}),
+            ),
+        ]
+    }
+
+    #[test]
+    fn rising_fences_pass() {
+        let history = indexed([grant(1, 0, 1, 5, "k1"), grant(2, 2, 3, 6, "k2")].concat());
+        assert_eq!(check(&history).verdict, Verdict::Valid);
+    }
+
+    #[test]
+    fn a_lower_fence_after_a_completed_grant_is_caught() {
+        let history = indexed([grant(1, 0, 1, 7, "k1"), grant(2, 2, 3, 6, "k2")].concat());
+        assert_eq!(check(&history).verdict, Verdict::Invalid);
+    }
+
+    #[test]
+    fn a_reused_fence_is_caught_but_a_replay_is_not() {
+        let reused = indexed([grant(1, 0, 5, 7, "k1"), grant(2, 1, 4, 7, "k2")].concat());
+        assert_eq!(check(&reused).verdict, Verdict::Invalid);
+        let replay = indexed([grant(1, 0, 1, 7, "k1"), grant(2, 2, 3, 7, "k1")].concat());
+        assert_eq!(check(&replay).verdict, Verdict::Valid);
+    }
+}

@@ -1,0 +1,196 @@
+//! Fenced writes (SPEC G4) as the protected resources see them.
+//!
+//! The harness's protected resource (process `resource`): per path, the fences of accepted
+//! writes never go down in the order the resource accepted them (a stale-fenced write
+//! accepted is a violation), and every accepted fence was granted for that lease's resource
+//! (no phantom fence). Baton's own fenced key-value store: a fenced write that succeeded must
+//! not carry a token older than a grant on the same resource that had completed before the
+//! write was sent (that token cannot have been live), and its token must have been granted.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::{json, Value};
+
+use super::{ms, CheckResult};
+use crate::history::{pairs, Op, OpType};
+use crate::workloads::RESOURCE;
+
+/// Checks stale and phantom fences.
+pub fn check(history: &[Op]) -> CheckResult {
+    let all = pairs(history);
+    let grants: Vec<(&str, u64, u64)> = all
+        .iter()
+        .filter(|pair| pair.invoke.f == "acquire" && pair.outcome() == OpType::Ok)
+        .filter_map(|pair| {
+            Some((
+                pair.invoke.key_str(),
+                pair.result()["fence"].as_u64()?,
+                pair.end_ns(),
+            ))
+        })
+        .collect();
+    let granted: BTreeSet<(&str, u64)> = grants
+        .iter()
+        .map(|&(resource, fence, _)| (resource, fence))
+        .collect();
+    let mut violations: Vec<Value> = Vec::new();
+    let mut highest: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut accepted = 0usize;
+    for op in history
+        .iter()
+        .filter(|op| op.is_named(RESOURCE) && op.f == "write")
+    {
+        if op.kind != OpType::Ok {
+            continue;
+        }
+        accepted += 1;
+        let fence = op.value["fence"].as_u64().unwrap_or(0);
+        if !granted.contains(&(op.key_str(), fence)) {
+            violations.push(
+                json!({"problem": "phantom fence accepted", "index": op.index,
+                                   "resource": op.key_str(), "fence": fence}),
+            );
+        }
+        for path in op.value["paths"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+        {
+            let top = highest.entry(path.to_owned()).or_insert((0, 0));
+            if fence < top.0 {
+                violations.push(json!({"problem": "stale-fenced write accepted", "index": op.index,
+                    "path": path, "fence": fence, "lease": op.value["lease"],
+                    "higher_fence_accepted_before": top.0, "at_index": top.1, "time_ms": ms(op.time_ns)}));
+            } else {
+                *top = (fence, op.index);
+            }
+        }
+    }
+    // Baton's fenced kv writes.
+    let mut kv_writes = 0usize;
+    for pair in all
+        .iter()
+        .filter(|pair| pair.invoke.f == "write" && pair.outcome() == OpType::Ok)
+    {
+        let (Some(resource), Some(token)) = (
+            pair.invoke.value["resource"].as_str(),
+            pair.invoke.value["fence"].as_u64(),
+        ) else {
+            continue;
+        };
+        kv_writes += 1;
+        if !granted.contains(&(resource, token)) {
+            violations.push(json!({"problem": "kv write applied with a phantom fence",
+                                   "invocation": pair.invoke.index, "resource": resource, "fence": token}));
+        }
+        if let Some(&(_, newer, completed)) =
+            grants
+                .iter()
+                .find(|&&(granted_resource, fence, completed)| {
+                    granted_resource == resource && fence > token && completed < pair.invoke.time_ns
+                })
+        {
+            violations.push(
+                json!({"problem": "kv write applied with a superseded fence",
+                "invocation": pair.invoke.index, "key": pair.invoke.key_str(), "resource": resource,
+                "fence": token, "newer_fence": newer, "newer_granted_by_ms": ms(completed),
+                "write_invoked_ms": ms(pair.invoke.time_ns)}),
+            );
+        }
+    }
+    CheckResult::from_violations(
+        &format!("{accepted} accepted resource writes, {kv_writes} fenced kv writes"),
+        violations,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkers::Verdict;
+    use crate::history::build::{indexed, op};
+    use crate::history::Process;
+
+    fn granted(process: u64, at: u64, resource: &str, fence: u64) -> Vec<Op> {
+        vec![
+            op(process, OpType::Invoke, at, "acquire", resource, json!({})),
+            op(
+                process,
+                OpType::Ok,
+                at + 1,
+                "acquire",
+                resource,
+                json!({"fence": fence}),
+            ),
+        ]
+    }
+
+    fn write(resource: &str, fence: u64, paths: &[&str]) -> Op {
+        let mut write = op(
+            0,
+            OpType::Ok,
+            50,
+            "write",
+            resource,
+            json!({"fence": fence, "paths": paths, "lease": "l"}),
+        );
+        write.process = Process::Named(RESOURCE.to_owned());
+        write
+    }
+
+    #[test]
+    fn rising_writes_pass() {
+        let history = indexed(
+            [
+                granted(1, 0, "t/a", 3),
+                granted(2, 5, "t", 4),
+                vec![write("t/a", 3, &["t/a"]), write("t", 4, &["t", "t/a"])],
+            ]
+            .concat(),
+        );
+        assert_eq!(check(&history).verdict, Verdict::Valid);
+    }
+
+    #[test]
+    fn a_stale_write_on_a_covered_path_is_caught() {
+        let history = indexed(
+            [
+                granted(1, 0, "t/a", 3),
+                granted(2, 5, "t", 4),
+                vec![write("t", 4, &["t", "t/a"]), write("t/a", 3, &["t/a"])],
+            ]
+            .concat(),
+        );
+        assert_eq!(check(&history).verdict, Verdict::Invalid);
+    }
+
+    #[test]
+    fn a_phantom_fence_is_caught() {
+        let history = indexed([granted(1, 0, "t/a", 3), vec![write("t/a", 9, &["t/a"])]].concat());
+        assert_eq!(check(&history).verdict, Verdict::Invalid);
+    }
+
+    #[test]
+    fn a_kv_write_with_a_superseded_fence_is_caught() {
+        let history = indexed(
+            [
+                granted(1, 0, "kvlock/r", 3),
+                granted(2, 10, "kvlock/r", 4),
+                vec![
+                    op(
+                        1,
+                        OpType::Invoke,
+                        20,
+                        "write",
+                        "r",
+                        json!({"value": 1, "fence": 3, "resource": "kvlock/r"}),
+                    ),
+                    op(1, OpType::Ok, 21, "write", "r", json!({"value": 1})),
+                ],
+            ]
+            .concat(),
+        );
+        assert_eq!(check(&history).verdict, Verdict::Invalid);
+    }
+}

@@ -1,0 +1,430 @@
+//! Cluster control: three `batond` processes with fresh data dirs under the run directory,
+//! started, SIGKILLed, restarted on their data, paused (SIGSTOP) and resumed (SIGCONT), and
+//! the few node-local calls the nemesis and the final checks need (who leads, readiness,
+//! clock control, digests).
+//!
+//! Every process started here is owned by a [`Cluster`], and [`ClusterGuard`] (held by the
+//! run, never shared) resumes and SIGKILLs all of them when it is dropped: at the end of a run,
+//! when the run future is dropped on Ctrl-C or SIGTERM, or while unwinding from a panic. What
+//! must never live here: workload logic, or any address other than loopback.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde_json::{json, Value};
+
+use crate::net::{self, Net, Pids};
+
+/// How long a cluster may take to elect a leader with every node ready.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Per-request timeout of the harness's own control calls.
+const CONTROL_TIMEOUT: Duration = Duration::from_millis(1_000);
+
+/// Timings and flags of the nodes.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// The `batond` binary.
+    pub batond: PathBuf,
+    /// Where data dirs and logs go.
+    pub run_dir: PathBuf,
+    /// `--heartbeat-ms`.
+    pub heartbeat_ms: u64,
+    /// `--election-timeout-ms`.
+    pub election_timeout_ms: u64,
+    /// `--tick-ms`.
+    pub tick_ms: u64,
+    /// Start with `--clock-control`.
+    pub clock_control: bool,
+}
+
+/// One `batond` process.
+#[derive(Debug)]
+pub struct Node {
+    /// `--id`.
+    pub id: u64,
+    /// Where clients reach it directly (`--listen`).
+    pub api: SocketAddr,
+    /// Its log file (stdout and stderr of every start).
+    pub log_path: PathBuf,
+    args: Vec<OsString>,
+    process: Mutex<Process>,
+}
+
+#[derive(Debug, Default)]
+struct Process {
+    child: Option<Child>,
+    paused: bool,
+    starts: u32,
+}
+
+/// The three nodes, their network, and an HTTP client for control calls.
+#[derive(Debug)]
+pub struct Cluster {
+    /// Every node, in id order.
+    pub nodes: Vec<Node>,
+    /// The network between them.
+    pub net: Arc<dyn Net>,
+    config: ClusterConfig,
+    pids: Pids,
+    http: reqwest::Client,
+    /// Set by [`Cluster::stop_all`]: no process is started after it.
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+/// Owns the right to stop a cluster: dropping it resumes and kills every node process.
+#[derive(Debug)]
+pub struct ClusterGuard(pub Arc<Cluster>);
+
+impl Drop for ClusterGuard {
+    fn drop(&mut self) {
+        self.0.stop_all();
+    }
+}
+
+impl Cluster {
+    /// Starts three nodes with fresh data dirs and waits until they agree on a leader.
+    pub async fn start(config: ClusterConfig) -> anyhow::Result<ClusterGuard> {
+        let ids = [1u64, 2, 3];
+        let addresses: Vec<(u64, SocketAddr, SocketAddr)> = ids
+            .iter()
+            .map(|&id| Ok((id, free_address()?, free_address()?)))
+            .collect::<anyhow::Result<_>>()?;
+        let pids: Pids = Arc::new(Mutex::new(BTreeMap::new()));
+        let net = net::choose(&addresses, pids.clone()).await?;
+        let initial_cluster = ids
+            .iter()
+            .map(|&id| {
+                format!(
+                    "{id}={}@{}",
+                    net.advertised_api_addr(id),
+                    net.advertised_peer_addr(id)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut nodes = Vec::new();
+        for &(id, api, peer) in &addresses {
+            let data_dir = config.run_dir.join(format!("n{id}"));
+            fs::create_dir_all(&data_dir)?;
+            let mut args: Vec<OsString> = vec![
+                "run".into(),
+                "--id".into(),
+                id.to_string().into(),
+                "--data-dir".into(),
+                data_dir.into(),
+                "--listen".into(),
+                api.to_string().into(),
+                "--peer-listen".into(),
+                peer.to_string().into(),
+                "--initial-cluster".into(),
+                initial_cluster.clone().into(),
+                "--heartbeat-ms".into(),
+                config.heartbeat_ms.to_string().into(),
+                "--election-timeout-ms".into(),
+                config.election_timeout_ms.to_string().into(),
+                "--tick-ms".into(),
+                config.tick_ms.to_string().into(),
+            ];
+            if config.clock_control {
+                args.push("--clock-control".into());
+            }
+            nodes.push(Node {
+                id,
+                api,
+                log_path: config.run_dir.join(format!("n{id}.log")),
+                args,
+                process: Mutex::new(Process::default()),
+            });
+        }
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(CONTROL_TIMEOUT)
+            .build()?;
+        let cluster = ClusterGuard(Arc::new(Cluster {
+            nodes,
+            net,
+            config,
+            pids,
+            http,
+            stopped: std::sync::atomic::AtomicBool::new(false),
+        }));
+        for node in &cluster.0.nodes {
+            cluster.0.spawn(node)?;
+        }
+        cluster.0.wait_ready(READY_TIMEOUT).await?;
+        Ok(cluster)
+    }
+
+    /// The node with this id.
+    pub fn node(&self, id: u64) -> &Node {
+        &self.nodes[usize::try_from(id - 1).unwrap_or(0)]
+    }
+
+    /// Node ids.
+    pub fn ids(&self) -> Vec<u64> {
+        self.nodes.iter().map(|node| node.id).collect()
+    }
+
+    /// The configuration the cluster was started with.
+    pub fn config(&self) -> &ClusterConfig {
+        &self.config
+    }
+
+    /// True while the node's process runs (paused or not).
+    pub fn is_running(&self, id: u64) -> bool {
+        let mut process = lock(&self.node(id).process);
+        match process.child.as_mut() {
+            Some(child) => matches!(child.try_wait(), Ok(None)),
+            None => false,
+        }
+    }
+
+    /// True between [`Cluster::pause`] and [`Cluster::resume`].
+    pub fn is_paused(&self, id: u64) -> bool {
+        lock(&self.node(id).process).paused
+    }
+
+    /// SIGKILL (resuming first if paused), reaped at once.
+    pub fn kill(&self, id: u64) {
+        let mut process = lock(&self.node(id).process);
+        let paused = process.paused;
+        if let Some(child) = process.child.as_mut() {
+            if paused {
+                signal(child.id(), "CONT");
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        process.child = None;
+        process.paused = false;
+    }
+
+    /// Starts a killed node again on its data dir.
+    pub fn restart(&self, id: u64) -> anyhow::Result<()> {
+        if self.is_running(id) {
+            return Ok(());
+        }
+        self.spawn(self.node(id))
+    }
+
+    /// SIGSTOP.
+    pub fn pause(&self, id: u64) {
+        let mut process = lock(&self.node(id).process);
+        if let Some(child) = process.child.as_ref() {
+            if !process.paused {
+                signal(child.id(), "STOP");
+                process.paused = true;
+            }
+        }
+    }
+
+    /// SIGCONT.
+    pub fn resume(&self, id: u64) {
+        let mut process = lock(&self.node(id).process);
+        if let Some(child) = process.child.as_ref() {
+            if process.paused {
+                signal(child.id(), "CONT");
+            }
+        }
+        process.paused = false;
+    }
+
+    /// Resumes and SIGKILLs every node. Never panics; safe to call more than once.
+    pub fn stop_all(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        for node in &self.nodes {
+            self.kill(node.id);
+        }
+        self.net.heal();
+    }
+
+    /// How many times each node was started.
+    pub fn starts(&self) -> BTreeMap<u64, u32> {
+        self.nodes
+            .iter()
+            .map(|node| (node.id, lock(&node.process).starts))
+            .collect()
+    }
+
+    /// `GET` a node-local route of node `id`, parsed as JSON.
+    pub async fn get_json(&self, id: u64, path: &str) -> anyhow::Result<Value> {
+        let url = format!("http://{}{path}", self.node(id).api);
+        let response = self.http.get(url).send().await?;
+        let status = response.status();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!("{path} on node {id}: {status} {body}");
+        }
+        Ok(body)
+    }
+
+    /// Sends a JSON request to node `id` with a timeout; returns status and body.
+    pub async fn call(
+        &self,
+        id: u64,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<&Value>,
+        timeout: Duration,
+    ) -> anyhow::Result<(u16, Value)> {
+        let url = format!("http://{}{path}", self.node(id).api);
+        let mut request = self.http.request(method, url).timeout(timeout);
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await?;
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap_or(Value::Null);
+        Ok((status, body))
+    }
+
+    /// The leader as the running, unpaused nodes see it, if one of them says it leads.
+    pub async fn leader(&self) -> Option<u64> {
+        for node in &self.nodes {
+            if !self.is_running(node.id) || self.is_paused(node.id) {
+                continue;
+            }
+            if let Ok(status) = self.get_json(node.id, "/v1/cluster").await {
+                if status["leader_id"].as_u64() == Some(node.id) {
+                    return Some(node.id);
+                }
+            }
+        }
+        None
+    }
+
+    /// Sets a node's clock (`--clock-control`): rate and wall offset.
+    pub async fn set_clock(&self, id: u64, rate: f64, wall_offset_ms: i64) -> anyhow::Result<()> {
+        let body = json!({"rate": rate, "wall_offset_ms": wall_offset_ms});
+        let (status, answer) = self
+            .call(
+                id,
+                reqwest::Method::POST,
+                "/v1/debug/clock",
+                Some(&body),
+                CONTROL_TIMEOUT,
+            )
+            .await?;
+        if status != 200 {
+            bail!("clock control on node {id}: {status} {answer}");
+        }
+        Ok(())
+    }
+
+    /// Waits until every running node answers `/readyz` 200 and one leads.
+    pub async fn wait_ready(&self, timeout: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let mut ready = true;
+            for node in &self.nodes {
+                if !self.is_running(node.id) {
+                    continue;
+                }
+                let url = format!("http://{}/readyz", node.api);
+                let ok = matches!(self.http.get(url).send().await, Ok(answer) if answer.status().is_success());
+                ready &= ok;
+            }
+            if ready && self.leader().await.is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                bail!(
+                    "the cluster was not ready within {timeout:?}; see the node logs in {}",
+                    self.config.run_dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn spawn(&self, node: &Node) -> anyhow::Result<()> {
+        let mut process = lock(&node.process);
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            bail!("the cluster is stopped");
+        }
+        process.starts += 1;
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&node.log_path)?;
+        writeln!(
+            log,
+            "---- baton-jepsen: start #{} of node {} ----",
+            process.starts, node.id
+        )?;
+        let mut command = Command::new(&self.config.batond);
+        command
+            .args(&node.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .env("RUST_BACKTRACE", "1");
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("BATON_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("spawn {}", self.config.batond.display()))?;
+        lock(&self.pids).insert(node.id, child.id());
+        process.child = Some(child);
+        process.paused = false;
+        Ok(())
+    }
+}
+
+/// Finds the `batond` binary: the flag, `BATOND_BIN`, next to this executable, or `PATH`.
+pub fn find_batond(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(path) = flag {
+        if path.is_file() {
+            return Ok(path.to_path_buf());
+        }
+        bail!("--batond {} is not a file", path.display());
+    }
+    if let Some(path) = std::env::var_os("BATOND_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    if let Some(sibling) = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join("batond")))
+        .filter(|path| path.is_file())
+    {
+        return Ok(sibling);
+    }
+    for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
+        let candidate = dir.join("batond");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!("no batond binary: pass --batond PATH (build it with `cargo build --release -p baton-node`)")
+}
+
+fn free_address() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
+fn signal(pid: u32, name: &str) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}

@@ -1,0 +1,396 @@
+//! The nemesis: faults injected on a seeded schedule while the workload runs, each a window
+//! recorded in the history (`start` and `stop` events of process `nemesis`), and a heal that
+//! undoes everything at the end.
+//!
+//! Faults: `kill` (SIGKILL and restart, sometimes of the leader, sometimes faster than the
+//! election timeout), `pause` (SIGSTOP/SIGCONT of a node, and for workloads that honour it,
+//! clients stalled inside their critical section), `partition` (isolate a node, isolate the
+//! leader, a bridge, a one-way cut), `clock` (node rates within the 1% rate error, wall
+//! offsets of any size, guard clocks within the rate error), `clock-beyond` (rates and jumps
+//! outside G6's assumptions) and `membership` (remove a node, add it back). What must never
+//! live here: any fault aimed at something the harness did not start.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Value};
+
+use crate::cluster::Cluster;
+use crate::history::History;
+use crate::net::cut_between;
+use crate::workloads::{ClientPause, GuardClock};
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// SIGKILL and restart.
+    Kill,
+    /// SIGSTOP and SIGCONT (and client stalls).
+    Pause,
+    /// Network partitions through the proxy mesh.
+    Partition,
+    /// Clock faults within the rate error.
+    Clock,
+    /// Clock faults beyond it.
+    ClockBeyond,
+    /// Remove a node and add it back.
+    Membership,
+}
+
+impl Fault {
+    /// Parses a command-line name; `none` is no fault.
+    pub fn parse(name: &str) -> anyhow::Result<Option<Fault>> {
+        Ok(Some(match name {
+            "kill" => Fault::Kill,
+            "pause" => Fault::Pause,
+            "partition" => Fault::Partition,
+            "clock" => Fault::Clock,
+            "clock-beyond" => Fault::ClockBeyond,
+            "membership" => Fault::Membership,
+            "none" | "" => return Ok(None),
+            other => anyhow::bail!(
+                "unknown nemesis {other:?}: kill, pause, partition, clock, clock-beyond, membership, none"
+            ),
+        }))
+    }
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Fault::Kill => "kill",
+            Fault::Pause => "pause",
+            Fault::Partition => "partition",
+            Fault::Clock => "clock",
+            Fault::ClockBeyond => "clock-beyond",
+            Fault::Membership => "membership",
+        }
+    }
+}
+
+/// What the nemesis works on.
+#[derive(Debug, Clone)]
+pub struct Nemesis {
+    /// The cluster.
+    pub cluster: Arc<Cluster>,
+    /// The recorder.
+    pub history: History,
+    /// The workers' guard clocks.
+    pub clocks: Vec<Arc<GuardClock>>,
+    /// Client stalls.
+    pub client_pause: Arc<ClientPause>,
+    /// Whether the workload's clients honour stalls (`unfenced-lock`).
+    pub stall_clients: bool,
+    /// Enabled faults.
+    pub faults: Vec<Fault>,
+    /// No fault starts after this.
+    pub deadline: Instant,
+    /// The seed.
+    pub seed: u64,
+}
+
+/// How many faults of each kind were injected.
+pub type Injected = BTreeMap<String, u64>;
+
+/// The first fault comes after this quiet time.
+const QUIET_FIRST: Duration = Duration::from_millis(1_500);
+
+impl Nemesis {
+    /// Runs the schedule until the deadline, then heals. Returns the faults injected.
+    pub async fn run(self) -> Injected {
+        let mut injected = Injected::new();
+        if self.faults.is_empty() {
+            return injected;
+        }
+        let mut rng = StdRng::seed_from_u64(self.seed ^ 0x006E_656D_6573_6973);
+        tokio::time::sleep(QUIET_FIRST).await;
+        while Instant::now() + Duration::from_secs(2) < self.deadline {
+            let fault = self.faults[rng.random_range(0..self.faults.len())];
+            let name = match fault {
+                Fault::Kill => self.kill(&mut rng).await,
+                Fault::Pause => self.pause(&mut rng).await,
+                Fault::Partition => self.partition(&mut rng).await,
+                Fault::Clock => self.clock(&mut rng, false).await,
+                Fault::ClockBeyond => self.clock(&mut rng, true).await,
+                Fault::Membership => self.membership(&mut rng).await,
+            };
+            *injected.entry(name).or_default() += 1;
+            self.sleep(Duration::from_millis(rng.random_range(800..2_000)))
+                .await;
+        }
+        self.heal().await;
+        injected
+    }
+
+    /// Undoes every fault: resumes and restarts nodes, heals the network, resets clocks,
+    /// re-adds removed members. Safe to call at any time.
+    pub async fn heal(&self) {
+        self.client_pause.clear();
+        for id in self.cluster.ids() {
+            self.cluster.resume(id);
+            if !self.cluster.is_running(id) {
+                let _ = self.cluster.restart(id);
+            }
+        }
+        self.cluster.net.heal();
+        for clock in &self.clocks {
+            clock.set_rate(1.0);
+        }
+        if self.cluster.config().clock_control {
+            for id in self.cluster.ids() {
+                let _ = self.cluster.set_clock(id, 1.0, 0).await;
+            }
+        }
+        if self.faults.contains(&Fault::Membership) {
+            for id in self.cluster.ids() {
+                let _ = self.add_back(id, Duration::from_secs(20)).await;
+            }
+        }
+        self.history.nemesis("heal", json!({}));
+    }
+
+    async fn sleep(&self, duration: Duration) {
+        let until = (Instant::now() + duration).min(self.deadline);
+        tokio::time::sleep_until(until.into()).await;
+    }
+
+    async fn target(&self, rng: &mut StdRng) -> (u64, bool) {
+        if rng.random_bool(0.5) {
+            if let Some(leader) = self.cluster.leader().await {
+                return (leader, true);
+            }
+        }
+        let ids = self.cluster.ids();
+        (ids[rng.random_range(0..ids.len())], false)
+    }
+
+    fn start(&self, fault: &str, value: Value) {
+        let mut value = value;
+        value["fault"] = Value::from(fault);
+        self.history.nemesis("start", value);
+    }
+
+    fn stop(&self, fault: &str, value: Value) {
+        let mut value = value;
+        value["fault"] = Value::from(fault);
+        self.history.nemesis("stop", value);
+    }
+
+    async fn kill(&self, rng: &mut StdRng) -> String {
+        let (node, leader) = self.target(rng).await;
+        // Sometimes back faster than the election timeout: the node resumes in the same term.
+        let fast = rng.random_bool(0.4);
+        let down = if fast {
+            Duration::from_millis(rng.random_range(30..150))
+        } else {
+            Duration::from_millis(rng.random_range(500..2_500))
+        };
+        self.start(
+            "kill",
+            json!({"node": node, "leader": leader, "fast": fast}),
+        );
+        self.cluster.kill(node);
+        tokio::time::sleep(down).await;
+        let restarted = self.cluster.restart(node);
+        self.stop(
+            "kill",
+            json!({"node": node, "restarted": restarted.is_ok()}),
+        );
+        "kill".to_owned()
+    }
+
+    async fn pause(&self, rng: &mut StdRng) -> String {
+        let (node, leader) = self.target(rng).await;
+        let duration = Duration::from_millis(rng.random_range(800..3_000));
+        let clients = if self.stall_clients { 2 } else { 0 };
+        self.start(
+            "pause",
+            json!({"node": node, "leader": leader, "clients": clients}),
+        );
+        self.cluster.pause(node);
+        if clients > 0 {
+            self.client_pause.request(clients);
+        }
+        self.sleep(duration).await;
+        self.cluster.resume(node);
+        self.stop("pause", json!({"node": node}));
+        "pause".to_owned()
+    }
+
+    async fn partition(&self, rng: &mut StdRng) -> String {
+        let ids = self.cluster.ids();
+        let kind = ["isolate", "isolate-leader", "bridge", "one-way"][rng.random_range(0..4)];
+        let links: BTreeSet<(u64, u64)> = match kind {
+            "isolate-leader" => {
+                let node = match self.cluster.leader().await {
+                    Some(leader) => leader,
+                    None => ids[rng.random_range(0..ids.len())],
+                };
+                cut_between(&[node], &ids)
+            }
+            "bridge" => {
+                // The middle node sees both sides; the two ends do not see each other.
+                let mut order = ids.clone();
+                let middle = order.remove(rng.random_range(0..order.len()));
+                let _ = middle;
+                BTreeSet::from([(order[0], order[1]), (order[1], order[0])])
+            }
+            "one-way" => {
+                // One node cannot send to the others, but hears them.
+                let node = ids[rng.random_range(0..ids.len())];
+                ids.iter()
+                    .filter(|&&other| other != node)
+                    .map(|&other| (node, other))
+                    .collect()
+            }
+            _ => {
+                let node = ids[rng.random_range(0..ids.len())];
+                cut_between(&[node], &ids)
+            }
+        };
+        let duration = Duration::from_millis(rng.random_range(1_500..4_000));
+        let shown: Vec<[u64; 2]> = links.iter().map(|&(from, to)| [from, to]).collect();
+        self.start("partition", json!({"kind": kind, "blocked": shown}));
+        self.cluster.net.set_blocked(&links);
+        self.sleep(duration).await;
+        self.cluster.net.heal();
+        self.stop("partition", json!({"kind": kind}));
+        format!("partition/{kind}")
+    }
+
+    async fn clock(&self, rng: &mut StdRng, beyond: bool) -> String {
+        let fault = if beyond { "clock-beyond" } else { "clock" };
+        let mut settings = Vec::new();
+        for id in self.cluster.ids() {
+            let rate = if beyond {
+                [0.5, 0.8, 1.05, 1.3, 2.0][rng.random_range(0..5)]
+            } else {
+                rng.random_range(0.99..=1.01)
+            };
+            // Wall offsets of any size, up to a day either way: they must not matter.
+            let offset = rng.random_range(-86_400_000i64..=86_400_000);
+            let applied = self.cluster.set_clock(id, rate, offset).await.is_ok();
+            settings.push(
+                json!({"node": id, "rate": rate, "wall_offset_ms": offset, "applied": applied}),
+            );
+        }
+        let mut client_rates = Vec::new();
+        for clock in &self.clocks {
+            let rate = if beyond {
+                rng.random_range(0.9..=1.1)
+            } else {
+                rng.random_range(0.99..=1.01)
+            };
+            clock.set_rate(rate);
+            client_rates.push(rate);
+        }
+        self.start(
+            fault,
+            json!({"nodes": settings, "client_rates": client_rates}),
+        );
+        self.sleep(Duration::from_millis(rng.random_range(2_000..5_000)))
+            .await;
+        for id in self.cluster.ids() {
+            let _ = self.cluster.set_clock(id, 1.0, 0).await;
+        }
+        for clock in &self.clocks {
+            clock.set_rate(1.0);
+        }
+        self.stop(fault, json!({}));
+        fault.to_owned()
+    }
+
+    async fn membership(&self, rng: &mut StdRng) -> String {
+        let (node, leader) = self.target(rng).await;
+        let others: Vec<u64> = self
+            .cluster
+            .ids()
+            .into_iter()
+            .filter(|id| *id != node)
+            .collect();
+        self.start("membership", json!({"node": node, "leader": leader}));
+        let mut removed = false;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !removed && Instant::now() < deadline {
+            for &via in &others {
+                let path = format!("/v1/cluster/members/{node}");
+                if let Ok((200, _)) = self
+                    .cluster
+                    .call(
+                        via,
+                        reqwest::Method::DELETE,
+                        &path,
+                        None,
+                        Duration::from_secs(3),
+                    )
+                    .await
+                {
+                    removed = true;
+                    break;
+                }
+            }
+            if !removed {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        self.history
+            .nemesis("remove", json!({"node": node, "removed": removed}));
+        self.sleep(Duration::from_millis(rng.random_range(1_000..3_000)))
+            .await;
+        let added = self.add_back(node, Duration::from_secs(10)).await;
+        self.stop("membership", json!({"node": node, "added": added}));
+        "membership".to_owned()
+    }
+
+    /// Adds node `node` back unless a leader other than it lists it as a voter; true when
+    /// one does. The request goes to the other nodes (a removed leader may still think it
+    /// leads a configuration without itself).
+    async fn add_back(&self, node: u64, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let others: Vec<u64> = self
+            .cluster
+            .ids()
+            .into_iter()
+            .filter(|id| *id != node)
+            .collect();
+        while Instant::now() < deadline {
+            for &via in &others {
+                let Ok(status) = self.cluster.get_json(via, "/v1/cluster").await else {
+                    continue;
+                };
+                if status["leader_id"].as_u64() == Some(node) {
+                    return true; // it leads: it is a voter
+                }
+                if status["leader_id"].as_u64() != Some(via) {
+                    continue;
+                }
+                let voter = status["members"].as_array().is_some_and(|members| {
+                    members.iter().any(|member| {
+                        member["id"].as_u64() == Some(node)
+                            && member["voter"].as_bool() != Some(false)
+                    })
+                });
+                if voter {
+                    return true;
+                }
+                let body = json!({"id": node,
+                                  "api_addr": self.cluster.net.advertised_api_addr(node),
+                                  "peer_addr": self.cluster.net.advertised_peer_addr(node)});
+                let _ = self
+                    .cluster
+                    .call(
+                        via,
+                        reqwest::Method::POST,
+                        "/v1/cluster/members",
+                        Some(&body),
+                        Duration::from_secs(8),
+                    )
+                    .await;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        false
+    }
+}

@@ -1,0 +1,456 @@
+//! `baton-jepsen test`: start a cluster, run a workload and the nemesis until the time limit,
+//! heal, take the final reads, stop everything, check, and report. Exit 0 valid, 1 invalid,
+//! 2 unknown or harness failure (SPEC section 7).
+//!
+//! What must never live here: the workloads, faults or checks themselves; this module only
+//! puts them in order. Everything it starts is bounded by the time limit plus fixed grace
+//! periods, and stopped by the [`ClusterGuard`] whatever happens.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context as _};
+use serde_json::{json, Value};
+
+use crate::checkers;
+use crate::cluster::{find_batond, Cluster, ClusterConfig, ClusterGuard};
+use crate::history::{History, OpType, Process, FINAL};
+use crate::nemesis::{Fault, Nemesis};
+use crate::report;
+use crate::workloads::{self, ClientPause, Context, GuardClock, ProtectedResource, Workload};
+
+/// Arguments of `baton-jepsen test`.
+#[derive(Debug, clap::Args)]
+pub struct TestArgs {
+    /// lease, fenced-kv, unfenced-lock or queue.
+    #[arg(long, value_enum)]
+    workload: Workload,
+    /// Faults, comma-separated: kill, pause, partition, clock, clock-beyond, membership, none.
+    #[arg(long, value_delimiter = ',', default_value = "none")]
+    nemesis: Vec<String>,
+    /// Seconds of workload (1..=3600); healing and checking come on top.
+    #[arg(long, default_value_t = 60)]
+    time_limit: u64,
+    /// Concurrent clients (1..=64).
+    #[arg(long, default_value_t = 6)]
+    concurrency: usize,
+    /// Seed of the generators and the fault schedule.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Run directory (default `jepsen/store/<timestamp>/`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The batond binary (default: `BATOND_BIN`, next to this binary, or on `PATH`).
+    #[arg(long)]
+    batond: Option<PathBuf>,
+    /// Seconds the linearizability search may take before answering `unknown`.
+    #[arg(long, default_value_t = 60)]
+    check_time_limit: u64,
+}
+
+/// Arguments of `baton-jepsen check`: judge a stored history again.
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// The run's `history.jsonl`.
+    #[arg(long)]
+    history: PathBuf,
+    /// The workload that produced it.
+    #[arg(long, value_enum)]
+    workload: Workload,
+    /// The run had clock-beyond (hold and rate checkers not counted).
+    #[arg(long)]
+    beyond: bool,
+    /// Seconds the linearizability search may take.
+    #[arg(long, default_value_t = 60)]
+    check_time_limit: u64,
+}
+
+/// Re-checks a stored history and prints the checkers' verdicts and timings.
+pub fn recheck(args: CheckArgs) -> u8 {
+    let ops = match History::read_jsonl(&args.history) {
+        Ok(ops) => ops,
+        Err(error) => {
+            eprintln!("baton-jepsen check: {}: {error:#}", args.history.display());
+            return 2;
+        }
+    };
+    let results = checkers::check_all(
+        args.workload,
+        &ops,
+        args.beyond,
+        Duration::from_secs(args.check_time_limit),
+    );
+    let verdict = checkers::overall(&results);
+    let run = json!({"workload": args.workload.name(), "out": args.history.display().to_string(),
+                     "history_events": ops.len()});
+    print!("{}", report::summary(verdict, &results, &run, &ops));
+    match verdict {
+        checkers::Verdict::Valid => 0,
+        checkers::Verdict::Invalid => 1,
+        checkers::Verdict::Unknown => 2,
+    }
+}
+
+/// Runs a test; returns the exit code.
+pub async fn run(args: TestArgs) -> u8 {
+    match run_inner(args).await {
+        Ok(verdict) => match verdict {
+            checkers::Verdict::Valid => 0,
+            checkers::Verdict::Invalid => 1,
+            checkers::Verdict::Unknown => 2,
+        },
+        Err(error) => {
+            eprintln!("baton-jepsen test: harness failure: {error:#}");
+            2
+        }
+    }
+}
+
+async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
+    if !(1..=3600).contains(&args.time_limit) || !(1..=64).contains(&args.concurrency) {
+        bail!("--time-limit must be 1..=3600 and --concurrency 1..=64");
+    }
+    let mut faults: Vec<Fault> = Vec::new();
+    for name in &args.nemesis {
+        if let Some(fault) = Fault::parse(name.trim())? {
+            if !faults.contains(&fault) {
+                faults.push(fault);
+            }
+        }
+    }
+    let beyond = faults.contains(&Fault::ClockBeyond);
+    let clock_control = faults.contains(&Fault::Clock) || beyond;
+    let out = match &args.out {
+        Some(out) => out.clone(),
+        None => PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/store")).join(timestamp()),
+    };
+    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+    let batond = find_batond(args.batond.as_deref())?;
+    let config = ClusterConfig {
+        batond,
+        run_dir: out.clone(),
+        heartbeat_ms: 50,
+        election_timeout_ms: 300,
+        tick_ms: 100,
+        clock_control,
+    };
+    let guard: ClusterGuard = Cluster::start(config)
+        .await
+        .context("starting the cluster")?;
+    let cluster = guard.0.clone();
+    eprintln!(
+        "baton-jepsen: cluster up (network: {}), running {} for {} s with {:?}",
+        cluster.net.name(),
+        args.workload.name(),
+        args.time_limit,
+        faults.iter().map(|fault| fault.name()).collect::<Vec<_>>()
+    );
+
+    let history = History::new();
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.time_limit);
+    let clocks: Vec<Arc<GuardClock>> = (0..args.concurrency)
+        .map(|_| Arc::new(GuardClock::new()))
+        .collect();
+    let client_pause = Arc::new(ClientPause::default());
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(64)
+        .build()?;
+    let ctx = Context {
+        history: history.clone(),
+        nodes: cluster
+            .nodes
+            .iter()
+            .map(|node| (node.id, node.api))
+            .collect(),
+        http,
+        deadline,
+        seed: args.seed,
+        clocks: clocks.clone(),
+        client_pause: client_pause.clone(),
+        resource: Arc::new(ProtectedResource::new(
+            args.workload != Workload::UnfencedLock,
+            history.clone(),
+        )),
+    };
+    let nemesis = Nemesis {
+        cluster: cluster.clone(),
+        history: history.clone(),
+        clocks,
+        client_pause: client_pause.clone(),
+        stall_clients: args.workload == Workload::UnfencedLock,
+        faults: faults.clone(),
+        deadline,
+        seed: args.seed,
+    };
+    let nemesis_task = tokio::spawn(nemesis.clone().run());
+    let workload = {
+        let ctx = ctx.clone();
+        let concurrency = args.concurrency;
+        let kind = args.workload;
+        tokio::spawn(async move {
+            match kind {
+                Workload::Lease => workloads::lease::run(ctx, concurrency, false).await,
+                Workload::UnfencedLock => workloads::unfenced_lock::run(ctx, concurrency).await,
+                Workload::FencedKv => workloads::fenced_kv::run(ctx, concurrency).await,
+                Workload::Queue => workloads::queue::run(ctx, concurrency).await,
+            }
+        })
+    };
+    // Workers stop at the deadline; an operation in flight ends within its timeout, a stalled
+    // client within its stall. Anything later is a harness failure, not a hang.
+    let grace = Duration::from_secs(30);
+    if tokio::time::timeout_at((deadline + grace).into(), workload)
+        .await
+        .is_err()
+    {
+        bail!("the workload did not stop within {grace:?} of the time limit");
+    }
+    let injected = match tokio::time::timeout(grace + Duration::from_secs(30), nemesis_task).await {
+        Ok(Ok(injected)) => injected,
+        _ => bail!("the nemesis did not finish healing"),
+    };
+    nemesis.heal().await;
+    eprintln!(
+        "baton-jepsen: workload done after {:.1} s; healing and final reads",
+        started.elapsed().as_secs_f64()
+    );
+    let healed = cluster.wait_ready(Duration::from_secs(30)).await;
+    if let Err(error) = &healed {
+        eprintln!("baton-jepsen: {error:#}");
+    }
+    final_reads(&cluster, &history, args.workload).await;
+    sample_digests(&cluster, &history).await;
+    let starts = cluster.starts();
+    let unidentified = cluster.net.unidentified_connections();
+    let net_name = cluster.net.name();
+    drop(guard);
+
+    let ops = history.snapshot();
+    History::write_jsonl(&ops, &out.join("history.jsonl"))?;
+    let results = checkers::check_all(
+        args.workload,
+        &ops,
+        beyond,
+        Duration::from_secs(args.check_time_limit),
+    );
+    let mut verdict = checkers::overall(&results);
+    if healed.is_err() && verdict == checkers::Verdict::Valid {
+        verdict = checkers::Verdict::Unknown;
+    }
+    let run = json!({
+        "workload": args.workload.name(),
+        "nemesis": faults.iter().map(|fault| fault.name()).collect::<Vec<_>>(),
+        "time_limit_s": args.time_limit,
+        "concurrency": args.concurrency,
+        "seed": args.seed,
+        "out": out.display().to_string(),
+        "network": net_name,
+        "faults": injected,
+        "client_stalls": client_pause.stalls.load(std::sync::atomic::Ordering::Relaxed),
+        "node_starts": starts,
+        "unidentified_peer_connections": unidentified,
+        "healed": healed.is_ok(),
+        "history_events": ops.len(),
+        "operations": report::operation_counts(&ops),
+    });
+    report::write_results(&out.join("results.json"), verdict, &results, run.clone())?;
+    report::write_latency_svg(
+        &out.join("latency.svg"),
+        &ops,
+        &format!(
+            "{} under {:?}, seed {}",
+            args.workload.name(),
+            args.nemesis,
+            args.seed
+        ),
+    )?;
+    print!("{}", report::summary(verdict, &results, &run, &ops));
+    Ok(verdict)
+}
+
+/// The reads after healing that the durability checkers need, recorded as `final` events.
+async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
+    let snapshot = history.snapshot();
+    let record = |f: &str, key: &str, value: Value, node: u64| {
+        history.add(
+            Process::Named(FINAL.to_owned()),
+            OpType::Info,
+            f,
+            Value::from(key),
+            value,
+            None,
+            None,
+            Some(node),
+        );
+    };
+    match workload {
+        Workload::FencedKv => {
+            for key in workloads::fenced_kv::keys_touched(&snapshot) {
+                for id in cluster.ids() {
+                    let path = format!("/v1/kv/{key}");
+                    let mut answer = None;
+                    for _ in 0..5 {
+                        match cluster
+                            .call(
+                                id,
+                                reqwest::Method::GET,
+                                &path,
+                                None,
+                                Duration::from_secs(2),
+                            )
+                            .await
+                        {
+                            Ok((200, body)) => answer = Some(body["value"].clone()),
+                            Ok((404, _)) => answer = Some(Value::Null),
+                            _ => {}
+                        }
+                        if answer.is_some() {
+                            break;
+                        }
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    record(
+                        "final-read",
+                        &key,
+                        json!({"node": id, "ok": answer.is_some(), "value": answer}),
+                        id,
+                    );
+                }
+            }
+        }
+        Workload::Queue => {
+            let mut queues: Vec<String> = snapshot
+                .iter()
+                .filter(|op| op.is_client() && op.f == "enqueue")
+                .map(|op| op.key_str().to_owned())
+                .collect();
+            queues.sort();
+            queues.dedup();
+            for queue in queues {
+                for id in cluster.ids() {
+                    let (tasks, complete) = list_tasks(cluster, id, &queue).await;
+                    record(
+                        "final-tasks",
+                        &queue,
+                        json!({"node": id, "complete": complete, "tasks": tasks}),
+                        id,
+                    );
+                }
+            }
+        }
+        Workload::Lease | Workload::UnfencedLock => {}
+    }
+}
+
+async fn list_tasks(cluster: &Cluster, id: u64, queue: &str) -> (Vec<Value>, bool) {
+    let mut tasks = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let mut path = format!("/v1/queues/{queue}/tasks?limit=1000");
+        if let Some(cursor) = &cursor {
+            path.push_str(&format!("&cursor={cursor}"));
+        }
+        let mut page = None;
+        for _ in 0..5 {
+            if let Ok((200, body)) = cluster
+                .call(
+                    id,
+                    reqwest::Method::GET,
+                    &path,
+                    None,
+                    Duration::from_secs(3),
+                )
+                .await
+            {
+                page = Some(body);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let Some(page) = page else {
+            return (tasks, false);
+        };
+        for task in page["tasks"].as_array().into_iter().flatten() {
+            tasks.push(json!({"id": task["id"], "state": task["state"]}));
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
+            _ => return (tasks, true),
+        }
+    }
+    (tasks, false)
+}
+
+/// Samples every node's digest for a few seconds, so that nodes are caught at common applied
+/// indexes despite the idle ticks that keep the index moving.
+async fn sample_digests(cluster: &Cluster, history: &History) {
+    let until = Instant::now() + Duration::from_secs(3);
+    let mut samples: Vec<serde_json::Map<String, Value>> =
+        vec![serde_json::Map::new(); cluster.nodes.len()];
+    while Instant::now() < until {
+        let answers = futures_util::future::join_all(
+            cluster
+                .ids()
+                .into_iter()
+                .map(|id| async move { (id, cluster.get_json(id, "/v1/debug/digest").await) }),
+        )
+        .await;
+        for (id, answer) in answers {
+            if let Ok(digest) = answer {
+                if let (Some(index), Some(value)) =
+                    (digest["applied_index"].as_u64(), digest["digest"].as_str())
+                {
+                    samples[usize::try_from(id - 1).unwrap_or(0)]
+                        .insert(index.to_string(), Value::from(value));
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for (position, samples) in samples.into_iter().enumerate() {
+        let id = position as u64 + 1;
+        history.add(
+            Process::Named(FINAL.to_owned()),
+            OpType::Info,
+            "digest",
+            Value::Null,
+            json!({"node": id, "samples": samples}),
+            None,
+            None,
+            Some(id),
+        );
+    }
+}
+
+/// `YYYYMMDDTHHMMSSZ` of now, for the default run directory.
+fn timestamp() -> String {
+    let seconds = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_secs());
+    let days = i64::try_from(seconds / 86_400).unwrap_or(0);
+    let rest = seconds % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let day_of_era = z - era * 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    let month_index = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
+    let month = if month_index < 10 {
+        month_index + 3
+    } else {
+        month_index - 9
+    };
+    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
+        rest / 3_600,
+        rest % 3_600 / 60,
+        rest % 60
+    )
+}

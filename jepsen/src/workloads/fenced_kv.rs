@@ -1,0 +1,195 @@
+//! The `fenced-kv` workload: registers in Baton's fenced key-value store. A writer acquires a
+//! lease on the register's lease path and writes unique values with its fence and session;
+//! readers read linearizably from the node they are bound to. Unknown writes are sometimes
+//! retried with the same idempotency key on another node. Each register takes a bounded number
+//! of operations, then the slot moves to a fresh key, so the per-key linearizability search
+//! stays small. What must never live here: the checks.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use reqwest::Method;
+use serde_json::{json, Value};
+
+use super::lease::answer_digest;
+use super::{home_node, idempotency_key, other_node, pause_for, Context, Worker};
+use crate::http::Outcome;
+
+/// Registers written at once.
+const SLOTS: usize = 3;
+/// Operations one register takes before its slot moves to a fresh key.
+const OPS_PER_KEY_MAX: u64 = 120;
+/// Lease TTL of writers.
+const WRITER_TTL_MS: u64 = 1_500;
+/// Per-request timeout.
+const REQUEST_TIMEOUT: Duration = Duration::from_millis(1_500);
+
+/// The register key of slot `slot` in generation `generation`.
+pub fn register_key(slot: usize, generation: u64) -> String {
+    format!("r{slot}-{generation}")
+}
+
+/// Runs `concurrency` workers until the deadline.
+pub async fn run(ctx: Context, concurrency: usize) {
+    let counters: Arc<Vec<AtomicU64>> = Arc::new((0..SLOTS).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for worker in 0..concurrency {
+        let ctx = ctx.clone();
+        let counters = counters.clone();
+        tasks.push(tokio::spawn(async move {
+            worker_loop(ctx, worker, counters).await
+        }));
+    }
+    for task in tasks {
+        let _ = task.await;
+    }
+}
+
+/// Every register key the workers may have touched, for the final reads.
+pub fn keys_touched(history: &[crate::history::Op]) -> Vec<String> {
+    let mut keys: Vec<String> = history
+        .iter()
+        .filter(|op| op.f == "write" || op.f == "read")
+        .filter(|op| op.is_client())
+        .map(|op| op.key_str().to_owned())
+        .collect();
+    keys.sort();
+    keys.dedup();
+    keys
+}
+
+async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64>>) {
+    let mut rng = ctx.rng(worker_id);
+    let home = home_node(&ctx, worker_id);
+    let mut worker = Worker::new(&ctx, worker_id, home, REQUEST_TIMEOUT);
+    let mut written = 0u64;
+    while !ctx.done() {
+        let slot = rng.random_range(0..SLOTS);
+        let generation = counters[slot].fetch_add(1, Ordering::Relaxed) / OPS_PER_KEY_MAX;
+        let key = register_key(slot, generation);
+        worker.rebind(home);
+        if rng.random_bool(0.4) {
+            read(&mut worker, &key).await;
+            pause_for(&ctx, Duration::from_millis(rng.random_range(10..60))).await;
+            continue;
+        }
+        let resource = format!("kvlock/{key}");
+        let idem = idempotency_key(&mut rng);
+        let body = json!({"resource": resource, "holder": format!("kv{worker_id}"),
+                          "ttl_ms": WRITER_TTL_MS});
+        let outcome = worker
+            .op(
+                "acquire",
+                &resource,
+                json!({"mode": "exclusive", "idempotency_key": idem}),
+                Method::POST,
+                "/v1/leases",
+                Some(&body),
+                Some(&idem),
+                |grant, replayed| {
+                    json!({"fence": grant["fence"], "mode": grant["mode"],
+                           "expires_in_ms": grant["expires_in_ms"], "replayed": replayed,
+                           "digest": answer_digest(grant)})
+                },
+            )
+            .await;
+        let Outcome::Ok { body: grant, .. } = outcome else {
+            pause_for(&ctx, Duration::from_millis(rng.random_range(20..100))).await;
+            continue;
+        };
+        let fence = grant["fence"].as_u64().unwrap_or(0);
+        let session = grant["session_id"].as_str().unwrap_or("").to_owned();
+        for _ in 0..rng.random_range(1..5) {
+            if ctx.done() {
+                break;
+            }
+            if rng.random_bool(0.3) {
+                read(&mut worker, &key).await;
+                continue;
+            }
+            written += 1;
+            let value = (worker_id as u64) * 1_000_000_000 + written;
+            let write = json!({"value": value,
+                               "fence": {"resource": resource, "token": fence},
+                               "session_id": session});
+            let idem = idempotency_key(&mut rng);
+            let mut outcome = put(&mut worker, &key, value, fence, &resource, &write, &idem).await;
+            if matches!(outcome, Outcome::Info { .. }) && rng.random_bool(0.5) && !ctx.done() {
+                // Give a failover time to finish before the retry.
+                pause_for(&ctx, Duration::from_millis(rng.random_range(300..800))).await;
+                let node = other_node(&ctx, worker.client.node, &mut rng);
+                worker.rebind(node);
+                outcome = put(&mut worker, &key, value, fence, &resource, &write, &idem).await;
+                worker.rebind(home);
+            }
+            if let Outcome::Fail { code, .. } = &outcome {
+                if code == "STALE_FENCE" {
+                    break;
+                }
+            }
+            pause_for(&ctx, Duration::from_millis(rng.random_range(5..40))).await;
+        }
+        if rng.random_bool(0.8) {
+            let path = format!("/v1/sessions/{session}/release");
+            worker
+                .op(
+                    "release",
+                    &resource,
+                    Value::Null,
+                    Method::POST,
+                    &path,
+                    Some(&json!({"resource": resource})),
+                    Some(&idempotency_key(&mut rng)),
+                    |_, _| Value::Null,
+                )
+                .await;
+        }
+    }
+}
+
+async fn read(worker: &mut Worker, key: &str) -> Outcome {
+    let path = format!("/v1/kv/{key}");
+    let outcome = worker
+        .op(
+            "read",
+            key,
+            Value::Null,
+            Method::GET,
+            &path,
+            None,
+            None,
+            |body, _| json!({"value": body["value"], "revision": body["revision"]}),
+        )
+        .await;
+    outcome
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn put(
+    worker: &mut Worker,
+    key: &str,
+    value: u64,
+    fence: u64,
+    resource: &str,
+    body: &Value,
+    idem: &str,
+) -> Outcome {
+    let path = format!("/v1/kv/{key}");
+    worker
+        .op(
+            "write",
+            key,
+            json!({"value": value, "fence": fence, "resource": resource, "idempotency_key": idem}),
+            Method::PUT,
+            &path,
+            Some(body),
+            Some(idem),
+            |answer, replayed| {
+                json!({"value": value, "revision": answer["revision"], "replayed": replayed,
+                       "digest": answer_digest(answer)})
+            },
+        )
+        .await
+}
