@@ -1,7 +1,9 @@
 //! Fences rise (SPEC G3): every grant (lease acquire or task claim) gets a token greater than
 //! every token granted before it, cluster-wide. From the history: no two distinct grants share
 //! a token, and a grant that was invoked after another one completed has a larger token. A
-//! retry with the same idempotency key is the same grant (its replay shows the same token).
+//! retry with the same idempotency key is the same grant (its replay shows the same token), so
+//! a grant counts as invoked when the first attempt with its key was: a replay answered late
+//! may carry a fence granted before grants that completed in between.
 
 use std::collections::BTreeMap;
 
@@ -22,16 +24,27 @@ struct Grant<'a> {
 
 /// Checks fence order.
 pub fn check(history: &[Op]) -> CheckResult {
+    let mut first_attempt_ns: BTreeMap<&str, u64> = BTreeMap::new();
+    for op in history.iter().filter(|op| op.kind == OpType::Invoke) {
+        if let Some(key) = op.value["idempotency_key"].as_str() {
+            let earliest = first_attempt_ns.entry(key).or_insert(op.time_ns);
+            *earliest = (*earliest).min(op.time_ns);
+        }
+    }
     let mut grants: Vec<Grant<'_>> = pairs(history)
         .into_iter()
         .filter(|pair| pair.outcome() == OpType::Ok)
         .filter(|pair| pair.invoke.f == "acquire" || pair.invoke.f == "claim")
         .filter_map(|pair| {
+            let key = pair.invoke.value["idempotency_key"].as_str().unwrap_or("");
             Some(Grant {
-                invoke_ns: pair.invoke.time_ns,
+                invoke_ns: first_attempt_ns
+                    .get(key)
+                    .copied()
+                    .unwrap_or(pair.invoke.time_ns),
                 complete_ns: pair.end_ns(),
                 fence: pair.result()["fence"].as_u64()?,
-                key: pair.invoke.value["idempotency_key"].as_str().unwrap_or(""),
+                key,
                 resource: pair.invoke.key_str(),
                 index: pair.invoke.index,
             })
@@ -121,5 +134,33 @@ mod tests {
         assert_eq!(check(&reused).verdict, Verdict::Invalid);
         let replay = indexed([grant(1, 0, 1, 7, "k1"), grant(2, 2, 3, 7, "k1")].concat());
         assert_eq!(check(&replay).verdict, Verdict::Valid);
+    }
+
+    /// Seen in a real run under `partition`: an acquire timed out, a later grant completed with a
+    /// higher fence, then the retry of the first acquire was answered with its recorded (lower)
+    /// fence. The grant happened during the first attempt, so the order holds.
+    #[test]
+    fn a_late_replay_counts_from_its_first_attempt() {
+        let first_attempt = op(
+            1,
+            OpType::Invoke,
+            0,
+            "acquire",
+            "a",
+            json!({"idempotency_key": "k1"}),
+        );
+        let timed_out = op(1, OpType::Info, 2, "acquire", "a", json!(null));
+        let history = indexed(
+            [
+                vec![first_attempt, timed_out],
+                grant(2, 3, 4, 7, "k2"),
+                grant(3, 5, 6, 6, "k1"),
+            ]
+            .concat(),
+        );
+        assert_eq!(check(&history).verdict, Verdict::Valid);
+        let no_earlier_attempt =
+            indexed([grant(2, 3, 4, 7, "k2"), grant(3, 5, 6, 6, "k1")].concat());
+        assert_eq!(check(&no_earlier_attempt).verdict, Verdict::Invalid);
     }
 }
