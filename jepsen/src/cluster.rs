@@ -6,13 +6,13 @@
 //! Every process started here is owned by a [`Cluster`], and [`ClusterGuard`] (held by the
 //! run, never shared) resumes and SIGKILLs all of them when it is dropped: at the end of a run,
 //! when the run future is dropped on Ctrl-C or SIGTERM, or while unwinding from a panic. What
-//! must never live here: workload logic, or any address other than loopback.
+//! must never live here: workload logic, or any address the network backend did not give.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
-use crate::net::{self, Net, Pids};
+use crate::net::{self, Net, NetChoice, Pids};
 
 /// How long a cluster may take to elect a leader with every node ready.
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,6 +43,8 @@ pub struct ClusterConfig {
     pub tick_ms: u64,
     /// Start with `--clock-control`.
     pub clock_control: bool,
+    /// Which network backend (`--net`).
+    pub net: NetChoice,
 }
 
 /// One `batond` process.
@@ -72,6 +74,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     /// The network between them.
     pub net: Arc<dyn Net>,
+    /// Why that network was chosen.
+    pub net_selection: String,
     config: ClusterConfig,
     pids: Pids,
     http: reqwest::Client,
@@ -93,12 +97,9 @@ impl Cluster {
     /// Starts three nodes with fresh data dirs and waits until they agree on a leader.
     pub async fn start(config: ClusterConfig) -> anyhow::Result<ClusterGuard> {
         let ids = [1u64, 2, 3];
-        let addresses: Vec<(u64, SocketAddr, SocketAddr)> = ids
-            .iter()
-            .map(|&id| Ok((id, free_address()?, free_address()?)))
-            .collect::<anyhow::Result<_>>()?;
         let pids: Pids = Arc::new(Mutex::new(BTreeMap::new()));
-        let net = net::choose(&addresses, pids.clone()).await?;
+        // Dropping `net` on an error below releases whatever the backend set up.
+        let (net, net_selection) = net::choose(config.net, &ids, pids.clone()).await?;
         let initial_cluster = ids
             .iter()
             .map(|&id| {
@@ -111,7 +112,8 @@ impl Cluster {
             .collect::<Vec<_>>()
             .join(",");
         let mut nodes = Vec::new();
-        for &(id, api, peer) in &addresses {
+        for id in ids {
+            let (api, peer) = (net.api_addr(id), net.peer_listen_addr(id));
             let data_dir = config.run_dir.join(format!("n{id}"));
             fs::create_dir_all(&data_dir)?;
             let mut args: Vec<OsString> = vec![
@@ -151,6 +153,7 @@ impl Cluster {
         let cluster = ClusterGuard(Arc::new(Cluster {
             nodes,
             net,
+            net_selection,
             config,
             pids,
             http,
@@ -237,14 +240,15 @@ impl Cluster {
         process.paused = false;
     }
 
-    /// Resumes and SIGKILLs every node. Never panics; safe to call more than once.
+    /// Resumes and SIGKILLs every node, then releases the network. Never panics; safe to call
+    /// more than once.
     pub fn stop_all(&self) {
         self.stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
         for node in &self.nodes {
             self.kill(node.id);
         }
-        self.net.heal();
+        self.net.shutdown();
     }
 
     /// How many times each node was started.
@@ -361,7 +365,7 @@ impl Cluster {
             "---- baton-jepsen: start #{} of node {} ----",
             process.starts, node.id
         )?;
-        let mut command = Command::new(&self.config.batond);
+        let mut command = self.net.command(node.id, &self.config.batond);
         command
             .args(&node.args)
             .stdin(Stdio::null())
@@ -408,11 +412,6 @@ pub fn find_batond(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
         }
     }
     bail!("no batond binary: pass --batond PATH (build it with `cargo build --release -p baton-node`)")
-}
-
-fn free_address() -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?)
 }
 
 fn signal(pid: u32, name: &str) {

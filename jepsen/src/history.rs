@@ -151,6 +151,42 @@ pub fn pairs(history: &[Op]) -> Vec<Pair<'_>> {
     result
 }
 
+/// The client operations as the server saw them: the attempts of a mutation that share an
+/// `idempotency_key` are one operation (the server applies it at most once, and a retry's
+/// replay carries the first attempt's answer), invoked when its first attempt was. It
+/// completed `ok` if any attempt did (with that completion), is unknown if any attempt was,
+/// and failed only if every attempt did. Operations without a key are their own.
+pub fn logical_pairs(history: &[Op]) -> Vec<Pair<'_>> {
+    let all = pairs(history);
+    let mut attempts: BTreeMap<&str, Vec<Pair<'_>>> = BTreeMap::new();
+    let mut result: Vec<Pair<'_>> = Vec::new();
+    for pair in &all {
+        match pair.invoke.value["idempotency_key"].as_str() {
+            Some(key) => attempts.entry(key).or_default().push(*pair),
+            None => result.push(*pair),
+        }
+    }
+    for tries in attempts.values() {
+        let first = tries[0].invoke;
+        let complete = tries
+            .iter()
+            .find(|attempt| attempt.outcome() == OpType::Ok)
+            .or_else(|| {
+                tries
+                    .iter()
+                    .find(|attempt| attempt.outcome() == OpType::Info)
+            })
+            .unwrap_or(&tries[tries.len() - 1])
+            .complete;
+        result.push(Pair {
+            invoke: first,
+            complete,
+        });
+    }
+    result.sort_by_key(|pair| pair.invoke.index);
+    result
+}
+
 /// The recorder: appends events under one lock, so the order of the file is the order in
 /// which events happened, and hands out client process ids.
 #[derive(Debug, Clone)]

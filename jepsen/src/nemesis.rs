@@ -30,7 +30,7 @@ pub enum Fault {
     Kill,
     /// SIGSTOP and SIGCONT (and client stalls).
     Pause,
-    /// Network partitions through the proxy mesh.
+    /// Network partitions through the network backend (namespaces or proxy mesh).
     Partition,
     /// Clock faults within the rate error.
     Clock,

@@ -226,6 +226,13 @@ pub fn summary(verdict: Verdict, results: &[Named], run: &Value, history: &[Op])
         run["concurrency"]
     );
     let _ = writeln!(text, "run dir: {}", run["out"].as_str().unwrap_or(""));
+    if let Some(network) = run["network"].as_str() {
+        let _ = writeln!(
+            text,
+            "network: {network} ({})",
+            run["network_selection"].as_str().unwrap_or("")
+        );
+    }
     let counts = operation_counts(history);
     let mut line = String::from("operations:");
     for (f, outcomes) in &counts {

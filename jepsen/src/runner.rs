@@ -17,6 +17,7 @@ use crate::checkers;
 use crate::cluster::{find_batond, Cluster, ClusterConfig, ClusterGuard};
 use crate::history::{History, OpType, Process, FINAL};
 use crate::nemesis::{Fault, Nemesis};
+use crate::net::NetChoice;
 use crate::report;
 use crate::workloads::{self, ClientPause, Context, GuardClock, ProtectedResource, Workload};
 
@@ -47,6 +48,10 @@ pub struct TestArgs {
     /// Seconds the linearizability search may take before answering `unknown`.
     #[arg(long, default_value_t = 60)]
     check_time_limit: u64,
+    /// The network between the nodes: namespaces with iptables (root only), the TCP proxy
+    /// mesh on 127.0.0.1, or auto (namespaces when they work here, else the proxy mesh).
+    #[arg(long, value_enum, default_value = "auto")]
+    net: NetChoice,
 }
 
 /// Arguments of `baton-jepsen check`: judge a stored history again.
@@ -134,14 +139,16 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         election_timeout_ms: 300,
         tick_ms: 100,
         clock_control,
+        net: args.net,
     };
     let guard: ClusterGuard = Cluster::start(config)
         .await
         .context("starting the cluster")?;
     let cluster = guard.0.clone();
     eprintln!(
-        "baton-jepsen: cluster up (network: {}), running {} for {} s with {:?}",
+        "baton-jepsen: cluster up (network: {}, {}), running {} for {} s with {:?}",
         cluster.net.name(),
+        cluster.net_selection,
         args.workload.name(),
         args.time_limit,
         faults.iter().map(|fault| fault.name()).collect::<Vec<_>>()
@@ -226,6 +233,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     let starts = cluster.starts();
     let unidentified = cluster.net.unidentified_connections();
     let net_name = cluster.net.name();
+    let net_selection = cluster.net_selection.clone();
     drop(guard);
 
     let ops = history.snapshot();
@@ -248,6 +256,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         "seed": args.seed,
         "out": out.display().to_string(),
         "network": net_name,
+        "network_selection": net_selection,
         "faults": injected,
         "client_stalls": client_pause.stalls.load(std::sync::atomic::Ordering::Relaxed),
         "node_starts": starts,

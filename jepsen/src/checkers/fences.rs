@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::{ms, CheckResult};
-use crate::history::{pairs, Op, OpType};
+use crate::history::{logical_pairs, Op, OpType};
 
 /// A successful grant: `(invoke ns, complete ns, fence, idempotency key, resource, index)`.
 struct Grant<'a> {
@@ -24,24 +24,14 @@ struct Grant<'a> {
 
 /// Checks fence order.
 pub fn check(history: &[Op]) -> CheckResult {
-    let mut first_attempt_ns: BTreeMap<&str, u64> = BTreeMap::new();
-    for op in history.iter().filter(|op| op.kind == OpType::Invoke) {
-        if let Some(key) = op.value["idempotency_key"].as_str() {
-            let earliest = first_attempt_ns.entry(key).or_insert(op.time_ns);
-            *earliest = (*earliest).min(op.time_ns);
-        }
-    }
-    let mut grants: Vec<Grant<'_>> = pairs(history)
+    let mut grants: Vec<Grant<'_>> = logical_pairs(history)
         .into_iter()
         .filter(|pair| pair.outcome() == OpType::Ok)
         .filter(|pair| pair.invoke.f == "acquire" || pair.invoke.f == "claim")
         .filter_map(|pair| {
             let key = pair.invoke.value["idempotency_key"].as_str().unwrap_or("");
             Some(Grant {
-                invoke_ns: first_attempt_ns
-                    .get(key)
-                    .copied()
-                    .unwrap_or(pair.invoke.time_ns),
+                invoke_ns: pair.invoke.time_ns,
                 complete_ns: pair.end_ns(),
                 fence: pair.result()["fence"].as_u64()?,
                 key,

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use super::{ms, CheckResult, Verdict};
-use crate::history::{pairs, Op, OpType, FINAL};
+use crate::history::{logical_pairs, Op, OpType, FINAL};
 
 #[derive(Debug, Clone, Copy)]
 enum Kind {
@@ -49,7 +49,8 @@ pub fn check(history: &[Op], limit: Duration) -> CheckResult {
     let deadline = Instant::now() + limit;
     // key -> (value, is_write, invoke, end, required, index)
     let mut by_key: BTreeMap<&str, Vec<Entry>> = BTreeMap::new();
-    for pair in pairs(history) {
+    // The attempts of one write are one operation, from its first attempt (`logical_pairs`).
+    for pair in logical_pairs(history) {
         let key = pair.invoke.key_str();
         match (pair.invoke.f.as_str(), pair.outcome()) {
             ("write", OpType::Fail) => {}
@@ -284,6 +285,55 @@ mod tests {
             .concat(),
         );
         assert_eq!(check(&history, LIMIT).verdict, Verdict::Invalid);
+    }
+
+    /// Seen in a real run under `membership`: a write timed out, a later write landed and was
+    /// read, then the retry of the first write (same idempotency key) was answered with its
+    /// recorded result. The first write took effect during its first attempt, so the history is
+    /// linearizable; counted as a separate write at the retry's time it would not be.
+    #[test]
+    fn a_retried_write_takes_effect_within_its_first_attempt() {
+        let attempt = |process: u64, from: u64, to: u64, kind: OpType| {
+            vec![
+                op(
+                    process,
+                    OpType::Invoke,
+                    from,
+                    "write",
+                    "r",
+                    json!({"value": 1, "idempotency_key": "k1"}),
+                ),
+                op(process, kind, to, "write", "r", json!({"value": 1})),
+            ]
+        };
+        let history = indexed(
+            [
+                attempt(1, 0, 1, OpType::Info),
+                call(2, 2, 3, "read", json!(1), OpType::Ok),
+                call(3, 4, 5, "write", json!(2), OpType::Ok),
+                call(4, 6, 7, "read", json!(2), OpType::Ok),
+                attempt(5, 8, 9, OpType::Ok),
+                call(6, 10, 11, "read", json!(2), OpType::Ok),
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            check(&history, Duration::from_secs(5)).verdict,
+            Verdict::Valid
+        );
+        let without_first_attempt = indexed(
+            [
+                call(3, 4, 5, "write", json!(2), OpType::Ok),
+                call(4, 6, 7, "read", json!(2), OpType::Ok),
+                attempt(5, 8, 9, OpType::Ok),
+                call(6, 10, 11, "read", json!(2), OpType::Ok),
+            ]
+            .concat(),
+        );
+        assert_eq!(
+            check(&without_first_attempt, Duration::from_secs(5)).verdict,
+            Verdict::Invalid
+        );
     }
 
     #[test]

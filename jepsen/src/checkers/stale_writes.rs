@@ -12,12 +12,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{json, Value};
 
 use super::{ms, CheckResult};
-use crate::history::{pairs, Op, OpType};
+use crate::history::{logical_pairs, Op, OpType};
 use crate::workloads::RESOURCE;
 
 /// Checks stale and phantom fences.
 pub fn check(history: &[Op]) -> CheckResult {
-    let all = pairs(history);
+    // A retried write took effect during its first attempt (see `logical_pairs`).
+    let all = logical_pairs(history);
     let grants: Vec<(&str, u64, u64)> = all
         .iter()
         .filter(|pair| pair.invoke.f == "acquire" && pair.outcome() == OpType::Ok)
@@ -168,6 +169,47 @@ mod tests {
     #[test]
     fn a_phantom_fence_is_caught() {
         let history = indexed([granted(1, 0, "t/a", 3), vec![write("t/a", 9, &["t/a"])]].concat());
+        assert_eq!(check(&history).verdict, Verdict::Invalid);
+    }
+
+    /// Seen in a real run under `membership`: a fenced kv write timed out while its fence was
+    /// live, a newer fence was granted, then the write's retry (same idempotency key) was
+    /// answered with its recorded result. The write was applied during its first attempt.
+    #[test]
+    fn a_retried_kv_write_counts_from_its_first_attempt() {
+        let attempt = |process: u64, at: u64, kind: OpType| {
+            let value =
+                json!({"value": 1, "fence": 3, "resource": "kvlock/r", "idempotency_key": "w1"});
+            vec![
+                op(process, OpType::Invoke, at, "write", "r", value),
+                op(
+                    process,
+                    kind,
+                    at + 1,
+                    "write",
+                    "r",
+                    json!({"replayed": kind == OpType::Ok}),
+                ),
+            ]
+        };
+        let history = indexed(
+            [
+                granted(1, 0, "kvlock/r", 3),
+                attempt(2, 5, OpType::Info),
+                granted(3, 10, "kvlock/r", 4),
+                attempt(4, 20, OpType::Ok),
+            ]
+            .concat(),
+        );
+        assert_eq!(check(&history).verdict, Verdict::Valid);
+        let history = indexed(
+            [
+                granted(1, 0, "kvlock/r", 3),
+                granted(3, 10, "kvlock/r", 4),
+                attempt(4, 20, OpType::Ok),
+            ]
+            .concat(),
+        );
         assert_eq!(check(&history).verdict, Verdict::Invalid);
     }
 

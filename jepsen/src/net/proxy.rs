@@ -1,81 +1,33 @@
-//! The network between the nodes, and how the harness cuts it.
-//!
-//! [`Net`] is the one interface the nemesis uses: block a set of directed links, heal. Its
-//! backend here is a fault-injecting TCP proxy mesh on 127.0.0.1 ([`ProxyMesh`]): every node
-//! advertises, in `--initial-cluster`, a proxy address for its peer port and one for its API
-//! port (followers forward client requests to the leader's API, and that traffic must obey
-//! partitions too). A node reaches a peer only through that peer's proxy. Because every node
-//! reaches a peer at the same advertised address (the membership is replicated), a proxy tells
-//! the sender of a connection by looking up which node process owns the connection's client
-//! socket in `/proc`. A blocked link `from -> to` cuts every open connection from `from` to
-//! `to` and black-holes new ones (held open, silent) until it heals, so senders see timeouts
-//! as in a real partition.
-//!
-//! A second backend (network namespaces with iptables) is not built: [`choose`] always picks
-//! the proxy mesh, which needs no privileges. What must never live here: any address other
-//! than loopback.
+//! The fault-injecting TCP proxy mesh on 127.0.0.1, the [`Net`] backend that needs no
+//! privileges: every node advertises, in `--initial-cluster`, a proxy address for its peer
+//! port and one for its API port (followers forward client requests to the leader's API, and
+//! that traffic must obey partitions too). A node reaches a peer only through that peer's
+//! proxy. Because every node reaches a peer at the same advertised address (the membership is
+//! replicated), a proxy tells the sender of a connection by looking up which node process owns
+//! the connection's client socket in `/proc`. A blocked link `from -> to` cuts every open
+//! connection from `from` to `to` and black-holes new ones (held open, silent) until it heals,
+//! so senders see timeouts as in a real partition. What must never live here: any address
+//! other than loopback.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
-/// A directed link between two nodes: traffic that `from` sends to `to` (and the answers on
-/// those connections).
-pub type Link = (u64, u64);
-
-/// Where the node processes are: node id → pid, kept current by the cluster on every start.
-pub type Pids = Arc<Mutex<BTreeMap<u64, u32>>>;
-
-/// The harness's handle on the network between the nodes.
-pub trait Net: Send + Sync + fmt::Debug {
-    /// The backend's name, for the report.
-    fn name(&self) -> &'static str;
-    /// Blocks exactly these directed links (replacing what was blocked before).
-    fn set_blocked(&self, links: &BTreeSet<Link>);
-    /// Unblocks everything.
-    fn heal(&self) {
-        self.set_blocked(&BTreeSet::new());
-    }
-    /// The links blocked now.
-    fn blocked(&self) -> BTreeSet<Link>;
-    /// The API address node `id` advertises to its peers.
-    fn advertised_api_addr(&self, id: u64) -> String;
-    /// The peer address node `id` advertises to its peers.
-    fn advertised_peer_addr(&self, id: u64) -> String;
-    /// Connections seen whose sending node could not be told (never blocked).
-    fn unidentified_connections(&self) -> u64;
-}
-
-/// Picks the backend. Only the proxy mesh exists (see the module doc).
-pub async fn choose(
-    nodes: &[(u64, SocketAddr, SocketAddr)],
-    pids: Pids,
-) -> anyhow::Result<Arc<dyn Net>> {
-    Ok(Arc::new(ProxyMesh::start(nodes, pids).await?))
-}
-
-/// All links between `nodes` that cross from `side` to the rest, both ways.
-pub fn cut_between(side: &[u64], nodes: &[u64]) -> BTreeSet<Link> {
-    let mut links = BTreeSet::new();
-    for &inside in side {
-        for &outside in nodes.iter().filter(|node| !side.contains(node)) {
-            links.insert((inside, outside));
-            links.insert((outside, inside));
-        }
-    }
-    links
-}
+use super::{Link, Net, Pids};
 
 /// The proxy mesh: for each node, a proxy in front of its peer port and one in front of its
 /// API port, all on 127.0.0.1.
 pub struct ProxyMesh {
     shared: Arc<MeshShared>,
+    /// Node id → (real api address, real peer address), where the node listens.
+    real: BTreeMap<u64, (SocketAddr, SocketAddr)>,
+    /// Node id → (proxied api address, proxied peer address), what it advertises.
     advertised: BTreeMap<u64, (SocketAddr, SocketAddr)>,
 }
 
@@ -90,6 +42,7 @@ impl fmt::Debug for ProxyMesh {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter
             .debug_struct("ProxyMesh")
+            .field("real", &self.real)
             .field("advertised", &self.advertised)
             .field("blocked", &self.blocked())
             .finish()
@@ -97,9 +50,19 @@ impl fmt::Debug for ProxyMesh {
 }
 
 impl ProxyMesh {
-    /// Binds the proxies for `(id, real api address, real peer address)` of every node and
+    /// Picks free loopback addresses for the nodes `ids`, binds a proxy in front of each and
     /// starts serving them. The proxy tasks end with the runtime.
-    pub async fn start(
+    pub async fn start(ids: &[u64], pids: Pids) -> anyhow::Result<ProxyMesh> {
+        let nodes: Vec<(u64, SocketAddr, SocketAddr)> = ids
+            .iter()
+            .map(|&id| Ok((id, free_address()?, free_address()?)))
+            .collect::<anyhow::Result<_>>()?;
+        Self::start_in_front_of(&nodes, pids).await
+    }
+
+    /// Binds the proxies for `(id, real api address, real peer address)` of every node and
+    /// starts serving them.
+    pub async fn start_in_front_of(
         nodes: &[(u64, SocketAddr, SocketAddr)],
         pids: Pids,
     ) -> anyhow::Result<ProxyMesh> {
@@ -111,7 +74,9 @@ impl ProxyMesh {
             unidentified: AtomicU64::new(0),
         });
         let mut advertised = BTreeMap::new();
+        let mut real = BTreeMap::new();
         for &(id, api, peer) in nodes {
+            real.insert(id, (api, peer));
             let api_listener = TcpListener::bind("127.0.0.1:0").await?;
             let peer_listener = TcpListener::bind("127.0.0.1:0").await?;
             advertised.insert(
@@ -121,7 +86,11 @@ impl ProxyMesh {
             tokio::spawn(serve(shared.clone(), api_listener, id, api));
             tokio::spawn(serve(shared.clone(), peer_listener, id, peer));
         }
-        Ok(ProxyMesh { shared, advertised })
+        Ok(ProxyMesh {
+            shared,
+            real,
+            advertised,
+        })
     }
 }
 
@@ -143,6 +112,14 @@ impl Net for ProxyMesh {
 
     fn blocked(&self) -> BTreeSet<Link> {
         self.shared.blocked_links()
+    }
+
+    fn api_addr(&self, id: u64) -> SocketAddr {
+        self.real[&id].0
+    }
+
+    fn peer_listen_addr(&self, id: u64) -> SocketAddr {
+        self.real[&id].1
     }
 
     fn advertised_api_addr(&self, id: u64) -> String {
@@ -239,6 +216,12 @@ async fn relay(
     }
 }
 
+/// A loopback address with a port free now.
+fn free_address() -> anyhow::Result<SocketAddr> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?)
+}
+
 /// The node whose process owns the client end `client` of a connection to `proxy`, found in
 /// `/proc/net/tcp` and the nodes' `/proc/<pid>/fd`. `None` when it is not a node (or gone).
 fn sender_of(client: SocketAddr, proxy: SocketAddr, pids: &[(u64, u32)]) -> Option<u64> {
@@ -267,13 +250,7 @@ fn sender_of(client: SocketAddr, proxy: SocketAddr, pids: &[(u64, u32)]) -> Opti
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cuts_are_symmetric_and_spare_the_inside() {
-        let links = cut_between(&[1], &[1, 2, 3]);
-        assert_eq!(links, BTreeSet::from([(1, 2), (2, 1), (1, 3), (3, 1)]));
-        assert!(cut_between(&[1, 2, 3], &[1, 2, 3]).is_empty());
-    }
+    use std::sync::Mutex;
 
     #[tokio::test]
     async fn a_blocked_link_stops_traffic_and_a_heal_restores_it() {
@@ -294,7 +271,7 @@ mod tests {
             }
         });
         let pids: Pids = Arc::new(Mutex::new(BTreeMap::from([(7, std::process::id())])));
-        let mesh = ProxyMesh::start(&[(1, echo_address, echo_address)], pids)
+        let mesh = ProxyMesh::start_in_front_of(&[(1, echo_address, echo_address)], pids)
             .await
             .unwrap();
         let peer: SocketAddr = mesh.advertised_peer_addr(1).parse().unwrap();
