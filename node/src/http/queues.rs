@@ -126,6 +126,42 @@ async fn update(
     }
 }
 
+/// The parts every task operation shares: the queue and task from the path, the idempotency
+/// tag of the request, and the claim that proves the caller holds the task.
+struct TaskTarget {
+    queue: Name,
+    task_id: Name,
+    tag: Option<baton_raft_store::machine::IdempotencyTag>,
+    claim: TaskClaim,
+}
+
+impl TaskTarget {
+    fn parse<T>(
+        app: &AppState,
+        namespace: &baton_raft_store::machine::Namespace,
+        key: Option<String>,
+        (queue_text, id_text): (&str, &str),
+        action: &str,
+        body: &ApiJson<T>,
+        (session_id, fence): (&baton_client::api::SessionId, u64),
+    ) -> Result<TaskTarget, ApiError> {
+        let route = format!("/v1/queues/{{queue}}/tasks/{{id}}/{action}");
+        Ok(TaskTarget {
+            queue: parse_name(app, "queue", queue_text)?,
+            task_id: parse_name(app, "task id", id_text)?,
+            tag: app.idempotency_tag(
+                key,
+                namespace,
+                "POST",
+                &route,
+                &[queue_text, id_text],
+                &body.canonical,
+            ),
+            claim: task_claim(session_id, fence)?,
+        })
+    }
+}
+
 pub async fn complete(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -133,21 +169,21 @@ pub async fn complete(
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<CompleteRequest>,
 ) -> Result<Answer, ApiError> {
-    let (queue, task_id) = (
-        parse_name(&app, "queue", &queue_text)?,
-        parse_name(&app, "task id", &id_text)?,
-    );
-    let route = "/v1/queues/{queue}/tasks/{id}/complete";
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "POST",
-        route,
-        &[&queue_text, &id_text],
-        &body.canonical,
-    );
     let request = &body.value;
-    let claim = task_claim(&request.session_id, request.fence)?;
+    let TaskTarget {
+        queue,
+        task_id,
+        tag,
+        claim,
+    } = TaskTarget::parse(
+        &app,
+        &namespace,
+        key,
+        (&queue_text, &id_text),
+        "complete",
+        &body,
+        (&request.session_id, request.fence),
+    )?;
     let result = request.result.as_ref().map(json_text).transpose()?;
     let size_bytes = result.as_ref().map_or(0, String::len) + 256;
     update(
@@ -172,21 +208,21 @@ pub async fn fail(
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<FailRequest>,
 ) -> Result<Answer, ApiError> {
-    let (queue, task_id) = (
-        parse_name(&app, "queue", &queue_text)?,
-        parse_name(&app, "task id", &id_text)?,
-    );
-    let route = "/v1/queues/{queue}/tasks/{id}/fail";
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "POST",
-        route,
-        &[&queue_text, &id_text],
-        &body.canonical,
-    );
     let request = &body.value;
-    let claim = task_claim(&request.session_id, request.fence)?;
+    let TaskTarget {
+        queue,
+        task_id,
+        tag,
+        claim,
+    } = TaskTarget::parse(
+        &app,
+        &namespace,
+        key,
+        (&queue_text, &id_text),
+        "fail",
+        &body,
+        (&request.session_id, request.fence),
+    )?;
     let op = Op::Fail {
         queue,
         task_id,
@@ -204,35 +240,29 @@ pub async fn release(
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<TaskReleaseRequest>,
 ) -> Result<Answer, ApiError> {
-    let (queue, task_id) = (
-        parse_name(&app, "queue", &queue_text)?,
-        parse_name(&app, "task id", &id_text)?,
-    );
-    let route = "/v1/queues/{queue}/tasks/{id}/release";
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "POST",
-        route,
-        &[&queue_text, &id_text],
-        &body.canonical,
-    );
     let request = &body.value;
-    let claim = task_claim(&request.session_id, request.fence)?;
-    let size_bytes = request.note.as_ref().map_or(0, String::len) + 256;
-    update(
+    let TaskTarget {
+        queue,
+        task_id,
+        tag,
+        claim,
+    } = TaskTarget::parse(
         &app,
         &namespace,
-        tag,
-        Op::ReleaseTask {
-            queue,
-            task_id,
-            claim,
-            note: request.note.clone(),
-        },
-        size_bytes,
-    )
-    .await
+        key,
+        (&queue_text, &id_text),
+        "release",
+        &body,
+        (&request.session_id, request.fence),
+    )?;
+    let size_bytes = request.note.as_ref().map_or(0, String::len) + 256;
+    let op = Op::ReleaseTask {
+        queue,
+        task_id,
+        claim,
+        note: request.note.clone(),
+    };
+    update(&app, &namespace, tag, op, size_bytes).await
 }
 
 pub async fn counts(
