@@ -69,6 +69,10 @@ pub struct Tuning {
     /// Take a snapshot after this many log entries; older entries are then purged.
     #[arg(long, env = "BATON_SNAPSHOT_LOG_ENTRIES", default_value_t = 10_000)]
     pub snapshot_log_entries: u64,
+    /// Most event streams (`Accept: text/event-stream`) open on this node at once; past it, a
+    /// new stream is refused with 429 RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BATON_EVENT_STREAMS_MAX", default_value_t = 1_024)]
+    pub event_streams_max: usize,
     /// Most commands grouped into one log entry (group commit); 1 turns grouping off.
     #[arg(long, env = "BATON_GROUP_COMMIT_MAX", default_value_t = 1_024)]
     pub group_commit_max: usize,
@@ -157,8 +161,9 @@ impl NodeConfig {
             || tuning.sweep_ms == 0
             || tuning.snapshot_log_entries == 0
             || tuning.group_commit_max == 0
+            || tuning.event_streams_max == 0
         {
-            bail!("--tick-ms, --sweep-ms, --snapshot-log-entries and --group-commit-max must be positive");
+            bail!("--tick-ms, --sweep-ms, --snapshot-log-entries, --group-commit-max and --event-streams-max must be positive");
         }
         Ok(config)
     }

@@ -98,6 +98,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         forwarder,
         metrics: Metrics::default(),
         clock_control: tuning.clock_control,
+        event_streams: Arc::new(tokio::sync::Semaphore::new(tuning.event_streams_max)),
     });
 
     let (stop, stopped) = watch::channel(false);

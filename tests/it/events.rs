@@ -12,8 +12,11 @@ use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use baton_client::api::{ClaimResponse, Event, EventKind, EventsPage};
-use baton_tests::{idempotency_key, json, Api, Call, Cluster, Method, Node, Value, POLL_INTERVAL};
+use baton_client::api::{ClaimResponse, ErrorCode, Event, EventKind, EventsPage};
+use baton_tests::{
+    idempotency_key, json, poll_until, Api, Call, Cluster, ClusterConfig, Method, Node, Value,
+    POLL_INTERVAL,
+};
 
 /// A small page, so that the reader pages many times.
 const PAGE: u32 = 7;
@@ -537,4 +540,50 @@ impl SseStream {
                 .extend(chunk.iter().copied().filter(|byte| *byte != b'\r'));
         }
     }
+}
+
+/// G9: open event streams are bounded per node (`--event-streams-max`); one more is refused
+/// with 429 RESOURCE_EXHAUSTED and Retry-After, and a closed stream frees its place.
+#[tokio::test]
+async fn event_streams_are_bounded_and_a_closed_one_frees_its_place() {
+    let mut config = ClusterConfig::new(1);
+    config.extra_args = vec!["--event-streams-max".to_owned(), "1".to_owned()];
+    let cluster = Cluster::start_with(config).await;
+    let node = &cluster.nodes()[0];
+    let first = SseStream::open(node, None).await;
+    let refused = cluster
+        .api()
+        .call(Method::GET, node, "/v1/events")
+        .header("Accept", "text/event-stream")
+        .send()
+        .await;
+    refused.expect_problem(429, ErrorCode::ResourceExhausted);
+    assert!(refused.headers.contains_key("retry-after"), "{refused}");
+    // Paging is not a stream and is not limited.
+    cluster
+        .api()
+        .get(node, "/v1/events")
+        .await
+        .expect_status(200);
+    drop(first);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("an HTTP client");
+    let url = format!("{}/v1/events", node.api_url());
+    poll_until(
+        Duration::from_secs(5),
+        "the closed stream's place",
+        async || {
+            // `send` returns at the answer's head: a stream that opened answers 200 at once.
+            let answer = client
+                .get(&url)
+                .header(reqwest::header::ACCEPT, "text/event-stream")
+                .send()
+                .await
+                .ok()?;
+            (answer.status().as_u16() == 200).then_some(())
+        },
+    )
+    .await;
 }

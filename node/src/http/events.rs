@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use baton_client::api::{EventsPage, EventsQuery};
+use baton_client::api::{ErrorCode, EventsPage, EventsQuery};
 use baton_raft_store::machine::{Event, Namespace};
 
 use super::convert;
@@ -58,7 +58,13 @@ pub async fn events(
         .and_then(|value| value.to_str().ok())
         .is_some_and(|accept| accept.contains("text/event-stream"));
     if streaming {
-        return Ok(stream(app, namespace, after).into_response());
+        let permit = app.event_streams.clone().try_acquire_owned().map_err(|_| {
+            ApiError::new(
+                ErrorCode::ResourceExhausted,
+                "too many event streams are open on this node: retry after Retry-After, or page with ?after=",
+            )
+        })?;
+        return Ok(stream(app, namespace, after, permit).into_response());
     }
     let next = events.last().map_or(after, |event| event.revision);
     let page = EventsPage {
@@ -77,6 +83,8 @@ struct Follow {
     namespace: Namespace,
     after: u64,
     ready: VecDeque<Event>,
+    /// Held while the stream is open: one of `--event-streams-max`.
+    _permit: tokio::sync::OwnedSemaphorePermit,
     metrics:
         tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, baton_raft_store::store::Member>>,
     finished: bool,
@@ -85,13 +93,19 @@ struct Follow {
 /// Streams the namespace's events after `after` as they are applied on this node, which is
 /// the leader (followers forward). Each SSE event has `id` = its revision, so a client that
 /// reconnects with `Last-Event-ID` resumes exactly after the last event it saw.
-fn stream(app: AppState, namespace: Namespace, after: u64) -> impl IntoResponse {
+fn stream(
+    app: AppState,
+    namespace: Namespace,
+    after: u64,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> impl IntoResponse {
     let metrics = app.raft.metrics();
     let follow = Follow {
         app,
         namespace,
         after,
         ready: VecDeque::new(),
+        _permit: permit,
         metrics,
         finished: false,
     };

@@ -68,6 +68,8 @@ pub struct Shared {
     pub forwarder: reqwest::Client,
     pub metrics: Metrics,
     pub clock_control: bool,
+    /// Permits for open event streams (`--event-streams-max`).
+    pub event_streams: Arc<tokio::sync::Semaphore>,
 }
 
 impl Deref for AppState {
