@@ -35,8 +35,7 @@ pub use command::{
     TaskClaim, TaskClaimed, TaskCounts, TaskState, TaskView,
 };
 pub use types::{
-    validate_holder, validate_idempotency_key, validate_labels, validate_max_hold, validate_ttl,
-    Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId,
+    validate_idempotency_key, Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId,
 };
 
 use events::EventLog;
