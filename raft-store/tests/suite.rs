@@ -75,12 +75,18 @@ async fn appended_entries_survive_reopen() {
 async fn truncate_and_purge_survive_reopen() {
     let dir = TempDir::new().unwrap();
     {
-        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
-        log_store
-            .blocking_append((1..=10).map(|index| blank_entry(1, index)))
+        let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+        let entries: Vec<_> = (1..=10).map(|index| blank_entry(1, index)).collect();
+        log_store.blocking_append(entries.clone()).await.unwrap();
+        log_store.truncate(log_id(1, 8)).await.unwrap();
+        // A purge removes only what a durable snapshot covers.
+        state_machine.apply(entries[..3].to_vec()).await.unwrap();
+        state_machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
             .await
             .unwrap();
-        log_store.truncate(log_id(1, 8)).await.unwrap();
         log_store.purge(log_id(1, 3)).await.unwrap();
     }
     let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
@@ -161,6 +167,13 @@ async fn apply_answers_each_entry_with_responses_and_time() {
 
     let error = state_machine.apply(vec![blank_entry(1, 4)]).await;
     assert!(error.is_err(), "applying an entry twice is refused");
+    let error = state_machine.apply(vec![blank_entry(1, 6)]).await;
+    assert!(error.is_err(), "skipping an entry is refused");
+    assert_eq!(
+        state_machine.applied_state().await.unwrap().0,
+        Some(log_id(1, 4)),
+        "a refused entry is not applied"
+    );
 }
 
 #[tokio::test]
@@ -495,4 +508,152 @@ async fn retry_while_locked<T, E: Display>(mut open: impl FnMut() -> Result<T, E
             result => return result,
         }
     }
+}
+
+/// openraft 0.9 installs a received snapshot on its state-machine worker while RaftCore purges
+/// the log up to that snapshot in parallel. A SIGKILL between the two must not leave the log
+/// purged past every durable snapshot: the committed entries after the last durable snapshot are
+/// what a restart re-applies. Here: entries 0..=10, committed 6, a durable snapshot at 3 (or
+/// none), then `purge(8)` as if the install of a snapshot at 8 had not reached disk yet. The
+/// store reopens and loads its initial state, and the log is whole after the snapshot.
+#[tokio::test]
+async fn purge_past_the_durable_snapshot_keeps_what_a_restart_needs() {
+    for snapshot_at in [Some(3), None] {
+        let dir = TempDir::new().unwrap();
+        // openraft's log starts at index 0, which a restart without a snapshot re-applies.
+        let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 0))
+            .chain(std::iter::once(normal_entry(
+                1,
+                1,
+                create_session_batch(1_000, 1),
+            )))
+            .chain((2..=10).map(|index| blank_entry(1, index)))
+            .collect();
+        {
+            let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+            log_store
+                .save_vote(&Vote::new_committed(1, 1))
+                .await
+                .unwrap();
+            log_store.blocking_append(entries.clone()).await.unwrap();
+            if let Some(snapshot_at) = snapshot_at {
+                state_machine
+                    .apply(entries[..=snapshot_at].to_vec())
+                    .await
+                    .unwrap();
+                state_machine
+                    .get_snapshot_builder()
+                    .await
+                    .build_snapshot()
+                    .await
+                    .unwrap();
+            }
+            log_store.save_committed(Some(log_id(1, 6))).await.unwrap();
+            log_store.purge(log_id(1, 8)).await.unwrap();
+            // While running, the store honours the purge: nothing at or below 8 is readable.
+            let state = log_store.get_log_state().await.unwrap();
+            assert_eq!(state.last_purged_log_id, Some(log_id(1, 8)));
+            let first = log_store.try_get_log_entries(..).await.unwrap()[0].log_id;
+            assert_eq!(first, log_id(1, 9), "snapshot at {snapshot_at:?}");
+        }
+        let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+        StorageHelper::new(&mut log_store, &mut state_machine)
+            .get_initial_state()
+            .await
+            .unwrap_or_else(|error| panic!("snapshot at {snapshot_at:?}: {error}"));
+        assert_eq!(
+            state_machine.applied_state().await.unwrap().0,
+            Some(log_id(1, 6)),
+            "snapshot at {snapshot_at:?}"
+        );
+        let state = log_store.get_log_state().await.unwrap();
+        let snapshot_log_id = snapshot_at.map(|index| log_id(1, index as u64));
+        assert_eq!(state.last_purged_log_id, snapshot_log_id);
+        assert_eq!(state.last_log_id, Some(log_id(1, 10)));
+    }
+}
+
+/// Once a snapshot covering the purge point is durable, the next purge (or a reopen) removes
+/// the entries it covers.
+#[tokio::test]
+async fn entries_kept_past_a_purge_go_once_a_snapshot_covers_them() {
+    let dir = TempDir::new().unwrap();
+    let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 1))
+        .chain((2..=10).map(|index| blank_entry(1, index)))
+        .collect();
+    {
+        let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+        log_store.blocking_append(entries.clone()).await.unwrap();
+        log_store.purge(log_id(1, 8)).await.unwrap();
+        state_machine.apply(entries[..8].to_vec()).await.unwrap();
+        state_machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+    }
+    let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+    let state = log_store.get_log_state().await.unwrap();
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 8)));
+    let indexes: Vec<u64> = log_store
+        .try_get_log_entries(..)
+        .await
+        .unwrap()
+        .iter()
+        .map(|entry| entry.log_id.index)
+        .collect();
+    assert_eq!(indexes, vec![9, 10]);
+}
+
+/// The order openraft 0.9 runs a snapshot install in: the state-machine worker begins receiving
+/// and later installs, while RaftCore purges up to the snapshot at once. The purge waits until
+/// the install is durable, so a crash at any point leaves a log a restart can load.
+#[tokio::test]
+async fn purge_during_an_install_waits_until_the_snapshot_is_durable() {
+    let source_dir = TempDir::new().unwrap();
+    let (_source_log, mut source) = open(source_dir.path()).await.unwrap();
+    let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 0))
+        .chain(std::iter::once(normal_entry(
+            1,
+            1,
+            create_session_batch(1_000, 1),
+        )))
+        .chain((2..=10).map(|index| blank_entry(1, index)))
+        .collect();
+    source.apply(entries[..=8].to_vec()).await.unwrap();
+    let snapshot = source
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+
+    let dir = TempDir::new().unwrap();
+    let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+    log_store.blocking_append(entries.clone()).await.unwrap();
+    log_store.save_committed(Some(log_id(1, 6))).await.unwrap();
+    state_machine.begin_receiving_snapshot().await.unwrap();
+    let purge = tokio::spawn(async move {
+        log_store.purge(log_id(1, 8)).await.unwrap();
+        log_store
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!purge.is_finished(), "the purge ran ahead of the install");
+    state_machine
+        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .await
+        .unwrap();
+    let mut log_store = tokio::time::timeout(Duration::from_secs(10), purge)
+        .await
+        .expect("the purge finishes once the snapshot is durable")
+        .unwrap();
+    let indexes: Vec<u64> = log_store
+        .try_get_log_entries(..)
+        .await
+        .unwrap()
+        .iter()
+        .map(|entry| entry.log_id.index)
+        .collect();
+    assert_eq!(indexes, vec![9, 10]);
 }

@@ -8,18 +8,21 @@
 use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
+use std::time::Duration;
 
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, Vote};
 
 use super::{
-    decode, encode, log_key, read_meta, storage_error, Database, StorageResult, StoreError,
-    TypeConfig,
+    decode, encode, log_key, read_meta, storage_error, Database, SnapshotProgress, StorageResult,
+    StoreError, TypeConfig,
 };
 
 const VOTE_KEY: &[u8] = b"vote";
 const COMMITTED_KEY: &[u8] = b"committed";
 const LAST_PURGED_KEY: &[u8] = b"last_purged";
+/// How long a purge waits for a snapshot install to become durable before the node stops.
+const PURGE_WAIT_MAX: Duration = Duration::from_secs(120);
 
 /// The durable Raft log and vote of one node.
 ///
@@ -56,6 +59,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
 /// - No holes: `truncate` removes a suffix in one atomic sled batch; `purge` durably records
 ///   the last purged log id before it removes the prefix, and `open` finishes an interrupted
 ///   purge.
+/// - Nothing that a restart needs is purged: an entry is removed only once a durable snapshot
+///   covers it. openraft 0.9 purges up to a snapshot received from the leader while its
+///   state-machine worker is still persisting that snapshot, so `purge` waits for the install
+///   to be durable; a purge past every durable snapshot is honoured by the readers (openraft
+///   never reads below its purge point) but leaves the entries on disk, and `open` forgets it.
 /// - On any sled or decoding error the method returns a `StorageError` (and `append` also
 ///   reports the error through its callback): openraft then stops the node. Nothing is retried
 ///   or ignored here.
@@ -155,11 +163,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|error| storage_error(ErrorSubject::Log(log_id), ErrorVerb::Delete, error))
     }
 
-    /// Records `log_id` as the last purged log id and fsyncs, then removes the entries up to
-    /// it. A crash between the two leaves stale entries below the purge point, which `open`
-    /// removes; never a hole above it.
+    /// Waits until a snapshot being installed covers `log_id` (see the contract above), records
+    /// `log_id` as the last purged log id and fsyncs, then removes the entries up to it that the
+    /// durable snapshot covers. A crash between the two leaves stale entries below the purge
+    /// point, which `open` removes; never a hole above it.
     async fn purge(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
         let result = async {
+            let progress = self.wait_for_installed_snapshot(log_id.index).await?;
             if self
                 .last_purged()?
                 .is_some_and(|last_purged| last_purged >= log_id)
@@ -170,7 +180,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .meta
                 .insert(LAST_PURGED_KEY, encode(&log_id, "last purged log id")?)?;
             self.database.flush().await?;
-            self.remove_entries((Bound::Unbounded, Bound::Included(log_id.index)))
+            match progress.durable {
+                Some(durable) => self.remove_entries((
+                    Bound::Unbounded,
+                    Bound::Included(durable.index.min(log_id.index)),
+                )),
+                None => Ok(()),
+            }
         };
         result
             .await
@@ -179,32 +195,102 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 }
 
 impl LogStore {
-    /// Wraps the shared database and finishes a purge that a crash interrupted.
+    /// Wraps the shared database (the state machine has opened it first and knows the durable
+    /// snapshot) and settles the purge point: a recorded purge past the durable snapshot never
+    /// removed anything the snapshot does not cover (see `purge`), so it is forgotten and the
+    /// entries after the snapshot are the log again; a purge that a crash interrupted is
+    /// finished.
     pub(super) fn open(database: Database) -> Result<LogStore, StoreError> {
         let store = LogStore { database };
+        let durable = store.database.snapshot_progress.borrow().durable;
         if let Some(last_purged) = store.last_purged()? {
-            store.remove_entries((Bound::Unbounded, Bound::Included(last_purged.index)))?;
+            let kept_purge = match durable {
+                Some(durable) if durable.index >= last_purged.index => Some(last_purged),
+                Some(durable) => Some(durable),
+                None => None,
+            };
+            if kept_purge != Some(last_purged) {
+                tracing::warn!(
+                    recorded = %last_purged,
+                    durable_snapshot = ?durable,
+                    "the log was purged past the durable snapshot (a crash during a snapshot install); keeping the entries after the snapshot"
+                );
+                match kept_purge {
+                    Some(log_id) => store
+                        .database
+                        .meta
+                        .insert(LAST_PURGED_KEY, encode(&log_id, "last purged log id")?)?,
+                    None => store.database.meta.remove(LAST_PURGED_KEY)?,
+                };
+            }
+            if let Some(log_id) = kept_purge {
+                store.remove_entries((Bound::Unbounded, Bound::Included(log_id.index)))?;
+            }
             store.database.db.flush()?;
         }
         Ok(store)
+    }
+
+    /// While a snapshot from the leader is being received or installed, waits until a durable
+    /// snapshot covers `index` (openraft purges up to the snapshot in parallel with persisting
+    /// it). Returns the snapshot progress the purge may go by. An install that failed, or one
+    /// that takes longer than `PURGE_WAIT_MAX`, is an error: the node stops rather than purge
+    /// what a restart would need.
+    async fn wait_for_installed_snapshot(
+        &self,
+        index: u64,
+    ) -> Result<SnapshotProgress, StoreError> {
+        let mut progress = self.database.snapshot_progress.subscribe();
+        let settled = progress
+            .wait_for(|progress| progress.failed || !progress.receiving || progress.covers(index));
+        let progress = match tokio::time::timeout(PURGE_WAIT_MAX, settled).await {
+            Ok(Ok(progress)) => *progress,
+            Ok(Err(_)) => return Err(StoreError::Refused("the snapshot progress is gone".to_owned())),
+            Err(_) => {
+                return Err(StoreError::Refused(format!(
+                    "purge up to index {index}: the snapshot install covering it did not become durable within {PURGE_WAIT_MAX:?}"
+                )))
+            }
+        };
+        if progress.failed && !progress.covers(index) {
+            return Err(StoreError::Refused(format!(
+                "purge up to index {index}: the snapshot install covering it failed"
+            )));
+        }
+        Ok(progress)
     }
 
     fn last_purged(&self) -> Result<Option<LogId<u64>>, StoreError> {
         read_meta(&self.database.meta, LAST_PURGED_KEY, "last purged log id")
     }
 
+    /// The log id of the last entry after the purge point.
     fn last_entry_log_id(&self) -> Result<Option<LogId<u64>>, StoreError> {
+        let last_purged = self.last_purged()?;
         match self.database.logs.last()? {
-            Some((key, value)) => Ok(Some(decode_entry(&key, &value)?.log_id)),
+            Some((key, value)) => {
+                let log_id = decode_entry(&key, &value)?.log_id;
+                Ok(Some(log_id)
+                    .filter(|log_id| last_purged.is_none_or(|purged| log_id.index > purged.index)))
+            }
             None => Ok(None),
         }
     }
 
+    /// The entries in `range` after the purge point (entries a purge past the durable snapshot
+    /// left on disk are not part of the log).
     fn read_entries(
         &self,
         range: impl RangeBounds<u64>,
     ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
         let mut entries: Vec<Entry<TypeConfig>> = Vec::new();
+        let first = self.last_purged()?.map_or(0, |purged| purged.index + 1);
+        let start = match range.start_bound() {
+            Bound::Included(start) => Bound::Included((*start).max(first)),
+            Bound::Excluded(start) if *start >= first => Bound::Excluded(*start),
+            Bound::Excluded(_) | Bound::Unbounded => Bound::Included(first),
+        };
+        let range = (start, range.end_bound().cloned());
         for item in self.database.logs.range(key_range(range)) {
             let (key, value) = item?;
             let entry = decode_entry(&key, &value)?;

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use openraft::{AnyError, ErrorSubject, ErrorVerb, LogId, StorageError, StorageIOError};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 
 use crate::machine::{decode_value, encode_value, Batch, CodecError, Machine, Response};
 
@@ -93,8 +94,10 @@ pub enum StoreError {
 /// machine. The machine is rebuilt from the last persisted snapshot, or starts empty; openraft
 /// then re-applies the committed log entries after the snapshot when the node starts.
 ///
-/// Log entries at or below the last purged log id, left over by a crash in the middle of a
-/// purge, are removed here, so the log starts right after the purge point with no hole.
+/// A purge never removes an entry that no durable snapshot covers, so a crash in the middle of
+/// a snapshot install leaves every committed entry after the durable snapshot in the log;
+/// `open` drops a recorded purge point past that snapshot and removes the entries the durable
+/// snapshot covers, so the log starts right after the purge point with no hole.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
     let db = sled::Config::new().path(dir).open()?;
     let meta = db.open_tree(META_TREE)?;
@@ -105,9 +108,12 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
         snapshots: db.open_tree(SNAPSHOT_TREE)?,
         db,
         snapshot_write: Arc::new(Mutex::new(())),
+        snapshot_progress: Arc::new(watch::Sender::new(SnapshotProgress::default())),
     };
-    let log_store = LogStore::open(database.clone())?;
-    let state_machine = StateMachineStore::open(database)?;
+    // The state machine first: it finds the durable snapshot, which bounds what the log may
+    // have purged.
+    let state_machine = StateMachineStore::open(database.clone())?;
+    let log_store = LogStore::open(database)?;
     Ok((log_store, state_machine))
 }
 
@@ -134,6 +140,29 @@ struct Database {
     /// Serializes snapshot writes (a background build against an install), so an older snapshot
     /// never overwrites a newer one.
     snapshot_write: Arc<Mutex<()>>,
+    /// What the durable snapshot covers and whether one is being received: the state machine
+    /// writes it, the log's `purge` waits on it.
+    snapshot_progress: Arc<watch::Sender<SnapshotProgress>>,
+}
+
+/// The snapshot side of the purge rule: the log may remove an entry only once a durable
+/// snapshot covers it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct SnapshotProgress {
+    /// The last log id the persisted (fsynced) snapshot covers.
+    durable: Option<LogId<u64>>,
+    /// A snapshot from the leader is being received or installed: openraft purges the log up
+    /// to it in parallel with the install, so `purge` waits for it to be durable.
+    receiving: bool,
+    /// An install failed: the node is stopping, and nothing past the durable snapshot goes.
+    failed: bool,
+}
+
+impl SnapshotProgress {
+    /// Whether the durable snapshot covers the entry at `index`.
+    fn covers(&self, index: u64) -> bool {
+        self.durable.is_some_and(|durable| durable.index >= index)
+    }
 }
 
 impl Database {
@@ -215,6 +244,9 @@ struct AppliedState {
     machine: Machine,
     last_applied: Option<LogId<u64>>,
     last_membership: openraft::StoredMembership<u64, Member>,
+    /// The machine holds lease state (it applied a normal entry or came from a snapshot): from
+    /// then on every entry must be the one right after `last_applied`.
+    consecutive: bool,
 }
 
 type SharedState = Arc<RwLock<AppliedState>>;

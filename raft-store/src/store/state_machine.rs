@@ -64,14 +64,19 @@ impl StateMachineStore {
                 machine: Machine::decode_snapshot(&data)?,
                 last_applied: meta.last_log_id,
                 last_membership: meta.last_membership,
+                consecutive: true,
             },
             None => AppliedState {
                 machine: Machine::default(),
                 last_applied: None,
                 last_membership: StoredMembership::default(),
+                consecutive: false,
             },
         };
         tracing::info!(last_applied = ?state.last_applied, "state machine rebuilt from the last snapshot");
+        database
+            .snapshot_progress
+            .send_modify(|progress| progress.durable = state.last_applied);
         Ok(StateMachineStore {
             state: SharedState::new(state.into()),
             database,
@@ -107,12 +112,17 @@ impl MachineHandle {
 ///
 /// - `apply` runs each entry through `Machine::apply` (normal entries), records membership
 ///   (membership entries), advances the last applied log id, and returns one `Applied` per
-///   entry, in order. It refuses an entry at or below the last applied index (applying twice
-///   would corrupt the state) with a `StorageError`.
+///   entry, in order. It refuses an entry at or below the last applied index (applying twice)
+///   and, once the machine holds lease state (a normal entry applied, or a snapshot), any
+///   entry that is not the one right after the last applied (a skipped entry), with a
+///   `StorageError`. Before that it takes any higher index: openraft's own storage suite
+///   drives fresh machines with sparse blank and membership entries.
 /// - The machine is in memory; snapshots are what is durable. `build_snapshot` and
-///   `install_snapshot` fsync the snapshot before returning, so openraft purges only logs that
-///   a durable snapshot covers. A built snapshot never replaces a persisted one that covers more
-///   of the log.
+///   `install_snapshot` fsync the snapshot before returning. openraft purges the log after a
+///   build returns, but runs the purge that follows an install in parallel with it: the log's
+///   `purge` waits for the install to be durable (it learns of it through the store's snapshot
+///   progress), so no entry is removed that the durable snapshot does not cover. A built
+///   snapshot never replaces a persisted one that covers more of the log.
 /// - Snapshot bytes are `Machine::encode_snapshot`; the applied log id and membership travel in
 ///   openraft's `SnapshotMeta`. Bytes that do not decode are a `StorageError`, never a panic.
 /// - Any sled, encoding or decoding error, or a poisoned lock, is a `StorageError`: openraft
@@ -135,8 +145,15 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         let mut state = self.state.write().map_err(|_| poisoned())?;
         let mut applied = Vec::new();
         for entry in entries {
+            let normal = matches!(entry.payload, EntryPayload::Normal(_));
+            state.consecutive |= normal;
             if let Some(last_applied) = state.last_applied {
-                if entry.log_id.index <= last_applied.index {
+                let in_order = if state.consecutive {
+                    entry.log_id.index == last_applied.index + 1
+                } else {
+                    entry.log_id.index > last_applied.index
+                };
+                if !in_order {
                     let violation = Violation::ApplyNonConsecutive {
                         prev: Some(last_applied),
                         next: entry.log_id,
@@ -170,13 +187,53 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
+    /// Marks a snapshot from the leader as on its way: from now until it is installed, the log
+    /// purges nothing the durable snapshot does not cover without waiting for it.
     async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<Cursor<Vec<u8>>>> {
+        self.database
+            .snapshot_progress
+            .send_modify(|progress| progress.receiving = true);
         Ok(Box::new(Cursor::new(Vec::new())))
     }
 
     /// Decodes the received bytes (an error on garbage), persists meta and bytes with an fsync,
-    /// then replaces the in-memory machine, applied log id and membership at once.
+    /// then replaces the in-memory machine, applied log id and membership at once. Only then is
+    /// the snapshot durable for the log's `purge`, which openraft runs in parallel and which
+    /// waits for it; a failure makes that purge fail too.
     async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<u64, Member>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> StorageResult<()> {
+        tracing::info!(snapshot = %meta, "installing snapshot");
+        let result = self.install(meta, snapshot).await;
+        self.database
+            .snapshot_progress
+            .send_modify(|progress| match &result {
+                Ok(()) => {
+                    progress.durable = progress.durable.max(meta.last_log_id);
+                    progress.receiving = false;
+                }
+                Err(_) => progress.failed = true,
+            });
+        result
+    }
+
+    /// The last persisted snapshot (built here or installed), read back from disk.
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+        let database = self.database.clone();
+        let persisted = run_blocking(move || read_persisted_snapshot(&database))
+            .await
+            .map_err(|error| storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, error))?;
+        Ok(persisted.map(|(meta, data)| Snapshot {
+            meta,
+            snapshot: Box::new(Cursor::new(data)),
+        }))
+    }
+}
+
+impl StateMachineStore {
+    async fn install(
         &mut self,
         meta: &SnapshotMeta<u64, Member>,
         snapshot: Box<Cursor<Vec<u8>>>,
@@ -201,20 +258,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             machine,
             last_applied: meta.last_log_id,
             last_membership: meta.last_membership.clone(),
+            consecutive: true,
         };
         Ok(())
-    }
-
-    /// The last persisted snapshot (built here or installed), read back from disk.
-    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
-        let database = self.database.clone();
-        let persisted = run_blocking(move || read_persisted_snapshot(&database))
-            .await
-            .map_err(|error| storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, error))?;
-        Ok(persisted.map(|(meta, data)| Snapshot {
-            meta,
-            snapshot: Box::new(Cursor::new(data)),
-        }))
     }
 }
 
@@ -246,6 +292,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         .await
         .map_err(|error| fail(ErrorVerb::Write, error))?;
         tracing::info!(snapshot = %meta, bytes = data.len(), "snapshot built");
+        self.database
+            .snapshot_progress
+            .send_modify(|progress| progress.durable = progress.durable.max(meta.last_log_id));
         Ok(Snapshot {
             meta,
             snapshot: Box::new(Cursor::new(data)),
