@@ -17,8 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_raft_store::machine::{Batch, Command, Response};
-use baton_raft_store::store::{MachineHandle, TypeConfig};
+use baton_raft_store::store::{Applied, MachineHandle, Member, TypeConfig};
 use openraft::error::ClientWriteError;
+use openraft::raft::ClientWriteResponse;
 use openraft::Raft;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
@@ -30,8 +31,6 @@ const QUEUE_MAX: usize = 16_384;
 const BATCHES_IN_FLIGHT_MAX: usize = 8;
 /// Approximate encoded bytes of one log entry.
 const BATCH_BYTES_MAX: usize = 4 << 20;
-/// How long a request waits for its entry to be applied before its outcome is unknown.
-const APPLY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What a committed command produced, and the cluster time it was decided at.
 #[derive(Debug)]
@@ -64,6 +63,9 @@ pub struct ProposerSettings {
     pub sweep_batch_max: u32,
     /// Commands in one log entry at most (group commit; 1 turns it off).
     pub batch_commands_max: usize,
+    /// How long a request waits for its entry to be applied (and a new leader for its takeover
+    /// log) before the outcome is unknown.
+    pub apply_timeout: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -72,6 +74,7 @@ pub struct Proposer {
     /// The term whose leader clock has started: this node, as leader of that term, has applied
     /// every entry that was in its log at takeover.
     ready_term: watch::Receiver<Option<u64>>,
+    apply_timeout: Duration,
 }
 
 #[derive(Debug)]
@@ -92,6 +95,7 @@ impl Proposer {
     ) -> Proposer {
         let (sender, receiver) = mpsc::channel(QUEUE_MAX);
         let (ready, ready_term) = watch::channel(None);
+        let apply_timeout = settings.apply_timeout;
         let batcher = Batcher {
             ready,
             raft,
@@ -104,7 +108,11 @@ impl Proposer {
             settings,
         };
         tokio::spawn(batcher.run());
-        Proposer { sender, ready_term }
+        Proposer {
+            sender,
+            ready_term,
+            apply_timeout,
+        }
     }
 
     /// Waits until this node, as leader of `term`, has applied every entry that was in its log
@@ -141,13 +149,41 @@ impl Proposer {
                 mpsc::error::TrySendError::Full(_) => ProposeError::Overloaded,
                 mpsc::error::TrySendError::Closed(_) => ProposeError::NotLeader { leader: None },
             })?;
-        match tokio::time::timeout(APPLY_TIMEOUT, answer).await {
+        match tokio::time::timeout(self.apply_timeout, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(ProposeError::Unknown("the proposer stopped".to_owned())),
             Err(_) => Err(ProposeError::Unknown(format!(
-                "not applied within {APPLY_TIMEOUT:?}"
+                "not applied within {:?}",
+                self.apply_timeout
             ))),
         }
+    }
+}
+
+/// What the waiters of an entry handed to openraft learn from openraft's answer for it.
+///
+/// Once handed over, the entry may be committed whatever happens to this node: openraft answers
+/// `ForwardToLeader` both when it refuses the entry up front and when it deletes the entry from
+/// a deposed leader's log (a conflict, or a snapshot install that truncates after the committed
+/// index), and in the second case a new leader may already have committed and applied it. So
+/// every failure after the hand-over is `Unknown`, never `NotLeader` (SPEC: `NO_LEADER` means
+/// surely not applied).
+fn entry_outcome<E>(
+    outcome: Result<Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, Member>>, E>,
+    commands: usize,
+) -> Result<Applied, ProposeError> {
+    match outcome {
+        Ok(Ok(written)) if written.data.responses.len() == commands => Ok(written.data),
+        Ok(Ok(written)) => Err(ProposeError::Unknown(format!(
+            "applied {} responses for {commands} commands",
+            written.data.responses.len(),
+        ))),
+        Ok(Err(ClientWriteError::ForwardToLeader(_))) => Err(ProposeError::Unknown(
+            "this node stopped being the leader before the write was known to be committed"
+                .to_owned(),
+        )),
+        Ok(Err(other)) => Err(ProposeError::Unknown(other.to_string())),
+        Err(_) => Err(ProposeError::Unknown("raft dropped the request".to_owned())),
     }
 }
 
@@ -271,34 +307,18 @@ impl Batcher {
         tokio::spawn(async move {
             let outcome = receiver.await;
             drop(permit);
-            let result: Result<Vec<Response>, ProposeError> = match outcome {
-                Ok(Ok(written)) if written.data.responses.len() == replies.len() => {
-                    let time_ms = written.data.time_ms;
-                    for (reply, response) in replies.into_iter().zip(written.data.responses) {
+            match entry_outcome(outcome, replies.len()) {
+                Ok(Applied { time_ms, responses }) => {
+                    for (reply, response) in replies.into_iter().zip(responses) {
                         if let Some(reply) = reply {
                             let _ = reply.send(Ok(Committed { response, time_ms }));
                         }
                     }
-                    return;
                 }
-                Ok(Ok(written)) => Err(ProposeError::Unknown(format!(
-                    "applied {} responses for {} commands",
-                    written.data.responses.len(),
-                    replies.len()
-                ))),
-                // Refused before appending, or appended and then truncated by a new leader:
-                // either way this entry can never be applied.
-                Ok(Err(ClientWriteError::ForwardToLeader(forward))) => {
-                    Err(ProposeError::NotLeader {
-                        leader: forward.leader_id,
-                    })
-                }
-                Ok(Err(other)) => Err(ProposeError::Unknown(other.to_string())),
-                Err(_) => Err(ProposeError::Unknown("raft dropped the request".to_owned())),
-            };
-            if let Err(error) = result {
-                for reply in replies.into_iter().flatten() {
-                    let _ = reply.send(Err(error.clone()));
+                Err(error) => {
+                    for reply in replies.into_iter().flatten() {
+                        let _ = reply.send(Err(error.clone()));
+                    }
                 }
             }
         });
@@ -329,7 +349,7 @@ impl Batcher {
         let clock = match started {
             Some(clock) => clock,
             None => {
-                let wait = self.raft.wait(Some(APPLY_TIMEOUT));
+                let wait = self.raft.wait(Some(self.settings.apply_timeout));
                 if wait
                     .applied_index_at_least(last_log_index, "leader clock start")
                     .await
@@ -353,5 +373,62 @@ impl Batcher {
             }
         };
         Ok(clock.base_ms + self.clock.now_ms().saturating_sub(clock.base_reading_ms))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use baton_raft_store::machine::{Reply, Response};
+    use openraft::error::ForwardToLeader;
+    use openraft::{CommittedLeaderId, LogId};
+
+    use super::*;
+
+    fn written(responses: usize) -> ClientWriteResponse<TypeConfig> {
+        ClientWriteResponse {
+            log_id: LogId::new(CommittedLeaderId::new(3, 1), 9),
+            data: Applied {
+                time_ms: 1_234,
+                responses: (0..responses)
+                    .map(|_| Response {
+                        outcome: Ok(Reply::LimitsSet),
+                        replayed: None,
+                    })
+                    .collect(),
+            },
+            membership: None,
+        }
+    }
+
+    #[test]
+    fn losing_the_leader_after_the_hand_over_is_an_unknown_outcome() {
+        let forward = ClientWriteError::ForwardToLeader(ForwardToLeader {
+            leader_id: Some(2),
+            leader_node: None,
+        });
+        let outcome = entry_outcome::<()>(Ok(Err(forward)), 1);
+        assert!(
+            matches!(outcome, Err(ProposeError::Unknown(_))),
+            "{outcome:?}"
+        );
+    }
+
+    #[test]
+    fn a_dropped_answer_or_a_response_count_mismatch_is_unknown() {
+        assert!(matches!(
+            entry_outcome(Err(()), 1),
+            Err(ProposeError::Unknown(_))
+        ));
+        assert!(matches!(
+            entry_outcome::<()>(Ok(Ok(written(2))), 3),
+            Err(ProposeError::Unknown(_))
+        ));
+    }
+
+    #[test]
+    fn an_applied_entry_answers_every_waiter() {
+        let applied = entry_outcome::<()>(Ok(Ok(written(2))), 2).unwrap();
+        assert_eq!(applied.time_ms, 1_234);
+        assert_eq!(applied.responses.len(), 2);
     }
 }

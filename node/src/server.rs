@@ -71,6 +71,9 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("binding --listen {}", config.listen))?;
 
     let clock = Arc::new(NodeClock::default());
+    let election_timeout = Duration::from_millis(tuning.election_timeout_ms);
+    // The longest a request waits for a leader (see `AppState::leader_wait`).
+    let leader_wait = election_timeout * 2 + Duration::from_secs(1);
     let limits = machine.read(|machine, _| machine.limits().clone())?;
     let proposer = Proposer::spawn(
         raft.clone(),
@@ -82,6 +85,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
             sweep: Duration::from_millis(tuning.sweep_ms),
             sweep_batch_max: u32::try_from(limits.sweep_batch_max).unwrap_or(u32::MAX),
             batch_commands_max: tuning.group_commit_max,
+            apply_timeout: leader_wait,
         },
     );
     let forwarder = reqwest::Client::builder()
@@ -99,6 +103,8 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         metrics: Metrics::default(),
         clock_control: tuning.clock_control,
         event_streams: Arc::new(tokio::sync::Semaphore::new(tuning.event_streams_max)),
+        election_timeout,
+        cluster_time_shown: Default::default(),
     });
 
     let (stop, stopped) = watch::channel(false);

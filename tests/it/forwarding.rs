@@ -4,6 +4,8 @@
 //! request, and evaluate a refused request afresh.
 
 use baton_client::api::{ErrorCode, Grant, KvEntry, LeaseList};
+use std::time::{Duration, Instant};
+
 use baton_tests::{idempotency_key, json, Cluster, Method};
 
 #[tokio::test]
@@ -134,3 +136,66 @@ async fn every_node_reads_what_any_node_acknowledged() {
         );
     }
 }
+
+/// A follower whose leader is paused does not hang (SPEC section 5): within twice the election
+/// timeout it gives up on the old leader; a read is re-sent to the new leader and answered; a
+/// write that may have reached the old leader is OUTCOME_UNKNOWN; nothing waits longer than
+/// `2 × election timeout + 1 s`, and an error names the same leader in its body and its header.
+#[tokio::test]
+async fn a_follower_of_a_paused_leader_moves_on_within_the_bound() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let leader = cluster.leader().await;
+    let follower = cluster.followers().await[0];
+    let bound = Duration::from_millis(2 * cluster.config().election_timeout_ms + 1_000);
+    api.put(follower, "/v1/kv/paused/x", &json!({"value": 1}))
+        .await
+        .expect_status(200);
+
+    leader.pause();
+    let started = Instant::now();
+    let read = api
+        .call(Method::GET, follower, "/v1/kv/paused/x")
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await;
+    let read_took = started.elapsed();
+    let started = Instant::now();
+    let write = api
+        .call(Method::PUT, follower, "/v1/kv/paused/y")
+        .json(&json!({"value": 2}))
+        .timeout(Duration::from_secs(30))
+        .send()
+        .await;
+    let write_took = started.elapsed();
+    leader.resume();
+
+    assert!(
+        read_took <= bound + SLACK,
+        "the read took {read_took:?}, over {bound:?}: {read}"
+    );
+    let entry: KvEntry = read.expect_json(200);
+    assert_eq!(entry.value, json!(1));
+    assert_ne!(
+        read.leader(),
+        Some(leader.id),
+        "answered by the new leader: {read}"
+    );
+    assert!(
+        write_took <= bound + SLACK,
+        "the write took {write_took:?}, over {bound:?}: {write}"
+    );
+    // The new leader is elected by the time the read came back, so the write goes there; if it
+    // raced the election it may be unknown, never NO_LEADER naming the paused leader.
+    if !write.is_success() {
+        let problem = write.expect_problem(write.status, ErrorCode::OutcomeUnknown);
+        assert_eq!(
+            problem.leader,
+            write.leader(),
+            "body and header agree: {write}"
+        );
+    }
+}
+
+/// Timing noise allowed on top of the bound on a shared two-core machine.
+const SLACK: Duration = Duration::from_millis(500);

@@ -54,10 +54,18 @@ pub async fn status(State(app): State<AppState>) -> Answer {
     Answer::new(StatusCode::OK, &cluster_status(&app), local_time(&app))
 }
 
+/// A membership change that openraft did not complete. Only the leader runs these (followers
+/// forward them), and openraft answers `ForwardToLeader` both when it refuses a change up front
+/// and when the change's entry is deleted from a deposed leader's log, possibly after a new
+/// leader committed it: so losing the leader here is `OUTCOME_UNKNOWN`, never `NO_LEADER`.
 fn membership_error(error: RaftError<u64, ClientWriteError<u64, Member>>) -> ApiError {
     match error {
         RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
-            ApiError::no_leader(forward.leader_id)
+            let mut error = ApiError::outcome_unknown(
+                "this node stopped being the leader while changing the membership",
+            );
+            error.problem.leader = forward.leader_id;
+            error
         }
         RaftError::APIError(ClientWriteError::ChangeMembershipError(error)) => ApiError::new(
             ErrorCode::InvalidArgument,
@@ -84,6 +92,7 @@ pub async fn add_member(
         api_addr: request.api_addr,
         peer_addr: request.peer_addr,
     };
+    refuse_address_conflicts(&app, request.id, &member)?;
     app.raft
         .add_learner(request.id, member, true)
         .await
@@ -100,6 +109,32 @@ pub async fn add_member(
         &cluster_status(&app),
         local_time(&app),
     ))
+}
+
+/// One process is never two members: an id that is already a member must come with the
+/// addresses it has, and an address may belong to one member only.
+fn refuse_address_conflicts(app: &AppState, id: u64, member: &Member) -> Result<(), ApiError> {
+    let metrics = app.raft.metrics();
+    let metrics = metrics.borrow();
+    let membership = metrics.membership_config.membership();
+    if let Some(existing) = membership.get_node(&id) {
+        if existing != member {
+            return Err(ApiError::invalid(format!(
+                "node {id} is already a member at {existing}; remove it first to change its addresses"
+            )));
+        }
+    }
+    for (other_id, other) in membership.nodes().filter(|(other_id, _)| **other_id != id) {
+        let shared = [&member.api_addr, &member.peer_addr]
+            .into_iter()
+            .find(|address| **address == other.api_addr || **address == other.peer_addr);
+        if let Some(address) = shared {
+            return Err(ApiError::invalid(format!(
+                "{address} already belongs to node {other_id}: one process cannot be two members"
+            )));
+        }
+    }
+    Ok(())
 }
 
 pub async fn remove_member(

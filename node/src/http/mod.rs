@@ -12,25 +12,23 @@ mod convert;
 mod error;
 mod events;
 mod extract;
+mod forward;
 mod kv;
 mod leases;
 mod queues;
 
 use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use baton_client::api::{
-    ErrorCode, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY, HEADER_IDEMPOTENT_REPLAYED,
-    HEADER_LEADER, HEADER_NAMESPACE,
-};
+use baton_client::api::{HEADER_CLUSTER_TIME, HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER};
 use baton_raft_store::machine::{
     IdempotencyTag, Limits, Machine, Namespace, NewSession, Op, Owner, Rejection, Reply, SessionId,
 };
@@ -48,12 +46,6 @@ pub use error::ApiError;
 
 /// The largest request body accepted (SPEC section 8).
 pub const BODY_BYTES_MAX: usize = 1 << 20;
-/// Marks a request a follower forwarded, so it is never forwarded twice.
-const HEADER_FORWARDED: &str = "baton-forwarded";
-/// How long a linearizable read may wait for the leader to confirm its leadership.
-const READ_TIMEOUT: Duration = Duration::from_secs(5);
-/// How long a forwarded request may take (longer than the leader's own apply timeout).
-const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What every handler shares. Cheap to clone.
 #[derive(Clone)]
@@ -70,6 +62,12 @@ pub struct Shared {
     pub clock_control: bool,
     /// Permits for open event streams (`--event-streams-max`).
     pub event_streams: Arc<tokio::sync::Semaphore>,
+    /// The election timeout (`--election-timeout-ms`): a forward to a leader that stops
+    /// answering gives up on it after twice this.
+    pub election_timeout: Duration,
+    /// The highest cluster time this node has put in an answer, so an answer it makes up
+    /// itself never shows an earlier one.
+    pub cluster_time_shown: AtomicU64,
 }
 
 impl Deref for AppState {
@@ -83,6 +81,12 @@ impl Deref for AppState {
 impl AppState {
     pub fn new(shared: Shared) -> AppState {
         AppState(Arc::new(shared))
+    }
+
+    /// The longest any request waits for a leader: twice the election timeout (by then a
+    /// paused or cut-off leader has been replaced) plus a second to reach the new one.
+    pub fn leader_wait(&self) -> Duration {
+        self.election_timeout * 2 + Duration::from_secs(1)
     }
 
     /// The limits of the applied state, for validating input at the edge.
@@ -192,10 +196,14 @@ impl AppState {
         // A leader restored after a restart may not yet know which of its entries are
         // committed: it answers reads only once it has applied its whole takeover log.
         let term = self.raft.metrics().borrow().current_term;
-        if !self.proposer.wait_leader_ready(term, READ_TIMEOUT).await {
+        if !self
+            .proposer
+            .wait_leader_ready(term, self.leader_wait())
+            .await
+        {
             return Err(ApiError::no_leader(None));
         }
-        match tokio::time::timeout(READ_TIMEOUT, self.raft.ensure_linearizable()).await {
+        match tokio::time::timeout(self.leader_wait(), self.raft.ensure_linearizable()).await {
             Ok(Ok(_)) => {}
             Ok(Err(error)) => {
                 tracing::debug!(%error, "read index refused");
@@ -351,7 +359,10 @@ pub fn router(app: AppState) -> Router {
         .route("/v1/events", get(events::events))
         .route("/v1/cluster/members", post(cluster::add_member))
         .route("/v1/cluster/members/{id}", delete(cluster::remove_member))
-        .layer(from_fn_with_state(app.clone(), forward_unless_leader));
+        .layer(from_fn_with_state(
+            app.clone(),
+            forward::forward_unless_leader,
+        ));
     let local_routes = Router::new()
         .route("/v1/cluster", get(cluster::status))
         .route("/v1/debug/digest", get(cluster::digest))
@@ -389,9 +400,29 @@ async fn observe(State(app): State<AppState>, request: Request, next: Next) -> R
             HeaderValue::from_str(&leader).unwrap_or(HeaderValue::from_static("")),
         );
     }
-    if !headers.contains_key(HEADER_CLUSTER_TIME) {
-        if let Ok(time_ms) = app.machine.read(|machine, _| machine.time_ms()) {
-            headers.insert(HEADER_CLUSTER_TIME, HeaderValue::from(time_ms));
+    // A relayed or decided answer carries its own cluster time; an answer this node made up
+    // (a local route, or an error before anything was decided) shows the latest it knows, never
+    // less than one it has already shown: a follower's applied state trails the leader's times
+    // that it relayed.
+    let decided = headers
+        .get(HEADER_CLUSTER_TIME)
+        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+    match decided {
+        Some(time_ms) => {
+            app.cluster_time_shown.fetch_max(time_ms, Ordering::Relaxed);
+        }
+        None => {
+            let local_ms = app
+                .machine
+                .read(|machine, _| machine.time_ms())
+                .unwrap_or_default();
+            let shown_ms = app
+                .cluster_time_shown
+                .fetch_max(local_ms, Ordering::Relaxed);
+            headers.insert(
+                HEADER_CLUSTER_TIME,
+                HeaderValue::from(local_ms.max(shown_ms)),
+            );
         }
     }
     app.metrics.observe(
@@ -402,116 +433,4 @@ async fn observe(State(app): State<AppState>, request: Request, next: Next) -> R
     );
     tracing::debug!(%method, %route, status = response.status().as_u16(), "request");
     response
-}
-
-/// On a follower, sends the request to the leader and relays its answer. A request that may
-/// have reached the leader and then failed is `OUTCOME_UNKNOWN`, never `NO_LEADER`.
-async fn forward_unless_leader(
-    State(app): State<AppState>,
-    request: Request,
-    next: Next,
-) -> Response {
-    if app.is_leader() {
-        return next.run(request).await;
-    }
-    if request.headers().contains_key(HEADER_FORWARDED) {
-        return ApiError::no_leader(None).into_response();
-    }
-    let leader_address = app.leader().and_then(|leader| {
-        let metrics = app.raft.metrics();
-        let metrics = metrics.borrow();
-        metrics
-            .membership_config
-            .membership()
-            .get_node(&leader)
-            .map(|member| (leader, member.api_addr.clone()))
-    });
-    let Some((leader, api_addr)) = leader_address else {
-        return ApiError::no_leader(None).into_response();
-    };
-    match forward(&app, request, &api_addr).await {
-        Ok(response) => response,
-        Err(error) => {
-            let mut error = error;
-            error.problem.leader = Some(leader);
-            error.into_response()
-        }
-    }
-}
-
-async fn forward(app: &AppState, request: Request, api_addr: &str) -> Result<Response, ApiError> {
-    let (parts, body) = request.into_parts();
-    let body = axum::body::to_bytes(body, BODY_BYTES_MAX)
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("the request body is over {BODY_BYTES_MAX} bytes"),
-            )
-        })?;
-    let path_and_query = parts.uri.path_and_query().map_or("/", |path| path.as_str());
-    let url = format!("http://{api_addr}{path_and_query}");
-    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
-        .map_err(ApiError::internal)?;
-    let streaming = parts
-        .headers
-        .get(header::ACCEPT)
-        .and_then(|accept| accept.to_str().ok())
-        .is_some_and(|accept| accept.contains("text/event-stream"));
-    let mut outgoing = app.forwarder.request(method, url);
-    if !streaming {
-        outgoing = outgoing.timeout(FORWARD_TIMEOUT);
-    }
-    let mut outgoing = outgoing.body(body);
-    let relayed = [
-        header::CONTENT_TYPE.as_str(),
-        header::ACCEPT.as_str(),
-        HEADER_NAMESPACE,
-        HEADER_IDEMPOTENCY_KEY,
-        "last-event-id",
-    ];
-    for name in relayed {
-        if let Some(value) = parts.headers.get(name) {
-            outgoing = outgoing.header(name, value.as_bytes());
-        }
-    }
-    outgoing = outgoing.header(HEADER_FORWARDED, app.node_id.to_string());
-    let answer = match outgoing.send().await {
-        Ok(answer) => answer,
-        // Never connected: the leader surely did not see it.
-        Err(error) if error.is_connect() || parts.method == Method::GET => {
-            tracing::debug!(%error, "forward to the leader failed before it was delivered");
-            return Err(ApiError::no_leader(None));
-        }
-        Err(error) => {
-            return Err(ApiError::outcome_unknown(format!(
-                "forwarding to the leader failed: {error}"
-            )))
-        }
-    };
-    let status = StatusCode::from_u16(answer.status().as_u16()).map_err(ApiError::internal)?;
-    let mut headers = HeaderMap::new();
-    for (name, value) in answer.headers() {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_str().as_bytes()),
-            HeaderValue::from_bytes(value.as_bytes()),
-        ) {
-            headers.insert(name, value);
-        }
-    }
-    headers.remove(header::CONTENT_LENGTH);
-    headers.remove(header::TRANSFER_ENCODING);
-    // An event stream is relayed as it comes; any other answer is read whole first, so a cut
-    // becomes OUTCOME_UNKNOWN instead of a truncated body.
-    let body = if streaming && status.is_success() {
-        Body::from_stream(answer.bytes_stream())
-    } else {
-        Body::from(answer.bytes().await.map_err(|error| {
-            ApiError::outcome_unknown(format!("the leader's answer was cut off: {error}"))
-        })?)
-    };
-    let mut response = Response::new(body);
-    *response.status_mut() = status;
-    *response.headers_mut() = headers;
-    Ok(response)
 }

@@ -1,0 +1,241 @@
+//! Forwarding: a follower sends every leader route to the leader and relays its answer, so any
+//! node answers any request.
+//!
+//! The bounds (the API's contract): a forward to a leader that stops answering (paused, cut
+//! off) gives up on it after twice the election timeout, by when a new leader has been elected,
+//! and goes to the new one; no request waits longer than `AppState::leader_wait` for a leader.
+//! What a failed forward may be answered with: a request that surely never reached a leader
+//! (no connection) is tried again and, past the bound, `NO_LEADER`; a read that may have reached
+//! one is re-sent (reads change nothing); a write that may have reached one is
+//! `OUTCOME_UNKNOWN`, never `NO_LEADER`. Every error answered here names the same leader in
+//! its body and in `Baton-Leader`.
+//!
+//! Never here: deciding anything about a request's content.
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use baton_client::api::{ErrorCode, HEADER_IDEMPOTENCY_KEY, HEADER_LEADER, HEADER_NAMESPACE};
+use futures_util::StreamExt;
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::{AppState, BODY_BYTES_MAX};
+
+/// Marks a request a follower forwarded, so it is never forwarded twice.
+const HEADER_FORWARDED: &str = "baton-forwarded";
+/// The largest answer relayed from the leader: a full page of the largest list, with room.
+const ANSWER_BYTES_MAX: usize = 16 << 20;
+/// How long to wait before trying a leader that could not be reached again.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
+/// Request headers relayed to the leader.
+const RELAYED_HEADERS: [&str; 5] = [
+    "content-type",
+    "accept",
+    HEADER_NAMESPACE,
+    HEADER_IDEMPOTENCY_KEY,
+    "last-event-id",
+];
+
+/// The leader as this node sees it.
+enum Leader {
+    /// This node: it handles the request itself.
+    Me,
+    /// Another node, with its API address.
+    Other { id: u64, api_addr: String },
+}
+
+/// Why one attempt to forward failed.
+enum Failure {
+    /// The request surely did not reach the leader (no connection was made).
+    NotDelivered,
+    /// The request may have reached the leader; the reason.
+    MaybeDelivered(String),
+    /// Refused before sending (the body is too large, say).
+    Refused(ApiError),
+}
+
+/// On a follower, sends the request to the leader and relays its answer (see the module docs).
+pub async fn forward_unless_leader(
+    State(app): State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if app.is_leader() {
+        return next.run(request).await;
+    }
+    if request.headers().contains_key(HEADER_FORWARDED) {
+        // The sender took this node for the leader; it is not (any more).
+        return with_leader(ApiError::no_leader(None), None);
+    }
+    let deadline = Instant::now() + app.leader_wait();
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, BODY_BYTES_MAX).await {
+        Ok(body) => body,
+        Err(_) => {
+            let error = ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("the request body is over {BODY_BYTES_MAX} bytes"),
+            );
+            return with_leader(error, app.leader());
+        }
+    };
+    let mut unanswered: Option<u64> = None;
+    loop {
+        let leader = match wait_for_leader(&app, unanswered, deadline).await {
+            Some(Leader::Me) => {
+                return next.run(Request::from_parts(parts, Body::from(body))).await;
+            }
+            Some(Leader::Other { id, api_addr }) => (id, api_addr),
+            None => return with_leader(ApiError::no_leader(None), None),
+        };
+        let (leader_id, api_addr) = leader;
+        let attempt_timeout = (app.election_timeout * 2).min(deadline - Instant::now());
+        match send(&app, &parts, body.clone(), &api_addr, attempt_timeout).await {
+            Ok(response) => return response,
+            Err(Failure::Refused(error)) => return with_leader(error, Some(leader_id)),
+            Err(Failure::NotDelivered) => {
+                tracing::debug!(leader_id, "the leader could not be reached; trying again");
+                unanswered = None;
+                tokio::time::sleep_until((Instant::now() + RECONNECT_PAUSE).min(deadline)).await;
+            }
+            Err(Failure::MaybeDelivered(reason)) if parts.method == Method::GET => {
+                tracing::debug!(leader_id, %reason, "a read forwarded to the leader failed; re-sending it to the next leader");
+                unanswered = Some(leader_id);
+            }
+            Err(Failure::MaybeDelivered(reason)) => {
+                let error = ApiError::outcome_unknown(format!(
+                    "forwarding to the leader, node {leader_id}, failed: {reason}"
+                ));
+                return with_leader(error, app.leader());
+            }
+        }
+        if Instant::now() >= deadline {
+            return with_leader(ApiError::no_leader(None), None);
+        }
+    }
+}
+
+/// The leader to send to: waits until this node knows one other than `unanswered` (a leader
+/// that did not answer a request) or becomes the leader itself, until `deadline`.
+async fn wait_for_leader(
+    app: &AppState,
+    unanswered: Option<u64>,
+    deadline: Instant,
+) -> Option<Leader> {
+    let mut metrics = app.raft.metrics();
+    loop {
+        {
+            let current = metrics.borrow_and_update();
+            if let Some(id) = current.current_leader.filter(|id| Some(*id) != unanswered) {
+                if id == app.node_id {
+                    if current.state.is_leader() {
+                        return Some(Leader::Me);
+                    }
+                } else if let Some(member) = current.membership_config.membership().get_node(&id) {
+                    let api_addr = member.api_addr.clone();
+                    return Some(Leader::Other { id, api_addr });
+                }
+            }
+        }
+        match tokio::time::timeout_at(deadline, metrics.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return None,
+        }
+    }
+}
+
+/// One attempt: the request to `api_addr`, its answer relayed. An event stream is relayed as
+/// it comes and has no timeout; any other answer is read whole (bounded) first, so a cut
+/// becomes a failure instead of a truncated body.
+async fn send(
+    app: &AppState,
+    parts: &Parts,
+    body: Bytes,
+    api_addr: &str,
+    timeout: Duration,
+) -> Result<Response, Failure> {
+    let path_and_query = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+    let url = format!("http://{api_addr}{path_and_query}");
+    let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
+        .map_err(|error| Failure::Refused(ApiError::internal(error)))?;
+    let streaming = parts
+        .headers
+        .get(header::ACCEPT)
+        .and_then(|accept| accept.to_str().ok())
+        .is_some_and(|accept| accept.contains("text/event-stream"));
+    let mut outgoing = app.forwarder.request(method, url).body(body);
+    if !streaming {
+        outgoing = outgoing.timeout(timeout);
+    }
+    for name in RELAYED_HEADERS {
+        if let Some(value) = parts.headers.get(name) {
+            outgoing = outgoing.header(name, value.as_bytes());
+        }
+    }
+    outgoing = outgoing.header(HEADER_FORWARDED, app.node_id.to_string());
+    let answer = outgoing.send().await.map_err(|error| {
+        if error.is_connect() {
+            Failure::NotDelivered
+        } else {
+            Failure::MaybeDelivered(error.to_string())
+        }
+    })?;
+    let status = StatusCode::from_u16(answer.status().as_u16())
+        .map_err(|error| Failure::Refused(ApiError::internal(error)))?;
+    let mut headers = HeaderMap::new();
+    for (name, value) in answer.headers() {
+        if let (Ok(name), Ok(value)) = (
+            HeaderName::from_bytes(name.as_str().as_bytes()),
+            HeaderValue::from_bytes(value.as_bytes()),
+        ) {
+            headers.insert(name, value);
+        }
+    }
+    headers.remove(header::CONTENT_LENGTH);
+    headers.remove(header::TRANSFER_ENCODING);
+    let body = if streaming && status.is_success() {
+        Body::from_stream(answer.bytes_stream())
+    } else {
+        Body::from(read_bounded(answer).await?)
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = status;
+    *response.headers_mut() = headers;
+    Ok(response)
+}
+
+/// The whole answer, at most `ANSWER_BYTES_MAX` bytes.
+async fn read_bounded(answer: reqwest::Response) -> Result<Vec<u8>, Failure> {
+    let mut body = Vec::new();
+    let mut chunks = answer.bytes_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(|error| {
+            Failure::MaybeDelivered(format!("the leader's answer was cut off: {error}"))
+        })?;
+        if body.len() + chunk.len() > ANSWER_BYTES_MAX {
+            return Err(Failure::MaybeDelivered(format!(
+                "the leader's answer is over {ANSWER_BYTES_MAX} bytes"
+            )));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// An error answered by this node, naming the same leader (or none) in its body and in
+/// `Baton-Leader`.
+fn with_leader(mut error: ApiError, leader: Option<u64>) -> Response {
+    error.problem.leader = leader;
+    let mut response = error.into_response();
+    let value = leader.map(|id| id.to_string()).unwrap_or_default();
+    if let Ok(value) = HeaderValue::from_str(&value) {
+        response.headers_mut().insert(HEADER_LEADER, value);
+    }
+    response
+}
