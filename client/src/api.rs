@@ -448,6 +448,7 @@ impl Grant {
             acquired_at: self.acquired_at,
             expires_in_ms: self.expires_in_ms,
             expires_at: self.expires_at,
+            covering: false,
         }
     }
 }
@@ -476,6 +477,10 @@ pub struct Lease {
     pub expires_in_ms: u64,
     /// Informational RFC 3339 UTC deadline.
     pub expires_at: String,
+    /// True when this is a subtree lease on an ancestor of the path asked for, which covers it
+    /// (`resource` is then the lease's own path). Absent otherwise.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub covering: bool,
 }
 
 /// The lease in the way of a `LEASE_HELD` refusal: `{holder, resource, mode, fence, labels,
@@ -643,8 +648,10 @@ pub struct KvDeleteResponse {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
-    /// Waiting (possibly on dependencies or `not_before_ms`), or its claim lapsed.
+    /// Claim-next could take it now (a lapsed claim counts as ready at once).
     Ready,
+    /// Unclaimed, but held back by a dependency that is not done or by `not_before_ms`.
+    Waiting,
     /// Claimed by a live lease.
     Claimed,
     /// Completed.
@@ -817,8 +824,11 @@ pub struct TaskReleaseRequest {
 /// Task counts by state: `{ready, claimed, done, dead}`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct QueueCounts {
-    /// Ready tasks (including those waiting on dependencies or `not_before_ms`).
+    /// Tasks claim-next could take now.
     pub ready: u64,
+    /// Unclaimed tasks held back by a dependency or by `not_before_ms`.
+    #[serde(default)]
+    pub waiting: u64,
     /// Tasks under a live claim.
     pub claimed: u64,
     /// Completed tasks.

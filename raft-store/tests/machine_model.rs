@@ -752,7 +752,8 @@ impl Model {
         }))
     }
 
-    /// G4 for tasks: the task exists and its live claim has this fence and this session.
+    /// G4 for tasks: the task exists and its live claim has this fence and this session; a
+    /// task that does not exist has no live claim (STALE_FENCE too).
     fn check_task_claim(
         &self,
         namespace: &Namespace,
@@ -764,7 +765,7 @@ impl Model {
         self.check_name(task_id)?;
         let index = self
             .task_index(namespace, queue, task_id)
-            .ok_or(Refusal::NotFound)?;
+            .ok_or(Refusal::StaleFence(None))?;
         match self.tasks[index].life {
             ModelLife::Claimed { session, fence } => {
                 if fence == claim.fence && session == claim.session_id {
@@ -1371,7 +1372,14 @@ impl Model {
     fn task_view(&self, index: usize) -> TaskView {
         let task = &self.tasks[index];
         let (state, result, reason, claim) = match &task.life {
-            ModelLife::Ready => (TaskState::Ready, None, task.last_failure.clone(), None),
+            ModelLife::Ready => {
+                let state = if self.is_claimable(index) {
+                    TaskState::Ready
+                } else {
+                    TaskState::Waiting
+                };
+                (state, None, task.last_failure.clone(), None)
+            }
             ModelLife::Claimed { session, fence } => {
                 let holder = self
                     .session(&task.namespace, *session)
@@ -1430,6 +1438,7 @@ impl Model {
         for view in self.tasks_in(namespace, queue, None) {
             match view.state {
                 TaskState::Ready => counts.ready += 1,
+                TaskState::Waiting => counts.waiting += 1,
                 TaskState::Claimed => counts.claimed += 1,
                 TaskState::Done => counts.done += 1,
                 TaskState::Dead => counts.dead += 1,

@@ -285,7 +285,7 @@ fn generator_reaches_every_outcome() {
         "Claim RESOURCE_EXHAUSTED a full session",
         "Claim RESOURCE_EXHAUSTED a full namespace",
         "Complete PAYLOAD_TOO_LARGE",
-        "Complete NOT_FOUND",
+        "Complete STALE_FENCE no task",
         "Complete STALE_FENCE live claim",
         "Complete STALE_FENCE no claim",
         "Complete STALE_FENCE wrong session",
@@ -487,11 +487,13 @@ fn outcome_names(
                     claim,
                     ..
                 } if code == "STALE_FENCE" => {
-                    let live = before
-                        .task(namespace, queue, task_id)
-                        .and_then(|task| task.claim)
-                        .map(|(fence, _)| fence);
+                    let task = before.task(namespace, queue, task_id);
+                    let live = task
+                        .as_ref()
+                        .and_then(|task| task.claim.as_ref())
+                        .map(|(fence, _)| *fence);
                     match live {
+                        None if task.is_none() => "no task",
                         None => "no claim",
                         Some(fence) if fence == claim.fence => "wrong session",
                         Some(_) => "live claim",
@@ -536,7 +538,7 @@ fn event_names(before: &Machine, after: &Machine, revision: u64) -> Vec<String> 
                 let was = before
                     .task(&event.namespace, queue, task_id)
                     .map(|task| task.state);
-                if was == Some(TaskState::Ready) {
+                if was == Some(TaskState::Waiting) {
                     names.push("dead because a dependency died".to_owned());
                 }
             }

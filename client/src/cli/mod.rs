@@ -216,7 +216,7 @@ pub struct ClaimRef {
 
 fn parse_task_state(text: &str) -> Result<TaskState, String> {
     serde_json::from_value(serde_json::Value::String(text.to_owned()))
-        .map_err(|_| format!("{text:?} is not one of ready, claimed, done, dead"))
+        .map_err(|_| format!("{text:?} is not one of ready, waiting, claimed, done, dead"))
 }
 
 #[derive(Debug, Args)]

@@ -93,8 +93,13 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
             } else {
                 let counts = info.counts;
                 println!(
-                    "{} ready={} claimed={} done={} dead={}",
-                    info.queue, counts.ready, counts.claimed, counts.done, counts.dead
+                    "{} ready={} waiting={} claimed={} done={} dead={}",
+                    info.queue,
+                    counts.ready,
+                    counts.waiting,
+                    counts.claimed,
+                    counts.done,
+                    counts.dead
                 );
             }
             Ok(EXIT_OK)
@@ -254,6 +259,7 @@ fn settled(task: &Task, verb: &str, json: bool) {
 fn state_name(state: TaskState) -> &'static str {
     match state {
         TaskState::Ready => "ready",
+        TaskState::Waiting => "waiting",
         TaskState::Claimed => "claimed",
         TaskState::Done => "done",
         TaskState::Dead => "dead",

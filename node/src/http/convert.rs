@@ -62,6 +62,7 @@ pub fn lease(view: &LeaseView, clocks: Clocks) -> api::Lease {
         acquired_at: clocks.at(view.acquired_at_ms),
         expires_in_ms: view.expires_in_ms,
         expires_at: clocks.expires_at(view.expires_in_ms),
+        covering: false,
     }
 }
 
@@ -148,6 +149,7 @@ pub fn json_value(text: &str) -> serde_json::Value {
 pub fn task_state(state: TaskState) -> api::TaskState {
     match state {
         TaskState::Ready => api::TaskState::Ready,
+        TaskState::Waiting => api::TaskState::Waiting,
         TaskState::Claimed => api::TaskState::Claimed,
         TaskState::Done => api::TaskState::Done,
         TaskState::Dead => api::TaskState::Dead,
@@ -157,6 +159,7 @@ pub fn task_state(state: TaskState) -> api::TaskState {
 pub fn task_state_from_wire(state: api::TaskState) -> TaskState {
     match state {
         api::TaskState::Ready => TaskState::Ready,
+        api::TaskState::Waiting => TaskState::Waiting,
         api::TaskState::Claimed => TaskState::Claimed,
         api::TaskState::Done => TaskState::Done,
         api::TaskState::Dead => TaskState::Dead,

@@ -34,10 +34,23 @@ pub async fn events(
     ApiQuery(query): ApiQuery<EventsQuery>,
 ) -> Result<Response, ApiError> {
     let limit = app.page_limit(query.limit)?;
-    let last_event_id = headers
-        .get("last-event-id")
-        .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-    let requested = query.after.or(last_event_id);
+    // A browser's EventSource reconnects with its first URL and the last id it saw, so the
+    // header wins over `after`.
+    let last_event_id = match headers.get("last-event-id") {
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|text| text.trim().parse::<u64>().ok())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "Last-Event-ID must be the revision (a non-negative integer) of an event you received",
+                    )
+                })?,
+        ),
+        None => None,
+    };
+    let requested = last_event_id.or(query.after);
     let ((page, revision), clocks) = app
         .read(|machine| {
             let after =
@@ -50,6 +63,11 @@ pub async fn events(
             )
         })
         .await?;
+    if let Some(requested) = requested.filter(|requested| *requested > revision) {
+        return Err(ApiError::invalid(format!(
+            "revision {requested} is beyond the latest, {revision}: resume from a revision you were given"
+        )));
+    }
     let Some((after, events)) = page else {
         return Err(too_old(requested.unwrap_or_default(), revision));
     };

@@ -212,16 +212,17 @@ pub async fn get_lease(
     ApiPath(resource): ApiPath<String>,
 ) -> Result<Answer, ApiError> {
     let resource = parse_path(&app, &resource)?;
-    let (lease, clocks) = app
-        .read(|machine| machine.lease(&namespace, &resource))
+    let (covering, clocks) = app
+        .read(|machine| machine.covering_lease(&namespace, &resource))
         .await?;
-    let lease =
-        lease.ok_or_else(|| ApiError::not_found(format!("{resource} has no live lease")))?;
-    Ok(Answer::new(
-        StatusCode::OK,
-        &convert::lease(&lease, clocks),
-        clocks.cluster_ms,
-    ))
+    let (lease, covering) = covering.ok_or_else(|| {
+        ApiError::not_found(format!(
+            "{resource} has no live lease, and no subtree lease covers it"
+        ))
+    })?;
+    let mut answer = convert::lease(&lease, clocks);
+    answer.covering = covering;
+    Ok(Answer::new(StatusCode::OK, &answer, clocks.cluster_ms))
 }
 
 pub async fn list_leases(

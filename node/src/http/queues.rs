@@ -278,6 +278,7 @@ pub async fn counts(
         queue: queue.to_string(),
         counts: QueueCounts {
             ready: counts.ready,
+            waiting: counts.waiting,
             claimed: counts.claimed,
             done: counts.done,
             dead: counts.dead,

@@ -264,13 +264,16 @@ pub struct TaskClaimed {
     pub expires_in_ms: u64,
 }
 
-/// Where a task is in its life. `Ready` includes tasks waiting for dependencies or a delay.
+/// Where a task is in its life. `Ready`: claim-next could take it now; `Waiting`: unclaimed
+/// but held back by a dependency that is not done or a delay that has not passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum TaskState {
     Ready,
     Claimed,
     Done,
     Dead,
+    // Last, so that replies recorded before it existed decode unchanged.
+    Waiting,
 }
 
 /// A task as readers see it (never the claimer's session id).
@@ -300,6 +303,7 @@ pub struct TaskView {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskCounts {
     pub ready: u64,
+    pub waiting: u64,
     pub claimed: u64,
     pub done: u64,
     pub dead: u64,

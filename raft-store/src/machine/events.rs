@@ -60,7 +60,7 @@ impl EventLog {
         if after.saturating_add(1) < oldest_kept {
             return None;
         }
-        let skip = usize::try_from(after + 1 - oldest_kept).unwrap_or(usize::MAX);
+        let skip = usize::try_from(after.saturating_add(1) - oldest_kept).unwrap_or(usize::MAX);
         Some(self.window.iter().skip(skip).take(limit).cloned().collect())
     }
 

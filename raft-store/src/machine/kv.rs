@@ -114,10 +114,17 @@ impl Machine {
         });
         match live {
             Some((session_id, view)) if view.fence == claim.token && session_id == claim.session_id => Ok(()),
+            Some((_, view)) if view.fence == claim.token => Err(Rejection::StaleFence {
+                message: format!(
+                    "fence {} is the live fence of {}, but it belongs to {}'s session, not the one given: the write was refused",
+                    claim.token, claim.resource, view.holder
+                ),
+                current_fence: Some(view.fence),
+            }),
             Some((_, view)) => Err(Rejection::StaleFence {
                 message: format!(
-                    "fence {} is not the live fence of {} held by this session (live fence {}): the write was refused",
-                    claim.token, claim.resource, view.fence
+                    "fence {} is not the live fence of {} (live fence {}, held by {}): the write was refused",
+                    claim.token, claim.resource, view.fence, view.holder
                 ),
                 current_fence: Some(view.fence),
             }),

@@ -251,14 +251,38 @@ impl Machine {
         Some((self.session_view(session_id, session), leases))
     }
 
-    /// Whether `fence` is the live fence of `resource` (G4, for resources outside Baton).
+    /// The live lease that would refuse an exclusive acquire of `resource`: its own lease, or
+    /// a subtree lease on one of its ancestors (then `true`: it covers `resource`). At most one
+    /// can be live (G2).
+    pub fn covering_lease(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+    ) -> Option<(LeaseView, bool)> {
+        if let Some(own) = self.lease(namespace, resource) {
+            return Some((own, false));
+        }
+        let state = self.namespaces.get(namespace)?;
+        resource.ancestors().find_map(|ancestor| {
+            let (path, lease) = state.leases.get_key_value(ancestor)?;
+            if lease.mode != LeaseMode::Subtree {
+                return None;
+            }
+            Some((self.live_view(state, path, lease)?, true))
+        })
+    }
+
+    /// Whether `fence` is the live fence of the lease covering `resource` (its own, or a
+    /// subtree lease on an ancestor): G4, for resources outside Baton.
     pub fn fence_status(
         &self,
         namespace: &Namespace,
         resource: &ResourcePath,
         fence: u64,
     ) -> FenceStatus {
-        let live_fence = self.lease(namespace, resource).map(|lease| lease.fence);
+        let live_fence = self
+            .covering_lease(namespace, resource)
+            .map(|(lease, _)| lease.fence);
         FenceStatus {
             current: live_fence == Some(fence),
             live_fence,

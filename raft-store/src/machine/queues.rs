@@ -39,6 +39,8 @@ pub(super) struct QueueState {
     /// Claimable tasks: ready, dependencies done, delay over. Best first.
     #[serde(skip)]
     ready: BTreeSet<(Reverse<i32>, u64, Name)>,
+    /// Tasks by life: `ready` here counts every unclaimed task (ready or waiting);
+    /// `queue_counts` splits them with the ready index.
     #[serde(skip)]
     counts: TaskCounts,
 }
@@ -72,12 +74,22 @@ enum Life {
 }
 
 impl Task {
+    /// The state by life alone: every unclaimed task is `Ready` (the counts' bookkeeping).
     fn state(&self) -> TaskState {
         match self.life {
             Life::Ready => TaskState::Ready,
             Life::Claimed { .. } => TaskState::Claimed,
             Life::Done { .. } => TaskState::Done,
             Life::Dead { .. } => TaskState::Dead,
+        }
+    }
+
+    /// The state readers see at cluster time `time_ms`: an unclaimed task that claim-next could
+    /// not take yet is `Waiting`.
+    fn state_at(&self, time_ms: u64) -> TaskState {
+        match self.life {
+            Life::Ready if !self.is_claimable(time_ms) => TaskState::Waiting,
+            _ => self.state(),
         }
     }
 
@@ -94,6 +106,7 @@ impl TaskCounts {
     fn add(&mut self, state: TaskState, delta: i64) {
         let count = match state {
             TaskState::Ready => &mut self.ready,
+            TaskState::Waiting => &mut self.waiting,
             TaskState::Claimed => &mut self.claimed,
             TaskState::Done => &mut self.done,
             TaskState::Dead => &mut self.dead,
@@ -579,12 +592,20 @@ impl Machine {
         }
     }
 
-    /// The per-state counts of a queue (all zero for a queue never used).
+    /// The per-state counts of a queue (all zero for a queue never used): the unclaimed tasks
+    /// split into ready (in the ready index) and waiting.
     pub fn queue_counts(&self, namespace: &Namespace, queue: &Name) -> TaskCounts {
         self.namespaces
             .get(namespace)
             .and_then(|state| state.queues.get(queue))
-            .map(|queue| queue.counts)
+            .map(|queue| {
+                let ready = queue.ready.len() as u64;
+                TaskCounts {
+                    ready,
+                    waiting: queue.counts.ready.saturating_sub(ready),
+                    ..queue.counts
+                }
+            })
             .unwrap_or_default()
     }
 
@@ -617,7 +638,9 @@ impl Machine {
         let range = queue_state
             .tasks
             .range::<str, _>((start, std::ops::Bound::Unbounded));
-        for (id, task) in range.filter(|(_, task)| state.is_none_or(|state| task.state() == state))
+        let time_ms = self.time_ms;
+        for (id, task) in
+            range.filter(|(_, task)| state.is_none_or(|state| task.state_at(time_ms) == state))
         {
             if page.items.len() == limit {
                 page.next_cursor = page.items.last().map(|last: &TaskView| last.id.to_string());
@@ -667,7 +690,7 @@ impl Machine {
             payload: task.payload.clone(),
             priority: task.priority,
             depends_on: task.depends_on.clone(),
-            state: task.state(),
+            state: task.state_at(self.time_ms),
             attempt: task.attempt,
             max_attempts: task.max_attempts,
             ready_at_ms: task.ready_at_ms,
@@ -690,18 +713,45 @@ impl Machine {
     ) -> Result<(), Rejection> {
         Name::parse("queue", queue.as_str(), &self.limits)?;
         Name::parse("task id", task_id.as_str(), &self.limits)?;
-        let task = self
+        // A task that does not exist has no live claim either: whatever the reason, a fence that
+        // is not live is STALE_FENCE.
+        let Some(task) = self
             .namespaces
             .get(namespace)
             .and_then(|state| state.queues.get(queue))
             .and_then(|queue| queue.tasks.get(task_id))
-            .ok_or_else(|| Rejection::NotFound(format!("queue {queue} has no task {task_id}")))?;
+        else {
+            return Err(Rejection::StaleFence {
+                message: format!(
+                    "queue {queue} has no task {task_id}, so fence {} is stale: refused",
+                    claim.fence
+                ),
+                current_fence: None,
+            });
+        };
+        let holder = |session_id: SessionId| {
+            self.namespaces[namespace]
+                .sessions
+                .get(&session_id)
+                .map_or_else(
+                    || "a gone session".to_owned(),
+                    |session| session.holder.clone(),
+                )
+        };
         match task.life {
             Life::Claimed { session_id, fence } if fence == claim.fence && session_id == claim.session_id => Ok(()),
-            Life::Claimed { fence, .. } => Err(Rejection::StaleFence {
+            Life::Claimed { session_id, fence } if fence == claim.fence => Err(Rejection::StaleFence {
                 message: format!(
-                    "fence {} is not the live claim of {queue}/{task_id} held by this session (live fence {fence}): refused",
-                    claim.fence
+                    "fence {fence} is the live claim of {queue}/{task_id}, but it belongs to {}'s session, not the one given: refused",
+                    holder(session_id)
+                ),
+                current_fence: Some(fence),
+            }),
+            Life::Claimed { session_id, fence } => Err(Rejection::StaleFence {
+                message: format!(
+                    "fence {} is not the live claim of {queue}/{task_id} (live fence {fence}, held by {}): refused",
+                    claim.fence,
+                    holder(session_id)
                 ),
                 current_fence: Some(fence),
             }),

@@ -2,6 +2,7 @@
 //! `(stamp_ms, op, expected)`; `check` applies each step as a one-command entry, checks the
 //! invariants, and compares the response rendered as a short line with the expectation.
 
+use super::types::{validate_holder, validate_labels};
 use super::*;
 
 const A: u128 = 1;
@@ -475,6 +476,58 @@ fn unfenced_kv_writes_and_deletes() {
     assert!(machine.kv_get(&namespace(), &path("k")).is_none());
 }
 
+/// A path under a live subtree lease is not free: a get answers the covering lease and a fence
+/// check of its fence is current, while an exclusive lease elsewhere covers only itself.
+#[test]
+fn a_subtree_lease_covers_the_paths_below_it() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (
+            0,
+            acquire_subtree(A, "repo/src"),
+            "granted fence=1 expires_in=1000",
+        ),
+        (
+            0,
+            acquire(A, "repo/docs"),
+            "granted fence=2 expires_in=1000",
+        ),
+    ]);
+    let (lease, covering) = machine
+        .covering_lease(&namespace(), &path("repo/src/auth/x.rs"))
+        .expect("covered");
+    assert_eq!(
+        (lease.resource.as_str(), lease.fence, covering),
+        ("repo/src", 1, true)
+    );
+    let (lease, covering) = machine
+        .covering_lease(&namespace(), &path("repo/src"))
+        .expect("its own");
+    assert_eq!((lease.resource.as_str(), covering), ("repo/src", false));
+    assert!(machine
+        .covering_lease(&namespace(), &path("repo/docs/x.md"))
+        .is_none());
+    assert!(machine
+        .covering_lease(&namespace(), &path("repo/srcx"))
+        .is_none());
+    assert_eq!(
+        machine.fence_status(&namespace(), &path("repo/src/auth/x.rs"), 1),
+        FenceStatus {
+            current: true,
+            live_fence: Some(1)
+        }
+    );
+    assert!(
+        !machine
+            .fence_status(&namespace(), &path("repo/src/x.rs"), 2)
+            .current
+    );
+    machine.apply(&Batch::tick(1_000));
+    assert!(machine
+        .covering_lease(&namespace(), &path("repo/src/auth/x.rs"))
+        .is_none());
+}
+
 #[test]
 fn fence_status_reports_the_live_fence_only() {
     let mut machine = check(vec![
@@ -904,6 +957,11 @@ fn events_resume_after_a_revision_and_refuse_one_outside_the_window() {
         None,
         "revision 2 has left the window"
     );
+    assert_eq!(
+        machine.events_after(u64::MAX, 10).map(revisions),
+        Some(vec![]),
+        "the largest revision does not overflow"
+    );
 }
 
 #[test]
@@ -1033,6 +1091,49 @@ fn paths_parse_by_segments() {
     );
     assert!(SessionId::parse("FF").is_err());
     assert!(SessionId::parse(&"G".repeat(32)).is_err());
+}
+
+/// One file never goes by two names: `.` and `..` segments and control characters are refused
+/// in every name, never normalised.
+#[test]
+fn dot_segments_and_control_characters_are_refused() {
+    let limits = Limits::default();
+    for refused in [
+        "repo/./src/x.rs",
+        "repo/../repo/src/x.rs",
+        ".",
+        "..",
+        "repo/src/..",
+        "./repo",
+        "repo/x\u{0}",
+        "repo/\u{1f}x",
+        "repo/x\u{7f}",
+        "repo/line\nbreak",
+    ] {
+        assert!(
+            ResourcePath::parse(&refused, &limits).is_err(),
+            "{refused:?} was accepted"
+        );
+    }
+    for accepted in [
+        "repo/.env",
+        "repo/..hidden",
+        "repo/a..b",
+        "repo/src/x.rs",
+        "repo/\u{e9}t\u{e9}",
+    ] {
+        assert!(
+            ResourcePath::parse(accepted, &limits).is_ok(),
+            "{accepted:?} was refused"
+        );
+    }
+    assert!(Name::parse("queue", ".", &limits).is_err());
+    assert!(Name::parse("queue", "..", &limits).is_err());
+    assert!(Name::parse("queue", "...", &limits).is_ok());
+    assert!(validate_holder("agent\u{7}b", &limits).is_err());
+    assert!(validate_holder("agent-b", &limits).is_ok());
+    let labels = Labels::from([("team".to_owned(), "a\tb".to_owned())]);
+    assert!(validate_labels(&labels, &limits).is_err());
 }
 
 fn name(text: &str) -> Name {
@@ -1174,7 +1275,7 @@ fn a_stalled_worker_loses_its_claim_and_its_late_complete_is_refused() {
         (1_001, complete("t", A, 2), "STALE_FENCE current=2"),
         (1_002, complete("t", B, 2), "task t Done attempt=2"),
         (1_003, complete("t", B, 2), "STALE_FENCE current=none"),
-        (1_003, complete("nope", B, 2), "NOT_FOUND"),
+        (1_003, complete("nope", B, 2), "STALE_FENCE current=none"),
     ]);
     let counts = machine.queue_counts(&namespace(), &name("q"));
     assert_eq!(
@@ -1387,4 +1488,39 @@ fn queues_survive_a_snapshot_round_trip_with_their_indexes() {
             (900, claim(A), "claimed c fence=4 attempt=1"),
         ],
     );
+}
+
+/// `ready` means claim-next could take it now; a task held back by a dependency or a delay is
+/// `waiting`, in counts and in the `state` filter alike.
+#[test]
+fn tasks_held_back_by_dependencies_or_delays_are_waiting() {
+    let mut machine = check(vec![
+        (0, create(A, "worker", 10_000), "session expires_in=10000"),
+        (0, enqueue("build", 0, &[]), "enqueued build"),
+        (0, enqueue("deploy", 0, &["build"]), "enqueued deploy"),
+        (0, enqueue_with("later", 3, 500), "enqueued later"),
+    ]);
+    let queue = name("q");
+    let counts = machine.queue_counts(&namespace(), &queue);
+    assert_eq!((counts.ready, counts.waiting, counts.claimed), (1, 2, 0));
+    let waiting: Vec<String> = machine
+        .tasks(&namespace(), &queue, Some(TaskState::Waiting), None, 10)
+        .items
+        .iter()
+        .map(|task| task.id.to_string())
+        .collect();
+    assert_eq!(waiting, ["deploy", "later"]);
+    machine.apply(&Batch {
+        stamp_ms: 500,
+        commands: vec![command(claim(A))],
+    });
+    let counts = machine.queue_counts(&namespace(), &queue);
+    assert_eq!(
+        (counts.ready, counts.waiting, counts.claimed),
+        (1, 1, 1),
+        "the delay passed: later is ready, deploy still waits for build"
+    );
+    let ready = machine.tasks(&namespace(), &queue, Some(TaskState::Ready), None, 10);
+    assert_eq!(ready.items.len(), 1);
+    assert_eq!(ready.items[0].state, TaskState::Ready);
 }

@@ -119,7 +119,9 @@ impl fmt::Display for Namespace {
 }
 
 /// A `/`-separated path naming a resource or a key: 1..=`path_bytes_max` bytes, at most
-/// `path_segments_max` segments, no empty segment (so no leading, trailing or double `/`).
+/// `path_segments_max` segments, no empty segment (so no leading, trailing or double `/`), no
+/// `.` or `..` segment and no control character. Compared as exact bytes, never normalised: the
+/// refused forms are what would let one file go by two names.
 ///
 /// Ordered as its string, so the paths under `a/b` are exactly the range `a/b/` .. `a/b0`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -134,11 +136,17 @@ impl ResourcePath {
                 text.len()
             )));
         }
+        refuse_control_chars("path", text)?;
         let mut segments = 0;
         for segment in text.split('/') {
             if segment.is_empty() {
                 return Err(Rejection::invalid(format!(
                     "path {text:?} has an empty segment: no leading, trailing or double '/'"
+                )));
+            }
+            if segment == "." || segment == ".." {
+                return Err(Rejection::invalid(format!(
+                    "path {text:?} has a {segment:?} segment: paths are compared as exact bytes, so name the file without '.' or '..'"
                 )));
             }
             segments += 1;
@@ -191,7 +199,8 @@ impl fmt::Display for ResourcePath {
     }
 }
 
-/// A name of one segment: a queue name or a task id. `[A-Za-z0-9._:-]`, 1..=`name_chars_max`.
+/// A name of one segment: a queue name or a task id. `[A-Za-z0-9._:-]`, 1..=`name_chars_max`,
+/// neither `.` nor `..`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Name(pub(in crate::machine) String);
 
@@ -208,6 +217,11 @@ impl Name {
         if !text.chars().all(valid_char) {
             return Err(Rejection::invalid(format!(
                 "{what} {text:?} may only contain letters, digits, '.', '_', ':' and '-'"
+            )));
+        }
+        if text == "." || text == ".." {
+            return Err(Rejection::invalid(format!(
+                "{what} may not be {text:?}: it names a path segment"
             )));
         }
         Ok(Name(text.to_owned()))
@@ -336,5 +350,16 @@ fn validate_chars(what: &str, text: &str, chars_max: usize) -> Result<(), Reject
             "{what} must be 1..={chars_max} characters, got {chars}"
         )));
     }
-    Ok(())
+    refuse_control_chars(what, text)
+}
+
+/// No name holds a control character (U+0000..U+001F, U+007F): they hide in logs and
+/// terminals, so two names that look the same could differ.
+fn refuse_control_chars(what: &str, text: &str) -> Result<(), Rejection> {
+    match text.chars().find(|c| c.is_ascii_control()) {
+        Some(control) => Err(Rejection::invalid(format!(
+            "{what} {text:?} contains the control character {control:?}"
+        ))),
+        None => Ok(()),
+    }
 }
