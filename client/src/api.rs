@@ -350,9 +350,12 @@ pub struct SessionInfo {
     pub expires_in_ms: u64,
     /// Informational RFC 3339 UTC deadline.
     pub expires_at: String,
-    /// Every live lease the session holds.
+    /// A page of the live leases the session holds, in path order.
     #[serde(default)]
     pub leases: Vec<Lease>,
+    /// Where the next page of leases starts (`?cursor=`), when there are more.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
 /// `DELETE /v1/sessions/{id}` answer: `{released: [resource...]}`.
@@ -519,6 +522,18 @@ impl From<Lease> for HeldBy {
             expires_at: lease.expires_at,
         }
     }
+}
+
+/// `GET /v1/sessions/{id}?limit=&cursor=` query: a page of the session's leases.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    /// Page size; at most the list page limit (default 1,000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
+    /// The `next_cursor` of the previous page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
 }
 
 /// `GET /v1/leases?prefix=&limit=&cursor=` query.

@@ -1613,7 +1613,9 @@ fn apply_both(
         }
         for id in 1..=common::SESSION_IDS_MAX.min(64) {
             prop_assert_eq!(
-                machine.session(namespace, SessionId(id)),
+                machine
+                    .session(namespace, SessionId(id), None, usize::MAX)
+                    .map(|(view, page)| (view, page.items)),
                 model.session_view(namespace, SessionId(id)),
                 "entry {}: session {} in {}",
                 index,

@@ -381,8 +381,8 @@ fn outcome_names(
             },
         ) if rejection.code() == "RESOURCE_EXHAUSTED" => {
             let leases = before
-                .session(namespace, *session_id)
-                .map_or(0, |(_, leases)| leases.len());
+                .session(namespace, *session_id, None, usize::MAX)
+                .map_or(0, |(_, leases)| leases.items.len());
             let claims = claims_held(before, claimers, namespace, *session_id);
             if leases > 0 && claims > 0 {
                 names.push("RESOURCE_EXHAUSTED by leases and claims together".to_owned());

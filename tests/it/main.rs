@@ -5,6 +5,7 @@ mod bad_input;
 mod cli;
 mod client;
 mod client_queues;
+mod contract;
 mod events;
 mod expiry;
 mod failover;

@@ -44,14 +44,8 @@ fn cluster_status(app: &AppState) -> ClusterStatus {
     }
 }
 
-fn local_time(app: &AppState) -> u64 {
-    app.machine
-        .read(|machine, _| machine.time_ms())
-        .unwrap_or_default()
-}
-
 pub async fn status(State(app): State<AppState>) -> Answer {
-    Answer::new(StatusCode::OK, &cluster_status(&app), local_time(&app))
+    Answer::local(StatusCode::OK, &cluster_status(&app))
 }
 
 /// A membership change that openraft did not complete. Only the leader runs these (followers
@@ -104,11 +98,7 @@ pub async fn add_member(
             .await
             .map_err(membership_error)?;
     }
-    Ok(Answer::new(
-        StatusCode::OK,
-        &cluster_status(&app),
-        local_time(&app),
-    ))
+    Ok(Answer::local(StatusCode::OK, &cluster_status(&app)))
 }
 
 /// One process is never two members: an id that is already a member must come with the
@@ -162,11 +152,7 @@ pub async fn remove_member(
         .change_membership(change, false)
         .await
         .map_err(membership_error)?;
-    Ok(Answer::new(
-        StatusCode::OK,
-        &cluster_status(&app),
-        local_time(&app),
-    ))
+    Ok(Answer::local(StatusCode::OK, &cluster_status(&app)))
 }
 
 pub async fn digest(State(app): State<AppState>) -> Result<Answer, ApiError> {
@@ -190,7 +176,7 @@ pub async fn digest(State(app): State<AppState>) -> Result<Answer, ApiError> {
         cluster_time_ms,
         digest,
     };
-    Ok(Answer::new(StatusCode::OK, &answer, cluster_time_ms))
+    Ok(Answer::local(StatusCode::OK, &answer))
 }
 
 /// Test-only clock control (`--clock-control`): the monotonic rate and the wall-clock offset.
@@ -221,19 +207,14 @@ pub async fn set_clock(
         app.clock.set_wall_offset_ms(offset_ms);
     }
     tracing::warn!(rate = ?body.value.rate, wall_offset_ms = ?body.value.wall_offset_ms, "clock changed by test control");
-    Ok(Answer::new(
+    Ok(Answer::local(
         StatusCode::OK,
         &BTreeMap::from([("ok", true)]),
-        local_time(&app),
     ))
 }
 
-pub async fn healthz(State(app): State<AppState>) -> Answer {
-    Answer::new(
-        StatusCode::OK,
-        &BTreeMap::from([("status", "ok")]),
-        local_time(&app),
-    )
+pub async fn healthz() -> Answer {
+    Answer::local(StatusCode::OK, &BTreeMap::from([("status", "ok")]))
 }
 
 pub async fn readyz(State(app): State<AppState>) -> Result<Answer, ApiError> {
@@ -252,10 +233,9 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Answer, ApiError> {
     if !ready {
         return Err(ApiError::no_leader(None));
     }
-    Ok(Answer::new(
+    Ok(Answer::local(
         StatusCode::OK,
         &BTreeMap::from([("status", "ready")]),
-        local_time(&app),
     ))
 }
 

@@ -3,7 +3,7 @@
 
 use baton_client::api;
 use baton_raft_store::machine::{
-    Event, EventKind, Grant, LeaseMode, LeaseView, Name, SessionId, SessionView, TaskClaimed,
+    Event, EventKind, Grant, LeaseMode, LeaseView, Name, Page, SessionId, SessionView, TaskClaimed,
     TaskState, TaskView,
 };
 
@@ -96,7 +96,11 @@ pub fn created_session(view: &SessionView, clocks: Clocks) -> api::CreateSession
     }
 }
 
-pub fn session_info(view: &SessionView, leases: &[LeaseView], clocks: Clocks) -> api::SessionInfo {
+pub fn session_info(
+    view: &SessionView,
+    leases: &Page<LeaseView>,
+    clocks: Clocks,
+) -> api::SessionInfo {
     api::SessionInfo {
         session_id: session_id(view.session_id),
         holder: view.holder.clone(),
@@ -104,7 +108,12 @@ pub fn session_info(view: &SessionView, leases: &[LeaseView], clocks: Clocks) ->
         labels: view.labels.clone(),
         expires_in_ms: view.expires_in_ms,
         expires_at: clocks.expires_at(view.expires_in_ms),
-        leases: leases.iter().map(|view| lease(view, clocks)).collect(),
+        leases: leases
+            .items
+            .iter()
+            .map(|view| lease(view, clocks))
+            .collect(),
+        next_cursor: leases.next_cursor.clone(),
     }
 }
 

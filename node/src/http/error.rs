@@ -17,6 +17,8 @@ pub struct ApiError {
     pub problem: Box<Problem>,
     /// The cluster time the refusal was decided at, when it was decided by the machine.
     pub cluster_time_ms: Option<u64>,
+    /// A wrong method is `INVALID_ARGUMENT` with 405 rather than the code's 400.
+    method_not_allowed: bool,
 }
 
 impl ApiError {
@@ -28,7 +30,16 @@ impl ApiError {
         ApiError {
             problem: Box::new(problem),
             cluster_time_ms: None,
+            method_not_allowed: false,
         }
+    }
+
+    /// A route that exists, asked with a method it does not take: 405 with the code
+    /// `INVALID_ARGUMENT` (the router adds `Allow`).
+    pub fn method_not_allowed(message: impl Into<String>) -> ApiError {
+        let mut error = ApiError::invalid(message);
+        error.method_not_allowed = true;
+        error
     }
 
     pub fn invalid(message: impl Into<String>) -> ApiError {
@@ -124,7 +135,11 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = status_of(self.problem.code);
+        let status = if self.method_not_allowed {
+            StatusCode::METHOD_NOT_ALLOWED
+        } else {
+            status_of(self.problem.code)
+        };
         let body = serde_json::to_vec(&self.problem).unwrap_or_default();
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();

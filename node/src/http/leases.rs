@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use baton_client::api::{
     AcquireRequest, CreateSessionRequest, EndSessionResponse, FenceCheckRequest,
-    FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, ReleaseRequest,
+    FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, PageQuery, ReleaseRequest,
     ReleaseResponse,
 };
 use baton_raft_store::machine::{NewSession, Op, Reply, ResourcePath, SessionId};
@@ -160,10 +160,12 @@ pub async fn get_session(
     State(app): State<AppState>,
     Ns(namespace): Ns,
     ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<PageQuery>,
 ) -> Result<Answer, ApiError> {
     let session_id = parse_session_id(&id)?;
+    let limit = app.page_limit(query.limit)?;
     let (session, clocks) = app
-        .read(|machine| machine.session(&namespace, session_id))
+        .read(|machine| machine.session(&namespace, session_id, query.cursor.as_deref(), limit))
         .await?;
     let (view, leases) = session
         .ok_or_else(|| ApiError::not_found("no live session with this id: it ended or expired"))?;

@@ -288,7 +288,9 @@ impl Written {
 pub struct Answer {
     status: StatusCode,
     body: Vec<u8>,
-    cluster_time_ms: u64,
+    /// When the answer was decided; none for an answer about this node only, which shows the
+    /// latest cluster time the node knows (see `observe`).
+    cluster_time_ms: Option<u64>,
     replayed: bool,
 }
 
@@ -297,7 +299,17 @@ impl Answer {
         Answer {
             status,
             body: serde_json::to_vec(body).unwrap_or_default(),
-            cluster_time_ms,
+            cluster_time_ms: Some(cluster_time_ms),
+            replayed: false,
+        }
+    }
+
+    /// An answer about this node (a node-local route), decided at no cluster time of its own.
+    pub fn local<T: Serialize>(status: StatusCode, body: &T) -> Answer {
+        Answer {
+            status,
+            body: serde_json::to_vec(body).unwrap_or_default(),
+            cluster_time_ms: None,
             replayed: false,
         }
     }
@@ -316,7 +328,9 @@ impl IntoResponse for Answer {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         );
-        headers.insert(HEADER_CLUSTER_TIME, HeaderValue::from(self.cluster_time_ms));
+        if let Some(cluster_time_ms) = self.cluster_time_ms {
+            headers.insert(HEADER_CLUSTER_TIME, HeaderValue::from(cluster_time_ms));
+        }
         if self.replayed {
             headers.insert(HEADER_IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
         }
@@ -373,6 +387,7 @@ pub fn router(app: AppState) -> Router {
     leader_routes
         .merge(local_routes)
         .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(from_fn_with_state(app.clone(), observe))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app)
@@ -380,6 +395,13 @@ pub fn router(app: AppState) -> Router {
 
 async fn unknown_route(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
+}
+
+async fn wrong_method(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(format!(
+        "{} does not take {method}: see the Allow header",
+        uri.path()
+    ))
 }
 
 /// Adds `Baton-Leader` and `Baton-Cluster-Time` to every answer that lacks them, and records

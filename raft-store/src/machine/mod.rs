@@ -232,23 +232,42 @@ impl Machine {
         Page { items, next_cursor }
     }
 
-    /// The session, with its live leases, if it is alive.
+    /// The session, if it is alive, with a page of its live leases in path order after
+    /// `cursor`.
     pub fn session(
         &self,
         namespace: &Namespace,
         session_id: SessionId,
-    ) -> Option<(SessionView, Vec<LeaseView>)> {
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> Option<(SessionView, Page<LeaseView>)> {
+        let limit = limit.clamp(1, self.limits.list_page_max);
         let state = self.namespaces.get(namespace)?;
         let session = state.sessions.get(&session_id)?;
         if session.deadline_ms <= self.time_ms {
             return None;
         }
-        let leases = session
-            .leases
-            .iter()
-            .filter_map(|resource| self.live_view(state, resource, state.leases.get(resource)?))
-            .collect();
-        Some((self.session_view(session_id, session), leases))
+        let start = cursor.map_or(Bound::Unbounded, Bound::Excluded);
+        let mut items = Vec::new();
+        let mut next_cursor = None;
+        for resource in session.leases.range::<str, _>((start, Bound::Unbounded)) {
+            let Some(view) = state
+                .leases
+                .get(resource)
+                .and_then(|lease| self.live_view(state, resource, lease))
+            else {
+                continue;
+            };
+            if items.len() == limit {
+                next_cursor = items
+                    .last()
+                    .map(|last: &LeaseView| last.resource.to_string());
+                break;
+            }
+            items.push(view);
+        }
+        let page = Page { items, next_cursor };
+        Some((self.session_view(session_id, session), page))
     }
 
     /// The live lease that would refuse an exclusive acquire of `resource`: its own lease, or

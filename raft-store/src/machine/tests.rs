@@ -986,9 +986,25 @@ fn lists_page_through_live_leases_by_prefix() {
     let second = machine.leases(&namespace(), "p/", first.next_cursor.as_deref(), 2);
     assert_eq!(names(&second), ["p/c"], "the expired p/bb is not listed");
     assert_eq!(second.next_cursor, None);
-    let (session, leases) = machine.session(&namespace(), SessionId(B)).expect("live");
-    assert_eq!((session.holder.as_str(), leases.len()), ("agent-b", 4));
-    assert!(machine.session(&namespace(), SessionId(A)).is_none());
+    let (session, leases) = machine
+        .session(&namespace(), SessionId(B), None, 1_000)
+        .expect("live");
+    assert_eq!(
+        (session.holder.as_str(), leases.items.len()),
+        ("agent-b", 4)
+    );
+    assert_eq!(leases.next_cursor, None);
+    let (_, first) = machine
+        .session(&namespace(), SessionId(B), None, 3)
+        .expect("live");
+    let (_, rest) = machine
+        .session(&namespace(), SessionId(B), first.next_cursor.as_deref(), 3)
+        .expect("live");
+    assert_eq!((first.items.len(), rest.items.len()), (3, 1));
+    assert_eq!(rest.next_cursor, None);
+    assert!(machine
+        .session(&namespace(), SessionId(A), None, 10)
+        .is_none());
 }
 
 #[test]

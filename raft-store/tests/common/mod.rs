@@ -356,9 +356,9 @@ impl AbstractCommand {
                         let resource = match choice {
                             ReleaseChoice::Path(resource) => resource.clone(),
                             ReleaseChoice::Held(index) => {
-                                match machine.session(&namespace, *session_id) {
-                                    Some((_, leases)) if !leases.is_empty() => {
-                                        leases[index % leases.len()].resource.clone()
+                                match machine.session(&namespace, *session_id, None, usize::MAX) {
+                                    Some((_, leases)) if !leases.items.is_empty() => {
+                                        leases.items[index % leases.items.len()].resource.clone()
                                     }
                                     _ => path(PATHS[index % PATHS.len()]),
                                 }
@@ -523,9 +523,12 @@ impl AbstractFence {
                 .map(SessionId)
                 .find(|session_id| {
                     machine
-                        .session(namespace, *session_id)
+                        .session(namespace, *session_id, None, usize::MAX)
                         .is_some_and(|(_, leases)| {
-                            leases.iter().any(|lease| lease.resource == self.resource)
+                            leases
+                                .items
+                                .iter()
+                                .any(|lease| lease.resource == self.resource)
                         })
                 })
                 .unwrap_or(SessionId(1)),
