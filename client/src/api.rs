@@ -842,7 +842,6 @@ pub struct QueueCounts {
     /// Tasks claim-next could take now.
     pub ready: u64,
     /// Unclaimed tasks held back by a dependency or by `not_before_ms`.
-    #[serde(default)]
     pub waiting: u64,
     /// Tasks under a live claim.
     pub claimed: u64,
@@ -1308,7 +1307,7 @@ mod tests {
             (
                 "queue info",
                 round_trip::<QueueInfo>,
-                json!({"queue": "build", "counts": {"ready": 1, "claimed": 2, "done": 3,
+                json!({"queue": "build", "counts": {"ready": 1, "waiting": 4, "claimed": 2, "done": 3,
                        "dead": 0}}),
             ),
             (
