@@ -1127,7 +1127,7 @@ fn dot_segments_and_control_characters_are_refused() {
         "repo/line\nbreak",
     ] {
         assert!(
-            ResourcePath::parse(&refused, &limits).is_err(),
+            ResourcePath::parse(refused, &limits).is_err(),
             "{refused:?} was accepted"
         );
     }
