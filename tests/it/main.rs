@@ -11,6 +11,7 @@ mod failover;
 mod fencing;
 mod forwarding;
 mod leases;
+mod mcp;
 mod membership;
 mod process;
 mod queues;
