@@ -602,6 +602,13 @@ async fn demo_two_agents_share_a_repo() {
     assert_eq!(other.structured["granted"], true);
     let covered = step(&a, "claim", json!({"resource": "repo/docs/login.md"})).await;
     assert_eq!(covered.structured["granted"], false);
+    assert!(
+        covered.text.starts_with(
+            "repo/docs/login.md is held by agent-b through its subtree claim on repo/docs"
+        ),
+        "{}",
+        covered.text
+    );
     step(
         &a,
         "write_value",

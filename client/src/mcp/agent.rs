@@ -256,7 +256,7 @@ impl Agent {
                     }
                     return Ok(Outcome::ok(text, structured));
                 }
-                Err(Error::Held { held_by, message }) => {
+                Err(Error::Held { held_by, .. }) => {
                     if Instant::now() < deadline {
                         wait_for_release(&self.client, &mut events, &held_by, deadline).await;
                         continue;
@@ -268,14 +268,19 @@ impl Agent {
                     };
                     let mut structured = json!({"granted": false, "resource": args.resource,
                         "held_by": held_by});
-                    let mut text = format!("{message}{waited}: pick other work, wait, or escalate");
+                    let mut text = format!(
+                        "{}{waited}: pick other work, wait, or escalate",
+                        denial(&args.resource, &held_by)
+                    );
                     if let Some(loss) = fresh_after {
                         text.push_str(&format!(" (note: {})", loss.sentence()));
                         structured["new_session_after_loss"] = loss.to_json();
                     }
                     return Ok(Outcome::ok(text, structured));
                 }
-                Err(Error::Lost { message }) if sessions_tried < 2 => {
+                Err(Error::Lost { message } | Error::NotFound { message })
+                    if sessions_tried < 2 =>
+                {
                     self.session_gone(&session, &message);
                 }
                 Err(error) => return failure(error, "claim", "resource", "the claim"),
@@ -875,6 +880,26 @@ async fn wait_for_release(
             }
         }
     }
+}
+
+/// `src/auth.rs is held by agent-b (fence 41) for 38s more`, naming the lease's own path when
+/// it covers `resource` from above.
+fn denial(resource: &str, held_by: &HeldBy) -> String {
+    let through = if held_by.resource == resource {
+        String::new()
+    } else {
+        format!(
+            " through its {} claim on {}",
+            mode_name(held_by.mode),
+            held_by.resource
+        )
+    };
+    format!(
+        "{resource} is held by {}{through} (fence {}) for {} more",
+        held_by.holder,
+        held_by.fence,
+        format_duration(Duration::from_millis(held_by.expires_in_ms))
+    )
 }
 
 /// Whether an event ends the lease described by `held_by`.
