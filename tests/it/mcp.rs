@@ -609,6 +609,8 @@ async fn demo_two_agents_share_a_repo() {
         "{}",
         covered.text
     );
+    let inside = step(&b, "claim", json!({"resource": "repo/docs/api.md"})).await;
+    assert_eq!(inside.structured["already_held"], true, "{inside:?}");
     step(
         &a,
         "write_value",
@@ -638,4 +640,30 @@ async fn demo_two_agents_share_a_repo() {
     println!("{}", transcript.join("\n"));
     a.close().await;
     b.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_ends_the_session_and_frees_everything_at_once() {
+    let cluster = Cluster::dev().await;
+    let agent = Agent::start(&cluster, "agent-a", &[]).await;
+    for resource in ["svc/dev-server", "svc/db"] {
+        let granted = agent.call("claim", json!({"resource": resource})).await;
+        assert_eq!(granted.structured["granted"], true, "{granted:?}");
+    }
+    let signalled_at = Instant::now();
+    agent.signal("TERM");
+    let remaining = FREED_WITHIN.saturating_sub(signalled_at.elapsed());
+    poll_until(
+        remaining,
+        "both claims to be freed after SIGTERM",
+        async || {
+            let listed = cluster
+                .api()
+                .get(cluster.node(1), "/v1/leases?prefix=svc/")
+                .await;
+            let leases: Value = listed.expect_json(200);
+            (leases["leases"] == json!([])).then_some(())
+        },
+    )
+    .await;
 }

@@ -257,6 +257,10 @@ impl Agent {
                     return Ok(Outcome::ok(text, structured));
                 }
                 Err(Error::Held { held_by, .. }) => {
+                    if let Some(outcome) = self.held_by_us(&session, &args.resource, &held_by).await
+                    {
+                        return Ok(outcome);
+                    }
                     if Instant::now() < deadline {
                         wait_for_release(&self.client, &mut events, &held_by, deadline).await;
                         continue;
@@ -286,6 +290,57 @@ impl Agent {
                 Err(error) => return failure(error, "claim", "resource", "the claim"),
             }
         }
+    }
+
+    /// A denial by this agent's own session: `resource` is covered by one of its claims, or
+    /// an earlier claim whose answer was lost (outcome unknown) was granted after all. The
+    /// session's own lease list decides, never the holder name alone (another process may
+    /// share it).
+    async fn held_by_us(
+        &self,
+        session: &Arc<Session>,
+        resource: &str,
+        held_by: &HeldBy,
+    ) -> Option<Outcome> {
+        if held_by.holder != self.client.holder() {
+            return None;
+        }
+        let known = self
+            .lock()
+            .claims
+            .get(&held_by.resource)
+            .is_some_and(|claim| claim.fence == held_by.fence);
+        if !known {
+            let info = self.client.get_session(session.id()).await.ok()?;
+            let lease = info
+                .leases
+                .iter()
+                .find(|lease| lease.resource == held_by.resource && lease.fence == held_by.fence)?;
+            self.lock().claims.insert(
+                lease.resource.clone(),
+                Claim {
+                    fence: lease.fence,
+                    mode: lease.mode,
+                },
+            );
+        }
+        let through = if held_by.resource == resource {
+            String::new()
+        } else {
+            format!(
+                " through your {} claim on {}",
+                mode_name(held_by.mode),
+                held_by.resource
+            )
+        };
+        Some(Outcome::ok(
+            format!(
+                "you already hold {resource}{through} (fence {})",
+                held_by.fence
+            ),
+            json!({"granted": true, "already_held": true, "resource": held_by.resource,
+                   "fence": held_by.fence, "mode": held_by.mode}),
+        ))
     }
 
     pub async fn release(&self, args: ResourceArgs) -> Result<Outcome, McpError> {
