@@ -1040,3 +1040,75 @@ fn short(value: &Value) -> String {
     let cut: String = text.chars().take(VALUE_TEXT_MAX).collect();
     format!("{cut}…")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held_by(resource: &str, mode: LeaseMode, expires_in_ms: u64) -> HeldBy {
+        HeldBy {
+            holder: "agent-b".to_owned(),
+            resource: resource.to_owned(),
+            mode,
+            fence: 41,
+            labels: Default::default(),
+            acquired_at: String::new(),
+            expires_in_ms,
+            expires_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn a_denial_names_the_path_the_holder_the_fence_and_the_time_left() {
+        for (resource, held, expected) in [
+            (
+                "src/auth.rs",
+                held_by("src/auth.rs", LeaseMode::Exclusive, 38_000),
+                "src/auth.rs is held by agent-b (fence 41) for 38s more",
+            ),
+            (
+                "src/auth.rs",
+                held_by("src", LeaseMode::Subtree, 90_000),
+                "src/auth.rs is held by agent-b through its subtree claim on src (fence 41) for 1m30s more",
+            ),
+        ] {
+            assert_eq!(denial(resource, &held), expected);
+        }
+    }
+
+    #[test]
+    fn only_the_end_of_the_lease_waited_for_frees_it() {
+        let held = held_by("src/auth.rs", LeaseMode::Exclusive, 1_000);
+        let released = |resource: &str, fence| EventKind::Released {
+            resource: resource.to_owned(),
+            fence,
+        };
+        assert!(frees(&released("src/auth.rs", 41), &held));
+        assert!(frees(
+            &EventKind::Expired {
+                resource: "src/auth.rs".to_owned(),
+                fence: 41
+            },
+            &held
+        ));
+        assert!(
+            !frees(&released("src/auth.rs", 40), &held),
+            "an older lease"
+        );
+        assert!(!frees(&released("src/other.rs", 41), &held));
+    }
+
+    #[test]
+    fn a_loss_names_what_went_with_the_session() {
+        let loss = Loss {
+            reason: "no keepalive succeeded before the local deadline".to_owned(),
+            claims: vec!["db/schema".to_owned()],
+            tasks: vec!["builds/7".to_owned()],
+        };
+        assert_eq!(
+            loss.sentence(),
+            "this agent's Baton session was lost (no keepalive succeeded before the local \
+             deadline); your claims on db/schema, task builds/7 are gone: stop acting on them"
+        );
+    }
+}

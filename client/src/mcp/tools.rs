@@ -247,3 +247,56 @@ pub fn parse<T: DeserializeOwned>(
 pub fn invalid_argument(tool: &str, message: &str) -> McpError {
     McpError::invalid_params(format!("{tool}: {message}"), None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_tool_takes_an_object_that_rejects_unknown_arguments() {
+        let tools = tools();
+        assert_eq!(tools.len(), 11);
+        for tool in &tools {
+            assert_eq!(tool.input_schema["type"], "object", "{}", tool.name);
+            assert_eq!(
+                tool.input_schema["additionalProperties"], false,
+                "{}",
+                tool.name
+            );
+        }
+    }
+
+    #[test]
+    fn a_bad_argument_is_named_in_the_error() {
+        let check = |arguments: Value, named: &str| {
+            let Value::Object(arguments) = arguments else {
+                panic!("an object");
+            };
+            let error =
+                parse::<ClaimArgs>("claim", Some(arguments.clone())).expect_err("a bad argument");
+            assert!(
+                error.message.contains(named),
+                "{arguments:?}: {} should name {named}",
+                error.message
+            );
+        };
+        check(json!({}), "resource");
+        check(json!({"resource": ["a"]}), "resource");
+        check(json!({"resource": "a", "mode": "shared"}), "mode");
+        check(json!({"resource": "a", "wait_seconds": -1}), "wait_seconds");
+        check(json!({"resource": "a", "ttl": 5}), "ttl");
+    }
+
+    #[test]
+    fn absent_optional_arguments_parse() {
+        let list: ListArgs = parse("list_claims", None).expect("no arguments at all");
+        assert!(list.prefix.is_none());
+        let Value::Object(arguments) = json!({"resource": "a"}) else {
+            panic!("an object");
+        };
+        let claim: ClaimArgs = parse("claim", Some(arguments)).expect("only the resource");
+        assert_eq!(claim.resource, "a");
+        assert!(claim.mode.is_none() && claim.reason.is_none() && claim.wait_seconds.is_none());
+    }
+}
