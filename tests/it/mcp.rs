@@ -294,6 +294,9 @@ async fn a_claim_that_waits_follows_the_release_instead_of_the_ttl() {
         async {
             // Let b be denied and start waiting, then release.
             tokio::time::sleep(Duration::from_millis(700)).await;
+            // A waiting claim does not block b's other calls.
+            let meanwhile = b.call("my_claims", json!({})).await;
+            assert_eq!(meanwhile.structured["claims"], json!([]), "{meanwhile:?}");
             a.call("release", json!({"resource": path})).await
         }
     );

@@ -72,8 +72,9 @@ pub struct Agent {
     client: Client,
     ttl: Duration,
     state: Mutex<State>,
-    /// Held while a session is being made, so two concurrent claims make one.
-    session_gate: tokio::sync::Mutex<()>,
+    /// Held while a session is being made, so two concurrent claims make one; holds `true`
+    /// once the server shuts down, so a call still running then makes no new session.
+    session_gate: tokio::sync::Mutex<bool>,
 }
 
 #[derive(Debug, Default)]
@@ -139,13 +140,15 @@ impl Agent {
             client,
             ttl,
             state: Mutex::new(State::default()),
-            session_gate: tokio::sync::Mutex::new(()),
+            session_gate: tokio::sync::Mutex::new(false),
         }
     }
 
     /// Ends the session, releasing everything it holds at once. Called when stdin closes or on
     /// SIGTERM.
     pub async fn shutdown(&self) -> Result<Vec<String>, Error> {
+        let mut closed = self.session_gate.lock().await;
+        *closed = true;
         let session = {
             let mut state = self.lock();
             state.claims.clear();
@@ -780,7 +783,13 @@ impl Agent {
     /// The live session, made now if there is none. The second value is the loss it replaces,
     /// if the previous session was lost: the caller must say so.
     async fn session(&self) -> Result<(Arc<Session>, Option<Loss>), Error> {
-        let _gate = self.session_gate.lock().await;
+        let closed = self.session_gate.lock().await;
+        if *closed {
+            return Err(Error::Unavailable {
+                code: None,
+                message: "this MCP server is shutting down".to_owned(),
+            });
+        }
         self.observe();
         if let Some(session) = self.lock().session.clone() {
             return Ok((session, None));
