@@ -216,7 +216,7 @@ impl Agent {
         loop {
             let (session, replaced) = match self.session().await {
                 Ok(made) => made,
-                Err(error) => return failure(error, "claim", "resource", "the claim"),
+                Err(error) => return session_failure(error, "the claim"),
             };
             sessions_tried += 1;
             if replaced.is_some() {
@@ -642,7 +642,7 @@ impl Agent {
         loop {
             let (session, replaced) = match self.session().await {
                 Ok(made) => made,
-                Err(error) => return failure(error, "next_task", "queue", "the claim"),
+                Err(error) => return session_failure(error, "the claim"),
             };
             sessions_tried += 1;
             if replaced.is_some() {
@@ -1005,6 +1005,21 @@ fn failure(error: Error, tool: &str, argument: &str, what: &str) -> Result<Outco
             format!("Baton refused {what}: {error}"),
             structured,
         )),
+    }
+}
+
+/// A session that could not be made: a refusal of its TTL is this server's configuration,
+/// not the model's argument, so it is an error result that says so.
+fn session_failure(error: Error, what: &str) -> Result<Outcome, McpError> {
+    match &error {
+        Error::InvalidArgument { message } => Ok(Outcome::error(
+            format!(
+                "Baton refused this server's session, so {what} did not happen ({message}): \
+                 the server's --ttl or --holder needs fixing; escalate"
+            ),
+            json!({"error": error.to_problem()}),
+        )),
+        _ => failure(error, "claim", "resource", what),
     }
 }
 
