@@ -85,6 +85,8 @@ struct Inner {
     endpoints: Vec<Endpoint>,
     namespace: Option<String>,
     holder: String,
+    /// Sent as `Authorization: Bearer <token>` (SPEC section 10).
+    token: Option<Token>,
     request_timeout: Duration,
     attempts_max: u32,
     retry_budget: Duration,
@@ -121,12 +123,23 @@ impl fmt::Debug for Client {
     }
 }
 
+/// A bearer token: a secret, so its `Debug` never shows it.
+#[derive(Clone)]
+struct Token(String);
+
+impl fmt::Debug for Token {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str("Token(..)")
+    }
+}
+
 /// Builds a [`Client`]; see [`Client::builder`].
 #[derive(Debug)]
 pub struct ClientBuilder {
     endpoints: Vec<String>,
     namespace: Option<String>,
     holder: Option<String>,
+    token: Option<Token>,
     request_timeout: Duration,
     attempts_max: u32,
     retry_budget: Duration,
@@ -144,6 +157,13 @@ impl ClientBuilder {
     /// The holder name of sessions this client creates; default `user@host`.
     pub fn holder(mut self, holder: impl Into<String>) -> ClientBuilder {
         self.holder = Some(holder.into());
+        self
+    }
+
+    /// The bearer token of every request (`Authorization: Bearer <token>`, SPEC section 10);
+    /// none by default.
+    pub fn token(mut self, token: impl Into<String>) -> ClientBuilder {
+        self.token = Some(Token(token.into()));
         self
     }
 
@@ -213,6 +233,7 @@ impl ClientBuilder {
                 endpoints,
                 namespace: self.namespace,
                 holder: self.holder.unwrap_or_else(default_holder),
+                token: self.token,
                 request_timeout: self.request_timeout,
                 attempts_max: self.attempts_max,
                 retry_budget: self.retry_budget,
@@ -305,6 +326,7 @@ impl Client {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             namespace: None,
             holder: None,
+            token: None,
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
             attempts_max: ATTEMPTS_MAX_DEFAULT,
             retry_budget: RETRY_BUDGET_DEFAULT,
@@ -735,6 +757,9 @@ impl Client {
         if let Some(namespace) = &self.inner.namespace {
             request = request.header(HEADER_NAMESPACE, namespace);
         }
+        if let Some(token) = &self.inner.token {
+            request = request.bearer_auth(&token.0);
+        }
         for (name, value) in headers {
             request = request.header(*name, value);
         }
@@ -962,6 +987,9 @@ impl Client {
         if let Some(namespace) = &self.inner.namespace {
             request = request.header(HEADER_NAMESPACE, namespace);
         }
+        if let Some(token) = &self.inner.token {
+            request = request.bearer_auth(&token.0);
+        }
         if let Some(key) = &operation.idempotency_key {
             request = request.header(HEADER_IDEMPOTENCY_KEY, key);
         }
@@ -1137,14 +1165,15 @@ impl Client {
 
     async fn learn_members(&self, base: &str) {
         let url = format!("{base}/v1/cluster");
-        let Ok(response) = self
+        let mut request = self
             .inner
             .http
             .get(&url)
-            .timeout(self.inner.request_timeout)
-            .send()
-            .await
-        else {
+            .timeout(self.inner.request_timeout);
+        if let Some(token) = &self.inner.token {
+            request = request.bearer_auth(&token.0);
+        }
+        let Ok(response) = request.send().await else {
             return;
         };
         let Ok(bytes) = read_body(response).await else {

@@ -3,6 +3,7 @@
 //! with the command's code.
 
 mod cli;
+mod mcp;
 
 use clap::Parser;
 

@@ -245,6 +245,11 @@ impl Session {
         self.shared.lock().valid_until
     }
 
+    /// Why the session is no longer valid, or `None` while it is. Once lost, it stays lost.
+    pub fn lost_reason(&self) -> Option<LostReason> {
+        self.shared.lost_reason()
+    }
+
     /// Resolves when the session is lost: its local deadline passed, or the server said it is
     /// gone, or it was ended.
     pub async fn lost(&self) -> LostReason {

@@ -12,6 +12,7 @@ mod failover;
 mod fencing;
 mod forwarding;
 mod leases;
+mod mcp;
 mod membership;
 mod process;
 mod queues;

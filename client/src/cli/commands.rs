@@ -81,7 +81,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
         Command::Cluster(command) => cluster(client, command, json).await,
         Command::Task(command) => super::tasks::execute(client, command, json).await,
         Command::Events { after, .. } => super::events::print_after(client, after, json).await,
-        Command::Run(_) => unreachable_run(),
+        Command::Run(_) | Command::Mcp(_) => unreachable_run(),
     }
 }
 

@@ -42,7 +42,7 @@ pub fn format_duration(duration: Duration) -> String {
         return format!("{millis}ms");
     }
     let seconds = duration.as_secs();
-    if seconds < 10 && millis % 1_000 != 0 {
+    if seconds < 10 && !millis.is_multiple_of(1_000) {
         return format!("{:.1}s", duration.as_secs_f64());
     }
     let (hours, minutes, seconds) = (seconds / 3_600, seconds / 60 % 60, seconds % 60);

@@ -104,6 +104,9 @@ pub enum Command {
     /// Work queues: add, claim, complete, fail, release and list tasks.
     #[command(subcommand)]
     Task(TaskCommand),
+    /// Serve the Model Context Protocol on stdio: claims, the fenced store and work queues as
+    /// tools for one agent, with one Baton session per process.
+    Mcp(crate::mcp::McpArgs),
     /// Print the changes after a revision, one line each: `REVISION TYPE details`.
     Events {
         /// Only changes after this revision (default: from the oldest kept one).
@@ -413,6 +416,7 @@ pub async fn main(cli: Cli) -> u8 {
     let timeout = cli.global.timeout;
     let result = match cli.command {
         Command::Run(args) => run::run(&client, args, timeout).await,
+        Command::Mcp(args) => Ok(crate::mcp::serve(&cli.global, args).await),
         Command::Events {
             after,
             follow: true,

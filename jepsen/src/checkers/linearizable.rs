@@ -159,7 +159,7 @@ fn search(ops: &[LinOp], deadline: Instant) -> Search {
     let mut steps = 0u32;
     while let Some((done, value)) = stack.pop() {
         steps += 1;
-        if steps % STEPS_BETWEEN_CLOCK_CHECKS == 0 && Instant::now() >= deadline {
+        if steps.is_multiple_of(STEPS_BETWEEN_CLOCK_CHECKS) && Instant::now() >= deadline {
             return Search::TimedOut;
         }
         if required
