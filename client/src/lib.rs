@@ -68,7 +68,7 @@
 //! assert_eq!(until, Duration::from_millis(2_000) + Duration::from_micros(29_399_020));
 //! ```
 
-pub mod api;
+pub use baton_api as api;
 mod client;
 pub mod clock;
 mod error;

@@ -1,4 +1,5 @@
-//! Baton's replicated state: the pure lease state machine (`machine`) and, around it, the
-//! openraft storage on sled.
-pub mod machine;
+//! Baton's replicated state: the openraft storage on sled around the pure lease state machine,
+//! which lives in its own crate (`baton-machine`, re-exported here as `machine`) so that the
+//! compiler keeps it free of I/O.
+pub use baton_machine as machine;
 pub mod store;

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use baton_client::api::{AddMemberRequest, ClusterStatus, Digest, ErrorCode, Member as WireMember};
+use baton_api::{AddMemberRequest, ClusterStatus, Digest, ErrorCode, Member as WireMember};
 use baton_raft_store::store::Member;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ChangeMembers;

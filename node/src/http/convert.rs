@@ -1,7 +1,7 @@
 //! Hand-written conversions from the machine's log types to the client's wire types
 //! (STYLE rule 3), and the informational RFC 3339 times.
 
-use baton_client::api;
+use baton_api as api;
 use baton_raft_store::machine::{
     Event, EventKind, Grant, LeaseMode, LeaseView, Name, Page, SessionId, SessionView, TaskClaimed,
     TaskState, TaskView,

@@ -3,7 +3,7 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use baton_client::api::{ErrorCode, HeldBy, Problem, HEADER_CLUSTER_TIME, PROBLEM_CONTENT_TYPE};
+use baton_api::{ErrorCode, HeldBy, Problem, HEADER_CLUSTER_TIME, PROBLEM_CONTENT_TYPE};
 use baton_raft_store::machine::Rejection;
 
 use crate::proposer::ProposeError;

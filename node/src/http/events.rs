@@ -10,7 +10,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use baton_client::api::{ErrorCode, EventsPage, EventsQuery};
+use baton_api::{ErrorCode, EventsPage, EventsQuery};
 use baton_raft_store::machine::{Event, Namespace};
 
 use super::convert;

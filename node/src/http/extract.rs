@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
-use baton_client::api::{HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
+use baton_api::{HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
 use baton_raft_store::machine::{validate_idempotency_key, Namespace};
 use serde::de::DeserializeOwned;
 
@@ -72,7 +72,7 @@ impl<T: DeserializeOwned> FromRequest<AppState> for ApiJson<T> {
             .map_err(|rejection| {
                 if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
                     ApiError::new(
-                        baton_client::api::ErrorCode::PayloadTooLarge,
+                        baton_api::ErrorCode::PayloadTooLarge,
                         format!("the request body is over {} bytes", super::BODY_BYTES_MAX),
                     )
                 } else {

@@ -20,7 +20,7 @@ use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use baton_client::api::{ErrorCode, HEADER_IDEMPOTENCY_KEY, HEADER_LEADER, HEADER_NAMESPACE};
+use baton_api::{ErrorCode, HEADER_IDEMPOTENCY_KEY, HEADER_LEADER, HEADER_NAMESPACE};
 use futures_util::StreamExt;
 use tokio::time::Instant;
 

@@ -3,8 +3,8 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use baton_client::api::{
-    self, FencedBy, KvDeleteRequest, KvDeleteResponse, KvPutRequest, KvPutResponse,
+use baton_api::{
+    self as api, FencedBy, KvDeleteRequest, KvDeleteResponse, KvPutRequest, KvPutResponse,
 };
 use baton_raft_store::machine::{FenceClaim, Op, Reply, ResourcePath, SessionId};
 

@@ -3,7 +3,7 @@
 
 use axum::extract::State;
 use axum::http::StatusCode;
-use baton_client::api::{
+use baton_api::{
     AcquireRequest, CreateSessionRequest, EndSessionResponse, FenceCheckRequest,
     FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, PageQuery, ReleaseRequest,
     ReleaseResponse,

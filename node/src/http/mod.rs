@@ -28,7 +28,7 @@ use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::Router;
-use baton_client::api::{HEADER_CLUSTER_TIME, HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER};
+use baton_api::{HEADER_CLUSTER_TIME, HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER};
 use baton_raft_store::machine::{
     IdempotencyTag, Limits, Machine, Namespace, NewSession, Op, Owner, Rejection, Reply, SessionId,
 };
@@ -107,22 +107,17 @@ impl AppState {
     }
 
     /// Who an acquire or a claim is for: the named session, or a new one drawn here.
-    pub fn owner(
-        &self,
-        owner: Result<baton_client::api::Owner<'_>, String>,
-    ) -> Result<Owner, ApiError> {
+    pub fn owner(&self, owner: Result<baton_api::Owner<'_>, String>) -> Result<Owner, ApiError> {
         match owner.map_err(ApiError::invalid)? {
-            baton_client::api::Owner::Session(id) => Ok(Owner::Session(
+            baton_api::Owner::Session(id) => Ok(Owner::Session(
                 SessionId::parse(id.as_str()).map_err(ApiError::from_rejection)?,
             )),
-            baton_client::api::Owner::NewSession { holder, ttl_ms } => {
-                Ok(Owner::NewSession(NewSession {
-                    session_id: self.new_session_id(),
-                    holder: holder.to_owned(),
-                    ttl_ms,
-                    labels: Default::default(),
-                }))
-            }
+            baton_api::Owner::NewSession { holder, ttl_ms } => Ok(Owner::NewSession(NewSession {
+                session_id: self.new_session_id(),
+                holder: holder.to_owned(),
+                ttl_ms,
+                labels: Default::default(),
+            })),
         }
     }
 

@@ -4,7 +4,7 @@
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use baton_client::api::{
+use baton_api::{
     ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, QueueCounts,
     QueueInfo, TaskList, TaskReleaseRequest,
 };
@@ -19,10 +19,7 @@ fn parse_name(app: &AppState, what: &str, text: &str) -> Result<Name, ApiError> 
     Name::parse(what, text, &app.limits()).map_err(ApiError::from_rejection)
 }
 
-fn task_claim(
-    session_id: &baton_client::api::SessionId,
-    fence: u64,
-) -> Result<TaskClaim, ApiError> {
+fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskClaim, ApiError> {
     let session_id = SessionId::parse(session_id.as_str()).map_err(ApiError::from_rejection)?;
     Ok(TaskClaim { session_id, fence })
 }
@@ -102,7 +99,7 @@ pub async fn claim(
         Reply::QueueEmpty => {
             let mut response = StatusCode::NO_CONTENT.into_response();
             response.headers_mut().insert(
-                baton_client::api::HEADER_CLUSTER_TIME,
+                baton_api::HEADER_CLUSTER_TIME,
                 axum::http::HeaderValue::from(written.cluster_time_ms),
             );
             Ok(response)
@@ -143,7 +140,7 @@ impl TaskTarget {
         (queue_text, id_text): (&str, &str),
         action: &str,
         body: &ApiJson<T>,
-        (session_id, fence): (&baton_client::api::SessionId, u64),
+        (session_id, fence): (&baton_api::SessionId, u64),
     ) -> Result<TaskTarget, ApiError> {
         let route = format!("/v1/queues/{{queue}}/tasks/{{id}}/{action}");
         Ok(TaskTarget {

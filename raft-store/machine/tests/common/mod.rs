@@ -20,7 +20,7 @@
 
 use std::collections::BTreeMap;
 
-use baton_raft_store::machine::{
+use baton_machine::{
     Batch, Command, FenceClaim, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Name,
     Namespace, NewSession, Op, Owner, Reply, ResourcePath, Response, SessionId, TaskClaim,
     TaskState,

@@ -13,7 +13,7 @@
 
 mod common;
 
-use baton_raft_store::machine::{
+use baton_machine::{
     Batch, Command, Event, EventKind, FenceClaim, Grant, IdempotencyTag, Labels, LeaseMode,
     LeaseView, Limits, Machine, Name, Namespace, NewSession, Op, Owner, Reply, ResourcePath,
     Response, SessionId, SessionView, TaskClaim, TaskClaimed, TaskCounts, TaskState, TaskView,
@@ -137,7 +137,7 @@ enum Normalized {
 }
 
 fn normalize_real(response: &Response) -> Normalized {
-    use baton_raft_store::machine::Rejection;
+    use baton_machine::Rejection;
     match &response.outcome {
         Ok(reply) => Normalized::Ok {
             reply: reply.clone(),
@@ -1701,7 +1701,7 @@ fn comparison_catches_a_wrong_model() {
 /// passes against the faithful model and is caught against each mutant.
 #[test]
 fn comparison_catches_a_wrong_queue_model() {
-    use baton_raft_store::machine::TaskClaim;
+    use baton_machine::TaskClaim;
 
     let limits = Limits {
         leases_per_session_max: 2,

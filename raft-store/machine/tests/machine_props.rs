@@ -5,7 +5,7 @@
 
 mod common;
 
-use baton_raft_store::machine::{
+use baton_machine::{
     decode_batch, encode_batch, validate_idempotency_key, Batch, Command, EventKind, Limits,
     Machine, Name, Namespace, Op, Owner, Reply, ResourcePath, Response, SessionId, TaskState,
 };
@@ -594,14 +594,14 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
     let limits = Limits::default();
     let namespace = common::namespace(0);
     let tag = || {
-        Some(baton_raft_store::machine::IdempotencyTag {
+        Some(baton_machine::IdempotencyTag {
             key: common::IDEMPOTENCY_KEYS[0].to_owned(),
             fingerprint: common::FINGERPRINTS[0],
             wall_ms: 0,
         })
     };
-    let new_session = |id: u128, holder: &str| baton_raft_store::machine::NewSession {
-        session_id: baton_raft_store::machine::SessionId(id),
+    let new_session = |id: u128, holder: &str| baton_machine::NewSession {
+        session_id: baton_machine::SessionId(id),
         holder: holder.to_owned(),
         ttl_ms: 5_000,
         labels: [("team".to_owned(), "x".to_owned())].into(),
@@ -621,27 +621,25 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             },
             on(Op::Acquire {
                 resource: common::path("a/b"),
-                mode: baton_raft_store::machine::LeaseMode::Subtree,
-                owner: baton_raft_store::machine::Owner::NewSession(new_session(2, "b")),
+                mode: baton_machine::LeaseMode::Subtree,
+                owner: baton_machine::Owner::NewSession(new_session(2, "b")),
                 max_hold_ms: Some(3_000),
                 labels: Default::default(),
             }),
             on(Op::Acquire {
                 resource: common::path("x"),
-                mode: baton_raft_store::machine::LeaseMode::Exclusive,
-                owner: baton_raft_store::machine::Owner::Session(
-                    baton_raft_store::machine::SessionId(1),
-                ),
+                mode: baton_machine::LeaseMode::Exclusive,
+                owner: baton_machine::Owner::Session(baton_machine::SessionId(1)),
                 max_hold_ms: None,
                 labels: Default::default(),
             }),
             on(Op::KvPut {
                 key: common::path("x/y"),
                 value: "\"v\"".to_owned(),
-                fence: Some(baton_raft_store::machine::FenceClaim {
+                fence: Some(baton_machine::FenceClaim {
                     resource: common::path("x"),
                     token: 2,
-                    session_id: baton_raft_store::machine::SessionId(1),
+                    session_id: baton_machine::SessionId(1),
                 }),
             }),
             on(Op::KvDelete {
@@ -649,14 +647,14 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
                 fence: None,
             }),
             on(Op::Keepalive {
-                session_id: baton_raft_store::machine::SessionId(1),
+                session_id: baton_machine::SessionId(1),
             }),
             on(Op::Release {
-                session_id: baton_raft_store::machine::SessionId(2),
+                session_id: baton_machine::SessionId(2),
                 resource: common::path("a/b"),
             }),
             on(Op::EndSession {
-                session_id: baton_raft_store::machine::SessionId(3),
+                session_id: baton_machine::SessionId(3),
             }),
             on(Op::Enqueue {
                 queue: common::name("q1"),
@@ -687,13 +685,13 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             }),
             on(Op::Claim {
                 queue: common::name("q1"),
-                owner: Owner::Session(baton_raft_store::machine::SessionId(1)),
+                owner: Owner::Session(baton_machine::SessionId(1)),
             }),
             on(Op::Complete {
                 queue: common::name("q1"),
                 task_id: common::name("t0"),
-                claim: baton_raft_store::machine::TaskClaim {
-                    session_id: baton_raft_store::machine::SessionId(1),
+                claim: baton_machine::TaskClaim {
+                    session_id: baton_machine::SessionId(1),
                     fence: 3,
                 },
                 result: Some("\"ok\"".to_owned()),
@@ -701,8 +699,8 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             on(Op::Fail {
                 queue: common::name("q1"),
                 task_id: common::name("t0"),
-                claim: baton_raft_store::machine::TaskClaim {
-                    session_id: baton_raft_store::machine::SessionId(1),
+                claim: baton_machine::TaskClaim {
+                    session_id: baton_machine::SessionId(1),
                     fence: 3,
                 },
                 reason: "boom".to_owned(),
@@ -711,8 +709,8 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             on(Op::ReleaseTask {
                 queue: common::name("q1"),
                 task_id: common::name("t0"),
-                claim: baton_raft_store::machine::TaskClaim {
-                    session_id: baton_raft_store::machine::SessionId(1),
+                claim: baton_machine::TaskClaim {
+                    session_id: baton_machine::SessionId(1),
                     fence: 3,
                 },
                 note: Some("half".to_owned()),
@@ -728,7 +726,7 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             }),
             on(Op::Claim {
                 queue: common::name("q2"),
-                owner: Owner::Session(baton_raft_store::machine::SessionId(1)),
+                owner: Owner::Session(baton_machine::SessionId(1)),
             }),
             Command::Sweep { max: 3 },
         ],
@@ -949,7 +947,7 @@ fn lowering_the_limits_keeps_the_invariants() {
     let commands = (0..5)
         .map(|index| Command::Namespaced {
             namespace: namespace.clone(),
-            idempotency: Some(baton_raft_store::machine::IdempotencyTag {
+            idempotency: Some(baton_machine::IdempotencyTag {
                 key: format!("idem-key-000000000{index}"),
                 fingerprint: common::FINGERPRINTS[0],
                 wall_ms: 0,

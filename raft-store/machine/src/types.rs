@@ -83,7 +83,7 @@ impl Default for Limits {
 
 /// An isolated set of sessions, leases and keys. `[A-Za-z0-9._-]`, 1..=`namespace_bytes_max`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Namespace(pub(in crate::machine) String);
+pub struct Namespace(pub(crate) String);
 
 impl Namespace {
     pub fn parse(text: &str, limits: &Limits) -> Result<Namespace, Rejection> {
@@ -125,7 +125,7 @@ impl fmt::Display for Namespace {
 ///
 /// Ordered as its string, so the paths under `a/b` are exactly the range `a/b/` .. `a/b0`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct ResourcePath(pub(in crate::machine) String);
+pub struct ResourcePath(pub(crate) String);
 
 impl ResourcePath {
     pub fn parse(text: &str, limits: &Limits) -> Result<ResourcePath, Rejection> {
@@ -202,7 +202,7 @@ impl fmt::Display for ResourcePath {
 /// A name of one segment: a queue name or a task id. `[A-Za-z0-9._:-]`, 1..=`name_chars_max`,
 /// neither `.` nor `..`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Name(pub(in crate::machine) String);
+pub struct Name(pub(crate) String);
 
 impl Name {
     pub fn parse(what: &str, text: &str, limits: &Limits) -> Result<Name, Rejection> {

@@ -14,7 +14,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use baton_raft_store::machine::{
+use baton_machine::{
     Batch, Command, Labels, LeaseMode, Limits, Machine, Namespace, NewSession, Op, Owner, Reply,
     ResourcePath, SessionId,
 };
