@@ -45,7 +45,75 @@ pub struct ClusterConfig {
     pub clock_control: bool,
     /// Which network backend (`--net`).
     pub net: NetChoice,
+    /// `--snapshot-log-entries`, when the run asks for more snapshots than batond's default.
+    pub snapshot_log_entries: Option<u64>,
 }
+
+/// How long a restarted node may take to answer `/readyz` before the restart counts as
+/// failed. Generous: a restart on a loaded two-core machine replays its log and may catch up
+/// through a snapshot, and a slow restart must not be mistaken for a broken one.
+pub const RESTART_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Lines of a node's log quoted when it cannot be restarted.
+const LOG_TAIL_LINES: usize = 15;
+
+/// Whose fault a failed restart is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestartFault {
+    /// The harness or its environment could not start the process (spawn failed, port taken):
+    /// nothing was learnt about Baton.
+    Harness,
+    /// The process started and then exited or never became ready: that is a finding about
+    /// batond (a node that cannot restart on its own data), though the run cannot be judged.
+    Node,
+}
+
+/// A node that could not be restarted. The run stops at once on it (exit 2): every later
+/// fault and check would be about a two-node cluster the run did not ask for.
+#[derive(Debug, Clone)]
+pub struct RestartFailure {
+    /// The node.
+    pub node: u64,
+    /// Whose fault.
+    pub fault: RestartFault,
+    /// What happened, in one line.
+    pub cause: String,
+    /// The last lines of the node's log (of every start; the last start's are last).
+    pub log_tail: Vec<String>,
+}
+
+impl RestartFailure {
+    /// `node failed to restart` or `harness failure`, for messages and `results.json`.
+    pub fn kind(&self) -> &'static str {
+        match self.fault {
+            RestartFault::Harness => "harness failure",
+            RestartFault::Node => "node failed to restart",
+        }
+    }
+
+    /// The failure as `results.json` records it.
+    pub fn to_json(&self) -> Value {
+        json!({"kind": self.kind(), "node": self.node, "cause": self.cause,
+               "log_tail": self.log_tail})
+    }
+}
+
+impl std::fmt::Display for RestartFailure {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            formatter,
+            "{}: node {}: {}; its log ends with:",
+            self.kind(),
+            self.node,
+            self.cause
+        )?;
+        for line in &self.log_tail {
+            write!(formatter, "\n    {line}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for RestartFailure {}
 
 /// One `batond` process.
 #[derive(Debug)]
@@ -138,6 +206,10 @@ impl Cluster {
             if config.clock_control {
                 args.push("--clock-control".into());
             }
+            if let Some(entries) = config.snapshot_log_entries {
+                args.push("--snapshot-log-entries".into());
+                args.push(entries.to_string().into());
+            }
             nodes.push(Node {
                 id,
                 api,
@@ -210,12 +282,179 @@ impl Cluster {
         process.paused = false;
     }
 
-    /// Starts a killed node again on its data dir.
-    pub fn restart(&self, id: u64) -> anyhow::Result<()> {
+    /// Starts a killed node again on its data dir, without waiting for it: for the nemesis
+    /// that must watch the start itself. Most callers want [`Cluster::restart`].
+    pub fn start_again(&self, id: u64) -> Result<(), RestartFailure> {
         if self.is_running(id) {
             return Ok(());
         }
-        self.spawn(self.node(id))
+        self.spawn(self.node(id)).map_err(|error| RestartFailure {
+            node: id,
+            fault: RestartFault::Harness,
+            cause: format!("could not start batond: {error:#}"),
+            log_tail: self.log_tail(id),
+        })
+    }
+
+    /// Starts a killed node again on its data dir and waits until it answers `/readyz`. A
+    /// node that exits instead, or is not ready within [`RESTART_READY_TIMEOUT`], is a
+    /// [`RestartFailure`]: the caller stops the run rather than carry on with two nodes.
+    pub async fn restart(&self, id: u64) -> Result<(), RestartFailure> {
+        self.start_again(id)?;
+        self.wait_restarted(id, RESTART_READY_TIMEOUT).await
+    }
+
+    /// Waits until node `id`, just started, answers `/readyz`; fails if it exits first or
+    /// the timeout passes.
+    pub async fn wait_restarted(&self, id: u64, timeout: Duration) -> Result<(), RestartFailure> {
+        let started = Instant::now();
+        let url = format!("http://{}/readyz", self.node(id).api);
+        loop {
+            if let Some(status) = self.exit_status(id) {
+                let log_tail = self.log_tail(id);
+                // A port still held by someone else is the environment's fault, not batond's.
+                let port_taken = log_tail.iter().any(|line| {
+                    line.contains("Address already in use") || line.contains("AddrInUse")
+                });
+                let (fault, cause) = if port_taken {
+                    (
+                        RestartFault::Harness,
+                        format!(
+                            "its port is taken: it exited ({status}) {} ms after start",
+                            started.elapsed().as_millis()
+                        ),
+                    )
+                } else {
+                    (
+                        RestartFault::Node,
+                        format!(
+                            "it exited ({status}) {} ms after start",
+                            started.elapsed().as_millis()
+                        ),
+                    )
+                };
+                return Err(RestartFailure {
+                    node: id,
+                    fault,
+                    cause,
+                    log_tail,
+                });
+            }
+            if !self.is_running(id) {
+                // Killed by someone else meanwhile (the run is stopping): not a failure to restart.
+                return Ok(());
+            }
+            let ready = matches!(self.http.get(&url).send().await, Ok(answer) if answer.status().is_success());
+            if ready {
+                return Ok(());
+            }
+            if started.elapsed() >= timeout {
+                return Err(RestartFailure {
+                    node: id,
+                    fault: RestartFault::Node,
+                    cause: format!(
+                        "it runs but was not ready within {} s of its restart",
+                        timeout.as_secs()
+                    ),
+                    log_tail: self.log_tail(id),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The exit status of node `id` if its process has exited by itself (it stays recorded
+    /// until the node is killed or restarted).
+    fn exit_status(&self, id: u64) -> Option<std::process::ExitStatus> {
+        let mut process = lock(&self.node(id).process);
+        process
+            .child
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())
+    }
+
+    /// Watches node `id`'s log from byte `from` (where its current start's lines begin) and
+    /// SIGKILLs it the moment a line containing `needle` appears. Polls every millisecond, on
+    /// the calling thread (run it on a blocking thread): the point is to land inside the
+    /// window the line opens. Gives up at `timeout`, when the process exits by itself, or
+    /// when a line containing `give_up_on` appears first (the window is already over).
+    /// Returns what happened.
+    pub fn kill_on_log_line(
+        &self,
+        id: u64,
+        from: u64,
+        needle: &str,
+        give_up_on: &str,
+        timeout: Duration,
+    ) -> LogKill {
+        use std::io::{Read, Seek, SeekFrom};
+        let started = Instant::now();
+        let mut seen: Vec<u8> = Vec::new();
+        let mut offset = from;
+        loop {
+            if let Ok(mut file) = fs::File::open(&self.node(id).log_path) {
+                if file.seek(SeekFrom::Start(offset)).is_ok() {
+                    let mut fresh = Vec::new();
+                    if file.read_to_end(&mut fresh).is_ok() {
+                        offset += fresh.len() as u64;
+                        seen.extend_from_slice(&fresh);
+                    }
+                }
+            }
+            if let Some(at) = find(&seen, needle.as_bytes()) {
+                self.kill(id);
+                let line_end = seen[at..]
+                    .iter()
+                    .position(|&byte| byte == b'\n')
+                    .map_or(seen.len(), |end| at + end);
+                return LogKill::Killed {
+                    after: started.elapsed(),
+                    line: String::from_utf8_lossy(&seen[..line_end])
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                        .to_owned(),
+                };
+            }
+            if self.exit_status(id).is_some() || !self.is_running(id) {
+                return LogKill::Exited;
+            }
+            if find(&seen, give_up_on.as_bytes()).is_some() {
+                return LogKill::Passed;
+            }
+            if started.elapsed() >= timeout {
+                return LogKill::NotSeen;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// True when node `id`'s log from byte `from` on contains `needle`.
+    pub fn log_contains(&self, id: u64, from: u64, needle: &str) -> bool {
+        fs::read(&self.node(id).log_path).is_ok_and(|bytes| {
+            let from = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
+            find(&bytes[from..], needle.as_bytes()).is_some()
+        })
+    }
+
+    /// The size of node `id`'s log file: where the next start's lines begin.
+    pub fn log_len(&self, id: u64) -> u64 {
+        fs::metadata(&self.node(id).log_path).map_or(0, |meta| meta.len())
+    }
+
+    /// The last lines of node `id`'s log.
+    pub fn log_tail(&self, id: u64) -> Vec<String> {
+        let path = &self.node(id).log_path;
+        let Ok(bytes) = fs::read(path) else {
+            return vec![format!("(no log at {})", path.display())];
+        };
+        let start = bytes.len().saturating_sub(16 * 1024);
+        let text = String::from_utf8_lossy(&bytes[start..]);
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..]
+            .iter()
+            .map(|line| (*line).to_owned())
+            .collect()
     }
 
     /// SIGSTOP.
@@ -385,6 +624,30 @@ impl Cluster {
         process.paused = false;
         Ok(())
     }
+}
+
+/// What [`Cluster::kill_on_log_line`] did.
+#[derive(Debug, Clone)]
+pub enum LogKill {
+    /// The line appeared and the node was SIGKILLed this long after the watch began.
+    Killed {
+        /// From the start of the watch to the kill.
+        after: Duration,
+        /// The line that triggered it.
+        line: String,
+    },
+    /// The line did not appear in time; the node runs on.
+    NotSeen,
+    /// The give-up line appeared without the line before it; the node runs on.
+    Passed,
+    /// The node exited by itself before the line appeared.
+    Exited,
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
 }
 
 /// Finds the `batond` binary: the flag, `BATOND_BIN`, next to this executable, or `PATH`.
