@@ -6,6 +6,7 @@
 //! that talks to a server: the final reads the checkers need are in the history (process
 //! `final`).
 
+pub mod claims;
 pub mod cluster_time;
 pub mod digest;
 pub mod fences;
@@ -162,6 +163,7 @@ pub fn check_all(
         }
         Workload::Queue => {
             run("tasks", true, &|| tasks::check(history));
+            run("claims", !beyond, &|| claims::check(history));
         }
     }
     results
