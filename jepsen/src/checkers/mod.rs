@@ -14,6 +14,7 @@ pub mod holds;
 pub mod idempotency;
 pub mod linearizable;
 pub mod lost_writes;
+pub mod refused_writes;
 pub mod stale_writes;
 pub mod tasks;
 
@@ -157,6 +158,7 @@ pub fn check_all(
         Workload::FencedKv => {
             run("stale-writes", true, &|| stale_writes::check(history));
             run("lost-writes", true, &|| lost_writes::check(history));
+            run("refused-writes", true, &|| refused_writes::check(history));
             run("linearizable", true, &|| {
                 linearizable::check(history, linearizable_limit)
             });

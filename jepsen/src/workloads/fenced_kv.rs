@@ -3,7 +3,13 @@
 //! readers read linearizably from the node they are bound to. Unknown writes are sometimes
 //! retried with the same idempotency key on another node. Each register takes a bounded number
 //! of operations, then the slot moves to a fresh key, so the per-key linearizability search
-//! stays small. What must never live here: the checks.
+//! stays small.
+//!
+//! The last worker (when there are two or more) never retries and sends no Idempotency-Key: its
+//! answers are taken at face value, so a write it was told is `NO_LEADER` ("surely not
+//! applied") must never become visible. Retrying workers would hide such a lie behind their
+//! retry's replay. Every written value is unique (worker id and a counter), so a value seen
+//! later names its write. What must never live here: the checks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -38,8 +44,9 @@ pub async fn run(ctx: Context, concurrency: usize) {
     for worker in 0..concurrency {
         let ctx = ctx.clone();
         let counters = counters.clone();
+        let retries = concurrency < 2 || worker + 1 < concurrency;
         tasks.push(tokio::spawn(async move {
-            worker_loop(ctx, worker, counters).await
+            worker_loop(ctx, worker, counters, retries).await
         }));
     }
     for task in tasks {
@@ -60,7 +67,8 @@ pub fn keys_touched(history: &[crate::history::Op]) -> Vec<String> {
     keys
 }
 
-async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64>>) {
+/// One worker. With `retries` false it sends no Idempotency-Key and never retries.
+async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64>>, retries: bool) {
     let mut rng = ctx.rng(worker_id);
     let home = home_node(&ctx, worker_id);
     let mut worker = Worker::new(&ctx, worker_id, home, REQUEST_TIMEOUT);
@@ -76,7 +84,9 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
             continue;
         }
         let resource = format!("kvlock/{key}");
+        // Drawn even when unused, so every worker's random sequence keeps its shape.
         let idem = idempotency_key(&mut rng);
+        let idem = retries.then_some(idem);
         let body = json!({"resource": resource, "holder": format!("kv{worker_id}"),
                           "ttl_ms": WRITER_TTL_MS});
         let outcome = worker
@@ -87,7 +97,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
                 Method::POST,
                 "/v1/leases",
                 Some(&body),
-                Some(&idem),
+                idem.as_deref(),
                 |grant, replayed| {
                     json!({"fence": grant["fence"], "mode": grant["mode"],
                            "expires_in_ms": grant["expires_in_ms"], "replayed": replayed,
@@ -115,13 +125,36 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
                                "fence": {"resource": resource, "token": fence},
                                "session_id": session});
             let idem = idempotency_key(&mut rng);
-            let mut outcome = put(&mut worker, &key, value, fence, &resource, &write, &idem).await;
-            if matches!(outcome, Outcome::Info { .. }) && rng.random_bool(0.5) && !ctx.done() {
+            let idem = retries.then_some(idem);
+            let mut outcome = put(
+                &mut worker,
+                &key,
+                value,
+                fence,
+                &resource,
+                &write,
+                idem.as_deref(),
+            )
+            .await;
+            if retries
+                && matches!(outcome, Outcome::Info { .. })
+                && rng.random_bool(0.5)
+                && !ctx.done()
+            {
                 // Give a failover time to finish before the retry.
                 pause_for(&ctx, Duration::from_millis(rng.random_range(300..800))).await;
                 let node = other_node(&ctx, worker.client.node, &mut rng);
                 worker.rebind(node);
-                outcome = put(&mut worker, &key, value, fence, &resource, &write, &idem).await;
+                outcome = put(
+                    &mut worker,
+                    &key,
+                    value,
+                    fence,
+                    &resource,
+                    &write,
+                    idem.as_deref(),
+                )
+                .await;
                 worker.rebind(home);
             }
             if let Outcome::Fail { code, .. } = &outcome {
@@ -133,15 +166,17 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
         }
         if rng.random_bool(0.8) {
             let path = format!("/v1/sessions/{session}/release");
+            let idem = idempotency_key(&mut rng);
+            let idem = retries.then_some(idem);
             worker
                 .op(
                     "release",
                     &resource,
-                    Value::Null,
+                    json!({"fence": fence, "idempotency_key": idem}),
                     Method::POST,
                     &path,
                     Some(&json!({"resource": resource})),
-                    Some(&idempotency_key(&mut rng)),
+                    idem.as_deref(),
                     |_, _| Value::Null,
                 )
                 .await;
@@ -174,7 +209,7 @@ async fn put(
     fence: u64,
     resource: &str,
     body: &Value,
-    idem: &str,
+    idem: Option<&str>,
 ) -> Outcome {
     let path = format!("/v1/kv/{key}");
     worker
@@ -185,7 +220,7 @@ async fn put(
             Method::PUT,
             &path,
             Some(body),
-            Some(idem),
+            idem,
             |answer, replayed| {
                 json!({"value": value, "revision": answer["revision"], "replayed": replayed,
                        "digest": answer_digest(answer)})
