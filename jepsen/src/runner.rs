@@ -437,6 +437,63 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
         }
         Workload::Lease | Workload::UnfencedLock => {}
     }
+    if workload != Workload::Queue {
+        // Every node's view of the lease set, for the final-leases checker. Recorded once the
+        // listing is complete, so the event's time is after every page's answer.
+        for id in cluster.ids() {
+            let (leases, complete) = list_leases(cluster, id).await;
+            record(
+                "final-leases",
+                "",
+                json!({"node": id, "complete": complete, "leases": leases}),
+                id,
+            );
+        }
+    }
+}
+
+/// Every live lease of the default namespace as node `id` lists it, page by page; false
+/// when a page could not be read.
+async fn list_leases(cluster: &Cluster, id: u64) -> (Vec<Value>, bool) {
+    let mut leases = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let mut path = "/v1/leases?prefix=&limit=1000".to_owned();
+        if let Some(cursor) = &cursor {
+            path.push_str(&format!("&cursor={cursor}"));
+        }
+        let mut page = None;
+        for _ in 0..5 {
+            if let Ok((200, body)) = cluster
+                .call(
+                    id,
+                    reqwest::Method::GET,
+                    &path,
+                    None,
+                    Duration::from_secs(3),
+                )
+                .await
+            {
+                page = Some(body);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let Some(page) = page else {
+            return (leases, false);
+        };
+        for lease in page["leases"].as_array().into_iter().flatten() {
+            leases.push(
+                json!({"resource": lease["resource"], "fence": lease["fence"],
+                               "mode": lease["mode"], "expires_in_ms": lease["expires_in_ms"]}),
+            );
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
+            _ => return (leases, true),
+        }
+    }
+    (leases, false)
 }
 
 async fn list_tasks(cluster: &Cluster, id: u64, queue: &str) -> (Vec<Value>, bool) {

@@ -10,6 +10,7 @@ pub mod claims;
 pub mod cluster_time;
 pub mod digest;
 pub mod fences;
+pub mod final_leases;
 pub mod holds;
 pub mod idempotency;
 pub mod linearizable;
@@ -154,11 +155,13 @@ pub fn check_all(
         Workload::Lease | Workload::UnfencedLock => {
             run("holds", !beyond, &|| holds::check(history));
             run("stale-writes", true, &|| stale_writes::check(history));
+            run("final-leases", !beyond, &|| final_leases::check(history));
         }
         Workload::FencedKv => {
             run("stale-writes", true, &|| stale_writes::check(history));
             run("lost-writes", true, &|| lost_writes::check(history));
             run("refused-writes", true, &|| refused_writes::check(history));
+            run("final-leases", !beyond, &|| final_leases::check(history));
             run("linearizable", true, &|| {
                 linearizable::check(history, linearizable_limit)
             });

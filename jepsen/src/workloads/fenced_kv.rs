@@ -40,7 +40,7 @@ pub fn register_key(slot: usize, generation: u64) -> String {
 /// Runs `concurrency` workers until the deadline.
 pub async fn run(ctx: Context, concurrency: usize) {
     let counters: Arc<Vec<AtomicU64>> = Arc::new((0..SLOTS).map(|_| AtomicU64::new(0)).collect());
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tokio::spawn(super::long_leases::run(ctx.clone()))];
     for worker in 0..concurrency {
         let ctx = ctx.clone();
         let counters = counters.clone();
