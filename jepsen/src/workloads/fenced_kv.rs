@@ -8,8 +8,9 @@
 //! The last worker (when there are two or more) never retries and sends no Idempotency-Key: its
 //! answers are taken at face value, so a write it was told is `NO_LEADER` ("surely not
 //! applied") must never become visible. Retrying workers would hide such a lie behind their
-//! retry's replay. Every written value is unique (worker id and a counter), so a value seen
-//! later names its write. What must never live here: the checks.
+//! retry's replay. Half its time it writes, without a fence, to registers of its own (`uN-G`):
+//! those writes need no lease, so they keep arriving while a leader is being elected. Every
+//! written value is unique (worker id and a counter), so a value seen later names its write. What must never live here: the checks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -73,7 +74,28 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
     let home = home_node(&ctx, worker_id);
     let mut worker = Worker::new(&ctx, worker_id, home, REQUEST_TIMEOUT);
     let mut written = 0u64;
+    let mut unfenced_ops = 0u64;
     while !ctx.done() {
+        if !retries && rng.random_bool(0.5) {
+            // Unfenced writes need no lease, so they keep arriving through elections and
+            // partitions, when NO_LEADER answers are given.
+            let key = format!("u{worker_id}-{}", unfenced_ops / OPS_PER_KEY_MAX);
+            for _ in 0..rng.random_range(1..5) {
+                if ctx.done() {
+                    break;
+                }
+                unfenced_ops += 1;
+                if rng.random_bool(0.3) {
+                    read(&mut worker, &key).await;
+                } else {
+                    written += 1;
+                    let value = (worker_id as u64) * 1_000_000_000 + written;
+                    put_unfenced(&mut worker, &key, value).await;
+                }
+                pause_for(&ctx, Duration::from_millis(rng.random_range(5..40))).await;
+            }
+            continue;
+        }
         let slot = rng.random_range(0..SLOTS);
         let generation = counters[slot].fetch_add(1, Ordering::Relaxed) / OPS_PER_KEY_MAX;
         let key = register_key(slot, generation);
@@ -199,6 +221,26 @@ async fn read(worker: &mut Worker, key: &str) -> Outcome {
         )
         .await;
     outcome
+}
+
+/// A write without fence or Idempotency-Key, sent once.
+async fn put_unfenced(worker: &mut Worker, key: &str, value: u64) -> Outcome {
+    let path = format!("/v1/kv/{key}");
+    worker
+        .op(
+            "write",
+            key,
+            json!({"value": value, "fence": null, "idempotency_key": null}),
+            Method::PUT,
+            &path,
+            Some(&json!({"value": value})),
+            None,
+            |answer, replayed| {
+                json!({"value": value, "revision": answer["revision"], "replayed": replayed,
+                       "digest": answer_digest(answer)})
+            },
+        )
+        .await
 }
 
 #[allow(clippy::too_many_arguments)]
