@@ -56,37 +56,41 @@ pub const RESTART_READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Lines of a node's log quoted when it cannot be restarted.
 const LOG_TAIL_LINES: usize = 15;
 
-/// Whose fault a failed restart is.
+/// What went wrong with a node, and whose fault it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RestartFault {
+pub enum NodeFault {
     /// The harness or its environment could not start the process (spawn failed, port taken):
     /// nothing was learnt about Baton.
     Harness,
     /// The process started and then exited or never became ready: that is a finding about
     /// batond (a node that cannot restart on its own data), though the run cannot be judged.
-    Node,
+    Restart,
+    /// The process exited by itself while the run went on (no kill asked for it).
+    Crashed,
 }
 
-/// A node that could not be restarted. The run stops at once on it (exit 2): every later
-/// fault and check would be about a two-node cluster the run did not ask for.
+/// A node that could not be restarted, or that died by itself. The run stops at once on it
+/// (exit 2): every later fault and check would be about a two-node cluster the run did not ask
+/// for, and restarting a crashed node would hide the crash.
 #[derive(Debug, Clone)]
-pub struct RestartFailure {
+pub struct NodeFailure {
     /// The node.
     pub node: u64,
     /// Whose fault.
-    pub fault: RestartFault,
+    pub fault: NodeFault,
     /// What happened, in one line.
     pub cause: String,
     /// The last lines of the node's log (of every start; the last start's are last).
     pub log_tail: Vec<String>,
 }
 
-impl RestartFailure {
+impl NodeFailure {
     /// `node failed to restart` or `harness failure`, for messages and `results.json`.
     pub fn kind(&self) -> &'static str {
         match self.fault {
-            RestartFault::Harness => "harness failure",
-            RestartFault::Node => "node failed to restart",
+            NodeFault::Harness => "harness failure",
+            NodeFault::Restart => "node failed to restart",
+            NodeFault::Crashed => "node crashed",
         }
     }
 
@@ -97,7 +101,7 @@ impl RestartFailure {
     }
 }
 
-impl std::fmt::Display for RestartFailure {
+impl std::fmt::Display for NodeFailure {
     fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             formatter,
@@ -113,7 +117,7 @@ impl std::fmt::Display for RestartFailure {
     }
 }
 
-impl std::error::Error for RestartFailure {}
+impl std::error::Error for NodeFailure {}
 
 /// One `batond` process.
 #[derive(Debug)]
@@ -133,6 +137,19 @@ struct Process {
     child: Option<Child>,
     paused: bool,
     starts: u32,
+    /// How the process ended when it was found to have exited by itself (kept across the
+    /// kill that reaps it, so that a crash is not mistaken for a kill).
+    crashed: Option<String>,
+}
+
+/// What a restart waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// `/readyz`: a member that knows its leader and has caught up.
+    Ready,
+    /// `/healthz`: the process serves. For a node that may have been removed from the
+    /// membership (it never becomes ready until added back).
+    Serving,
 }
 
 /// The three nodes, their network, and an HTTP client for control calls.
@@ -271,7 +288,11 @@ impl Cluster {
     pub fn kill(&self, id: u64) {
         let mut process = lock(&self.node(id).process);
         let paused = process.paused;
+        let mut crashed = None;
         if let Some(child) = process.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                crashed = Some(status.to_string());
+            }
             if paused {
                 signal(child.id(), "CONT");
             }
@@ -280,17 +301,49 @@ impl Cluster {
         }
         process.child = None;
         process.paused = false;
+        if process.crashed.is_none() {
+            process.crashed = crashed;
+        }
+    }
+
+    /// The first node found to have exited by itself (not by a kill of the harness), with the
+    /// tail of its log. The run stops on it: a crash is a finding, and a restart must not
+    /// cover it up.
+    pub fn crashed(&self) -> Option<NodeFailure> {
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        for node in &self.nodes {
+            let status = {
+                let mut process = lock(&node.process);
+                let exited = process
+                    .child
+                    .as_mut()
+                    .and_then(|child| child.try_wait().ok().flatten())
+                    .map(|status| status.to_string());
+                process.crashed.clone().or(exited)
+            };
+            if let Some(status) = status {
+                return Some(NodeFailure {
+                    node: node.id,
+                    fault: NodeFault::Crashed,
+                    cause: format!("it exited by itself ({status}) while the run went on"),
+                    log_tail: self.log_tail(node.id),
+                });
+            }
+        }
+        None
     }
 
     /// Starts a killed node again on its data dir, without waiting for it: for the nemesis
     /// that must watch the start itself. Most callers want [`Cluster::restart`].
-    pub fn start_again(&self, id: u64) -> Result<(), RestartFailure> {
+    pub fn start_again(&self, id: u64) -> Result<(), NodeFailure> {
         if self.is_running(id) {
             return Ok(());
         }
-        self.spawn(self.node(id)).map_err(|error| RestartFailure {
+        self.spawn(self.node(id)).map_err(|error| NodeFailure {
             node: id,
-            fault: RestartFault::Harness,
+            fault: NodeFault::Harness,
             cause: format!("could not start batond: {error:#}"),
             log_tail: self.log_tail(id),
         })
@@ -298,17 +351,27 @@ impl Cluster {
 
     /// Starts a killed node again on its data dir and waits until it answers `/readyz`. A
     /// node that exits instead, or is not ready within [`RESTART_READY_TIMEOUT`], is a
-    /// [`RestartFailure`]: the caller stops the run rather than carry on with two nodes.
-    pub async fn restart(&self, id: u64) -> Result<(), RestartFailure> {
+    /// [`NodeFailure`]: the caller stops the run rather than carry on with two nodes.
+    pub async fn restart(&self, id: u64, readiness: Readiness) -> Result<(), NodeFailure> {
         self.start_again(id)?;
-        self.wait_restarted(id, RESTART_READY_TIMEOUT).await
+        self.wait_restarted(id, readiness, RESTART_READY_TIMEOUT)
+            .await
     }
 
-    /// Waits until node `id`, just started, answers `/readyz`; fails if it exits first or
-    /// the timeout passes.
-    pub async fn wait_restarted(&self, id: u64, timeout: Duration) -> Result<(), RestartFailure> {
+    /// Waits until node `id`, just started, answers `/readyz` (or `/healthz`); fails if it
+    /// exits first or the timeout passes.
+    pub async fn wait_restarted(
+        &self,
+        id: u64,
+        readiness: Readiness,
+        timeout: Duration,
+    ) -> Result<(), NodeFailure> {
         let started = Instant::now();
-        let url = format!("http://{}/readyz", self.node(id).api);
+        let route = match readiness {
+            Readiness::Ready => "readyz",
+            Readiness::Serving => "healthz",
+        };
+        let url = format!("http://{}/{route}", self.node(id).api);
         loop {
             if let Some(status) = self.exit_status(id) {
                 let log_tail = self.log_tail(id);
@@ -318,7 +381,7 @@ impl Cluster {
                 });
                 let (fault, cause) = if port_taken {
                     (
-                        RestartFault::Harness,
+                        NodeFault::Harness,
                         format!(
                             "its port is taken: it exited ({status}) {} ms after start",
                             started.elapsed().as_millis()
@@ -326,14 +389,14 @@ impl Cluster {
                     )
                 } else {
                     (
-                        RestartFault::Node,
+                        NodeFault::Restart,
                         format!(
                             "it exited ({status}) {} ms after start",
                             started.elapsed().as_millis()
                         ),
                     )
                 };
-                return Err(RestartFailure {
+                return Err(NodeFailure {
                     node: id,
                     fault,
                     cause,
@@ -349,9 +412,9 @@ impl Cluster {
                 return Ok(());
             }
             if started.elapsed() >= timeout {
-                return Err(RestartFailure {
+                return Err(NodeFailure {
                     node: id,
-                    fault: RestartFault::Node,
+                    fault: NodeFault::Restart,
                     cause: format!(
                         "it runs but was not ready within {} s of its restart",
                         timeout.as_secs()

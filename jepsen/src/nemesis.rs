@@ -11,8 +11,8 @@
 //! live here: any fault aimed at something the harness did not start.
 //!
 //! Every restart must succeed: a node that cannot be restarted (spawn fails, it exits, it is
-//! never ready) ends the run at once with a [`RestartFailure`], which the runner turns into
-//! exit 2. In snapshot-heavy runs (nodes started with a tiny `--snapshot-log-entries`) half the
+//! never ready) ends the run at once with a [`NodeFailure`], which the runner turns into
+//! exit 2. So does a node found to have exited by itself: restarting it would hide the crash. In snapshot-heavy runs (nodes started with a tiny `--snapshot-log-entries`) half the
 //! kills are aimed at a snapshot install: a follower is kept down until the leader has
 //! snapshotted and purged past it, restarted, and SIGKILLed the moment its log says
 //! `installing snapshot`; then it must restart again.
@@ -25,7 +25,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::cluster::{Cluster, LogKill, RestartFailure};
+use crate::cluster::{Cluster, LogKill, NodeFailure, NodeFault, Readiness};
 use crate::history::History;
 use crate::net::cut_between;
 use crate::workloads::{ClientPause, GuardClock};
@@ -119,15 +119,25 @@ const QUIET_FIRST: Duration = Duration::from_millis(1_500);
 impl Nemesis {
     /// Runs the schedule until the deadline, then heals. Returns the faults injected, or the
     /// first node that could not be restarted (recorded in the history as `restart-failed`).
-    pub async fn run(self) -> Result<Injected, RestartFailure> {
+    pub async fn run(self) -> Result<Injected, NodeFailure> {
         let result = self.schedule().await;
         if let Err(failure) = &result {
-            self.history.nemesis("restart-failed", failure.to_json());
+            self.record(failure);
         }
         result
     }
 
-    async fn schedule(&self) -> Result<Injected, RestartFailure> {
+    /// Records a failure in the history: `crashed` or `restart-failed`.
+    fn record(&self, failure: &NodeFailure) {
+        let event = if failure.fault == NodeFault::Crashed {
+            "crashed"
+        } else {
+            "restart-failed"
+        };
+        self.history.nemesis(event, failure.to_json());
+    }
+
+    async fn schedule(&self) -> Result<Injected, NodeFailure> {
         let mut injected = Injected::new();
         if self.faults.is_empty() {
             return Ok(injected);
@@ -135,6 +145,9 @@ impl Nemesis {
         let mut rng = StdRng::seed_from_u64(self.seed ^ 0x006E_656D_6573_6973);
         tokio::time::sleep(QUIET_FIRST).await;
         while Instant::now() + Duration::from_secs(2) < self.deadline {
+            if let Some(crash) = self.cluster.crashed() {
+                return Err(crash);
+            }
             let fault = self.faults[rng.random_range(0..self.faults.len())];
             let name = match fault {
                 Fault::Kill => self.kill(&mut rng).await?,
@@ -148,25 +161,33 @@ impl Nemesis {
             self.sleep(Duration::from_millis(rng.random_range(800..2_000)))
                 .await;
         }
-        self.heal().await?;
+        self.heal_everything().await?;
         Ok(injected)
     }
 
     /// Undoes every fault: resumes nodes, heals the network, restarts stopped nodes (each
     /// must come back ready, else the first failure is returned at once), resets clocks,
     /// re-adds removed members. Safe to call at any time.
-    pub async fn heal(&self) -> Result<(), RestartFailure> {
+    pub async fn heal(&self) -> Result<(), NodeFailure> {
+        let result = self.heal_everything().await;
+        if let Err(failure) = &result {
+            self.record(failure);
+        }
+        result
+    }
+
+    async fn heal_everything(&self) -> Result<(), NodeFailure> {
         self.client_pause.clear();
         for id in self.cluster.ids() {
             self.cluster.resume(id);
         }
         self.cluster.net.heal();
+        if let Some(crash) = self.cluster.crashed() {
+            return Err(crash);
+        }
         for id in self.cluster.ids() {
             if !self.cluster.is_running(id) {
-                if let Err(failure) = self.cluster.restart(id).await {
-                    self.history.nemesis("restart-failed", failure.to_json());
-                    return Err(failure);
-                }
+                self.cluster.restart(id, self.readiness()).await?;
             }
         }
         for clock in &self.clocks {
@@ -184,6 +205,16 @@ impl Nemesis {
         }
         self.history.nemesis("heal", json!({}));
         Ok(())
+    }
+
+    /// What a restart must reach: ready, unless the membership fault may have left the node
+    /// outside the cluster (it is then only asked to serve).
+    fn readiness(&self) -> Readiness {
+        if self.faults.contains(&Fault::Membership) {
+            Readiness::Serving
+        } else {
+            Readiness::Ready
+        }
     }
 
     async fn sleep(&self, duration: Duration) {
@@ -213,7 +244,7 @@ impl Nemesis {
         self.history.nemesis("stop", value);
     }
 
-    async fn kill(&self, rng: &mut StdRng) -> Result<String, RestartFailure> {
+    async fn kill(&self, rng: &mut StdRng) -> Result<String, NodeFailure> {
         if let Some(entries) = self.snapshot_log_entries {
             if rng.random_bool(0.5) {
                 return self.kill_during_install(rng, entries).await;
@@ -233,7 +264,7 @@ impl Nemesis {
         );
         self.cluster.kill(node);
         tokio::time::sleep(down).await;
-        let restarted = self.cluster.restart(node).await;
+        let restarted = self.cluster.restart(node, self.readiness()).await;
         self.stop(
             "kill",
             json!({"node": node, "restarted": restarted.is_ok()}),
@@ -251,7 +282,7 @@ impl Nemesis {
         &self,
         rng: &mut StdRng,
         entries: u64,
-    ) -> Result<String, RestartFailure> {
+    ) -> Result<String, NodeFailure> {
         let leader = self.cluster.leader().await;
         let followers: Vec<u64> = self
             .cluster
@@ -315,8 +346,12 @@ impl Nemesis {
         let restarted = match watched {
             // A node that exits by itself after a restart has failed to restart; it is not
             // started a third time to hide that.
-            LogKill::Exited => self.cluster.wait_restarted(node, Duration::ZERO).await,
-            _ => self.cluster.restart(node).await,
+            LogKill::Exited => {
+                self.cluster
+                    .wait_restarted(node, self.readiness(), Duration::ZERO)
+                    .await
+            }
+            _ => self.cluster.restart(node, self.readiness()).await,
         };
         self.stop(
             "kill",

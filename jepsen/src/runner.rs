@@ -14,7 +14,7 @@ use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
 use crate::checkers;
-use crate::cluster::{find_batond, Cluster, ClusterConfig, ClusterGuard, RestartFailure};
+use crate::cluster::{find_batond, Cluster, ClusterConfig, ClusterGuard, NodeFailure};
 use crate::history::{History, OpType, Process, FINAL};
 use crate::nemesis::{Fault, Nemesis};
 use crate::net::NetChoice;
@@ -118,7 +118,7 @@ pub async fn run(args: TestArgs) -> u8 {
         },
         Err(error) => {
             // A node that could not restart says which kind of failure it is itself.
-            match error.downcast_ref::<RestartFailure>() {
+            match error.downcast_ref::<NodeFailure>() {
                 Some(failure) => eprintln!("baton-jepsen test: {failure}"),
                 None => eprintln!("baton-jepsen test: harness failure: {error:#}"),
             }
@@ -239,7 +239,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
                 let finished = finished.unwrap_or_else(|_| Ok(Default::default()));
                 if let Err(failure) = finished {
                     workload.abort();
-                    return stop_on_restart_failure(failure, guard, &history, &out, &args, &faults);
+                    return stop_on_node_failure(failure, guard, &history, &out, &args, &faults);
                 }
                 nemesis_result = Some(finished);
             }
@@ -258,11 +258,11 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     let injected = match injected {
         Ok(injected) => injected,
         Err(failure) => {
-            return stop_on_restart_failure(failure, guard, &history, &out, &args, &faults)
+            return stop_on_node_failure(failure, guard, &history, &out, &args, &faults)
         }
     };
     if let Err(failure) = nemesis.heal().await {
-        return stop_on_restart_failure(failure, guard, &history, &out, &args, &faults);
+        return stop_on_node_failure(failure, guard, &history, &out, &args, &faults);
     }
     eprintln!(
         "baton-jepsen: workload done after {:.1} s; healing and final reads",
@@ -274,6 +274,11 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     }
     final_reads(&cluster, &history, args.workload).await;
     sample_digests(&cluster, &history).await;
+    // A node that died during the final reads would leave them short without saying why.
+    if let Some(crash) = cluster.crashed() {
+        history.nemesis("crashed", crash.to_json());
+        return stop_on_node_failure(crash, guard, &history, &out, &args, &faults);
+    }
     let starts = cluster.starts();
     let unidentified = cluster.net.unidentified_connections();
     let net_name = cluster.net.name();
@@ -328,8 +333,8 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
 /// Ends a run whose node could not be restarted: stops every process, keeps the history so
 /// far, writes a `results.json` whose verdict is unknown and whose `failure` names the node,
 /// the cause and its log's tail, and returns the failure (exit 2).
-fn stop_on_restart_failure(
-    failure: RestartFailure,
+fn stop_on_node_failure(
+    failure: NodeFailure,
     guard: ClusterGuard,
     history: &History,
     out: &std::path::Path,
