@@ -753,3 +753,40 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn find_locates_a_line_anywhere_in_the_bytes() {
+        let log = b"INFO serving\nINFO installing snapshot snapshot={1-2-3}\n";
+        assert_eq!(find(log, b"installing snapshot"), Some(18));
+        assert_eq!(find(log, b"snapshot installed"), None);
+        assert_eq!(find(b"", b"x"), None);
+    }
+
+    #[test]
+    fn a_node_failure_says_whose_fault_it_is_and_quotes_the_log() {
+        let failure = NodeFailure {
+            node: 2,
+            fault: NodeFault::Restart,
+            cause: "it exited (exit status: 1) 23 ms after start".to_owned(),
+            log_tail: vec!["ERROR Failed to get log entries".to_owned()],
+        };
+        let text = failure.to_string();
+        assert!(text.starts_with("node failed to restart: node 2: it exited"));
+        assert!(text.contains("Failed to get log entries"));
+        assert_eq!(failure.to_json()["kind"], "node failed to restart");
+        let harness = NodeFailure {
+            fault: NodeFault::Harness,
+            ..failure.clone()
+        };
+        assert_eq!(harness.kind(), "harness failure");
+        let crashed = NodeFailure {
+            fault: NodeFault::Crashed,
+            ..failure
+        };
+        assert_eq!(crashed.kind(), "node crashed");
+    }
+}
