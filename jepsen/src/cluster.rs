@@ -412,12 +412,27 @@ impl Cluster {
                 return Ok(());
             }
             if started.elapsed() >= timeout {
+                // Whether the others had a leader, and how loaded the machine is, tell a node
+                // that cannot rejoin from a cluster that lost its leader on a starved machine.
+                let mut others = Vec::new();
+                for other in self.ids().into_iter().filter(|other| *other != id) {
+                    let leader = match self.get_json(other, "/v1/cluster").await {
+                        Ok(status) => status["leader_id"]
+                            .as_u64()
+                            .map_or("no leader".to_owned(), |leader| format!("leader {leader}")),
+                        Err(_) => "no answer".to_owned(),
+                    };
+                    others.push(format!("node {other}: {leader}"));
+                }
                 return Err(NodeFailure {
                     node: id,
                     fault: NodeFault::Restart,
                     cause: format!(
-                        "it runs but was not ready within {} s of its restart",
-                        timeout.as_secs()
+                        "it runs but did not answer /{route} within {} s of its restart \
+                         (the others say {}; load average {})",
+                        timeout.as_secs(),
+                        others.join(", "),
+                        load_average()
                     ),
                     log_tail: self.log_tail(id),
                 });
@@ -705,6 +720,14 @@ pub enum LogKill {
     Passed,
     /// The node exited by itself before the line appeared.
     Exited,
+}
+
+/// The machine's 1-minute load average, for messages (`?` where unknown).
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
