@@ -236,7 +236,9 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         tokio::select! {
             done = tokio::time::timeout_at((deadline + grace).into(), &mut workload) => break done.is_ok(),
             finished = &mut nemesis_task, if nemesis_result.is_none() => {
-                let finished = finished.unwrap_or_else(|_| Ok(Default::default()));
+                let Ok(finished) = finished else {
+                    bail!("the nemesis task panicked");
+                };
                 if let Err(failure) = finished {
                     workload.abort();
                     return stop_on_node_failure(failure, guard, &history, &out, &args, &faults);
