@@ -456,13 +456,15 @@ impl Cluster {
     /// the calling thread (run it on a blocking thread): the point is to land inside the
     /// window the line opens. Gives up at `timeout`, when the process exits by itself, or
     /// when a line containing `give_up_on` appears first (the window is already over).
-    /// Returns what happened.
+    /// `delay` (small) postpones the kill after the line, to land at other points inside the
+    /// window. Returns what happened.
     pub fn kill_on_log_line(
         &self,
         id: u64,
         from: u64,
         needle: &str,
         give_up_on: &str,
+        delay: Duration,
         timeout: Duration,
     ) -> LogKill {
         use std::io::{Read, Seek, SeekFrom};
@@ -480,6 +482,9 @@ impl Cluster {
                 }
             }
             if let Some(at) = find(&seen, needle.as_bytes()) {
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
                 self.kill(id);
                 let line_end = seen[at..]
                     .iter()

@@ -302,6 +302,9 @@ impl Nemesis {
             self.stop("kill", json!({"node": node, "restarted": false}));
             return Err(failure);
         }
+        // Mostly at once; sometimes a few milliseconds in, to land later inside the install
+        // (after the snapshot is written, around the purge of the log it covers).
+        let delay = Duration::from_millis([0, 0, 2, 5, 10][rng.random_range(0..5)]);
         let cluster = self.cluster.clone();
         let watched = tokio::task::spawn_blocking(move || {
             cluster.kill_on_log_line(
@@ -309,6 +312,7 @@ impl Nemesis {
                 log_from,
                 INSTALL_STARTED,
                 INSTALL_FINISHED,
+                delay,
                 INSTALL_WATCH,
             )
         })
@@ -316,12 +320,13 @@ impl Nemesis {
         .unwrap_or(LogKill::NotSeen);
         let name = match &watched {
             LogKill::Killed { after, line } => {
-                // Seen in the same read as the start line, the install had finished: the
-                // kill came too late to land inside it.
+                // Logged by the time of the kill, the install had finished: the kill came
+                // too late to land inside it.
                 let finished = self.cluster.log_contains(node, log_from, INSTALL_FINISHED);
                 self.history.nemesis(
                     "install-kill",
                     json!({"node": node, "hit": true, "after_restart_ms": after.as_millis() as u64,
+                           "kill_delay_ms": delay.as_millis() as u64,
                            "install_finished_before_kill": finished, "entries_behind": behind,
                            "line": line}),
                 );
