@@ -45,7 +45,79 @@ pub struct ClusterConfig {
     pub clock_control: bool,
     /// Which network backend (`--net`).
     pub net: NetChoice,
+    /// `--snapshot-log-entries`, when the run asks for more snapshots than batond's default.
+    pub snapshot_log_entries: Option<u64>,
 }
+
+/// How long a restarted node may take to answer `/readyz` before the restart counts as
+/// failed. Generous: a restart on a loaded two-core machine replays its log and may catch up
+/// through a snapshot, and a slow restart must not be mistaken for a broken one.
+pub const RESTART_READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Lines of a node's log quoted when it cannot be restarted.
+const LOG_TAIL_LINES: usize = 15;
+
+/// What went wrong with a node, and whose fault it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeFault {
+    /// The harness or its environment could not start the process (spawn failed, port taken):
+    /// nothing was learnt about Baton.
+    Harness,
+    /// The process started and then exited or never became ready: that is a finding about
+    /// batond (a node that cannot restart on its own data), though the run cannot be judged.
+    Restart,
+    /// The process exited by itself while the run went on (no kill asked for it).
+    Crashed,
+}
+
+/// A node that could not be restarted, or that died by itself. The run stops at once on it
+/// (exit 2): every later fault and check would be about a two-node cluster the run did not ask
+/// for, and restarting a crashed node would hide the crash.
+#[derive(Debug, Clone)]
+pub struct NodeFailure {
+    /// The node.
+    pub node: u64,
+    /// Whose fault.
+    pub fault: NodeFault,
+    /// What happened, in one line.
+    pub cause: String,
+    /// The last lines of the node's log (of every start; the last start's are last).
+    pub log_tail: Vec<String>,
+}
+
+impl NodeFailure {
+    /// `node failed to restart` or `harness failure`, for messages and `results.json`.
+    pub fn kind(&self) -> &'static str {
+        match self.fault {
+            NodeFault::Harness => "harness failure",
+            NodeFault::Restart => "node failed to restart",
+            NodeFault::Crashed => "node crashed",
+        }
+    }
+
+    /// The failure as `results.json` records it.
+    pub fn to_json(&self) -> Value {
+        json!({"kind": self.kind(), "node": self.node, "cause": self.cause,
+               "log_tail": self.log_tail})
+    }
+}
+
+impl std::fmt::Display for NodeFailure {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            formatter,
+            "{}: node {}: {}; its log ends with:",
+            self.kind(),
+            self.node,
+            self.cause
+        )?;
+        for line in &self.log_tail {
+            write!(formatter, "\n    {line}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for NodeFailure {}
 
 /// One `batond` process.
 #[derive(Debug)]
@@ -65,6 +137,19 @@ struct Process {
     child: Option<Child>,
     paused: bool,
     starts: u32,
+    /// How the process ended when it was found to have exited by itself (kept across the
+    /// kill that reaps it, so that a crash is not mistaken for a kill).
+    crashed: Option<String>,
+}
+
+/// What a restart waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Readiness {
+    /// `/readyz`: a member that knows its leader and has caught up.
+    Ready,
+    /// `/healthz`: the process serves. For a node that may have been removed from the
+    /// membership (it never becomes ready until added back).
+    Serving,
 }
 
 /// The three nodes, their network, and an HTTP client for control calls.
@@ -138,6 +223,10 @@ impl Cluster {
             if config.clock_control {
                 args.push("--clock-control".into());
             }
+            if let Some(entries) = config.snapshot_log_entries {
+                args.push("--snapshot-log-entries".into());
+                args.push(entries.to_string().into());
+            }
             nodes.push(Node {
                 id,
                 api,
@@ -199,7 +288,11 @@ impl Cluster {
     pub fn kill(&self, id: u64) {
         let mut process = lock(&self.node(id).process);
         let paused = process.paused;
+        let mut crashed = None;
         if let Some(child) = process.child.as_mut() {
+            if let Ok(Some(status)) = child.try_wait() {
+                crashed = Some(status.to_string());
+            }
             if paused {
                 signal(child.id(), "CONT");
             }
@@ -208,14 +301,243 @@ impl Cluster {
         }
         process.child = None;
         process.paused = false;
+        if process.crashed.is_none() {
+            process.crashed = crashed;
+        }
     }
 
-    /// Starts a killed node again on its data dir.
-    pub fn restart(&self, id: u64) -> anyhow::Result<()> {
+    /// The first node found to have exited by itself (not by a kill of the harness), with the
+    /// tail of its log. The run stops on it: a crash is a finding, and a restart must not
+    /// cover it up.
+    pub fn crashed(&self) -> Option<NodeFailure> {
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return None;
+        }
+        for node in &self.nodes {
+            let status = {
+                let mut process = lock(&node.process);
+                let exited = process
+                    .child
+                    .as_mut()
+                    .and_then(|child| child.try_wait().ok().flatten())
+                    .map(|status| status.to_string());
+                process.crashed.clone().or(exited)
+            };
+            if let Some(status) = status {
+                return Some(NodeFailure {
+                    node: node.id,
+                    fault: NodeFault::Crashed,
+                    cause: format!("it exited by itself ({status}) while the run went on"),
+                    log_tail: self.log_tail(node.id),
+                });
+            }
+        }
+        None
+    }
+
+    /// Starts a killed node again on its data dir, without waiting for it: for the nemesis
+    /// that must watch the start itself. Most callers want [`Cluster::restart`].
+    pub fn start_again(&self, id: u64) -> Result<(), NodeFailure> {
         if self.is_running(id) {
             return Ok(());
         }
-        self.spawn(self.node(id))
+        self.spawn(self.node(id)).map_err(|error| NodeFailure {
+            node: id,
+            fault: NodeFault::Harness,
+            cause: format!("could not start batond: {error:#}"),
+            log_tail: self.log_tail(id),
+        })
+    }
+
+    /// Starts a killed node again on its data dir and waits until it answers `/readyz`. A
+    /// node that exits instead, or is not ready within [`RESTART_READY_TIMEOUT`], is a
+    /// [`NodeFailure`]: the caller stops the run rather than carry on with two nodes.
+    pub async fn restart(&self, id: u64, readiness: Readiness) -> Result<(), NodeFailure> {
+        self.start_again(id)?;
+        self.wait_restarted(id, readiness, RESTART_READY_TIMEOUT)
+            .await
+    }
+
+    /// Waits until node `id`, just started, answers `/readyz` (or `/healthz`); fails if it
+    /// exits first or the timeout passes.
+    pub async fn wait_restarted(
+        &self,
+        id: u64,
+        readiness: Readiness,
+        timeout: Duration,
+    ) -> Result<(), NodeFailure> {
+        let started = Instant::now();
+        let route = match readiness {
+            Readiness::Ready => "readyz",
+            Readiness::Serving => "healthz",
+        };
+        let url = format!("http://{}/{route}", self.node(id).api);
+        loop {
+            if let Some(status) = self.exit_status(id) {
+                let log_tail = self.log_tail(id);
+                // A port still held by someone else is the environment's fault, not batond's.
+                let port_taken = log_tail.iter().any(|line| {
+                    line.contains("Address already in use") || line.contains("AddrInUse")
+                });
+                let (fault, cause) = if port_taken {
+                    (
+                        NodeFault::Harness,
+                        format!(
+                            "its port is taken: it exited ({status}) {} ms after start",
+                            started.elapsed().as_millis()
+                        ),
+                    )
+                } else {
+                    (
+                        NodeFault::Restart,
+                        format!(
+                            "it exited ({status}) {} ms after start",
+                            started.elapsed().as_millis()
+                        ),
+                    )
+                };
+                return Err(NodeFailure {
+                    node: id,
+                    fault,
+                    cause,
+                    log_tail,
+                });
+            }
+            if !self.is_running(id) {
+                // Killed by someone else meanwhile (the run is stopping): not a failure to restart.
+                return Ok(());
+            }
+            let ready = matches!(self.http.get(&url).send().await, Ok(answer) if answer.status().is_success());
+            if ready {
+                return Ok(());
+            }
+            if started.elapsed() >= timeout {
+                // Whether the others had a leader, and how loaded the machine is, tell a node
+                // that cannot rejoin from a cluster that lost its leader on a starved machine.
+                let mut others = Vec::new();
+                for other in self.ids().into_iter().filter(|other| *other != id) {
+                    let leader = match self.get_json(other, "/v1/cluster").await {
+                        Ok(status) => status["leader_id"]
+                            .as_u64()
+                            .map_or("no leader".to_owned(), |leader| format!("leader {leader}")),
+                        Err(_) => "no answer".to_owned(),
+                    };
+                    others.push(format!("node {other}: {leader}"));
+                }
+                return Err(NodeFailure {
+                    node: id,
+                    fault: NodeFault::Restart,
+                    cause: format!(
+                        "it runs but did not answer /{route} within {} s of its restart \
+                         (the others say {}; load average {})",
+                        timeout.as_secs(),
+                        others.join(", "),
+                        load_average()
+                    ),
+                    log_tail: self.log_tail(id),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The exit status of node `id` if its process has exited by itself (it stays recorded
+    /// until the node is killed or restarted).
+    fn exit_status(&self, id: u64) -> Option<std::process::ExitStatus> {
+        let mut process = lock(&self.node(id).process);
+        process
+            .child
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())
+    }
+
+    /// Watches node `id`'s log from byte `from` (where its current start's lines begin) and
+    /// SIGKILLs it the moment a line containing `needle` appears. Polls every millisecond, on
+    /// the calling thread (run it on a blocking thread): the point is to land inside the
+    /// window the line opens. Gives up at `timeout`, when the process exits by itself, or
+    /// when a line containing `give_up_on` appears first (the window is already over).
+    /// `delay` (small) postpones the kill after the line, to land at other points inside the
+    /// window. Returns what happened.
+    pub fn kill_on_log_line(
+        &self,
+        id: u64,
+        from: u64,
+        needle: &str,
+        give_up_on: &str,
+        delay: Duration,
+        timeout: Duration,
+    ) -> LogKill {
+        use std::io::{Read, Seek, SeekFrom};
+        let started = Instant::now();
+        let mut seen: Vec<u8> = Vec::new();
+        let mut offset = from;
+        loop {
+            if let Ok(mut file) = fs::File::open(&self.node(id).log_path) {
+                if file.seek(SeekFrom::Start(offset)).is_ok() {
+                    let mut fresh = Vec::new();
+                    if file.read_to_end(&mut fresh).is_ok() {
+                        offset += fresh.len() as u64;
+                        seen.extend_from_slice(&fresh);
+                    }
+                }
+            }
+            if let Some(at) = find(&seen, needle.as_bytes()) {
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
+                self.kill(id);
+                let line_end = seen[at..]
+                    .iter()
+                    .position(|&byte| byte == b'\n')
+                    .map_or(seen.len(), |end| at + end);
+                return LogKill::Killed {
+                    after: started.elapsed(),
+                    line: String::from_utf8_lossy(&seen[..line_end])
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                        .to_owned(),
+                };
+            }
+            if self.exit_status(id).is_some() || !self.is_running(id) {
+                return LogKill::Exited;
+            }
+            if find(&seen, give_up_on.as_bytes()).is_some() {
+                return LogKill::Passed;
+            }
+            if started.elapsed() >= timeout {
+                return LogKill::NotSeen;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    /// True when node `id`'s log from byte `from` on contains `needle`.
+    pub fn log_contains(&self, id: u64, from: u64, needle: &str) -> bool {
+        fs::read(&self.node(id).log_path).is_ok_and(|bytes| {
+            let from = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
+            find(&bytes[from..], needle.as_bytes()).is_some()
+        })
+    }
+
+    /// The size of node `id`'s log file: where the next start's lines begin.
+    pub fn log_len(&self, id: u64) -> u64 {
+        fs::metadata(&self.node(id).log_path).map_or(0, |meta| meta.len())
+    }
+
+    /// The last lines of node `id`'s log.
+    pub fn log_tail(&self, id: u64) -> Vec<String> {
+        let path = &self.node(id).log_path;
+        let Ok(bytes) = fs::read(path) else {
+            return vec![format!("(no log at {})", path.display())];
+        };
+        let start = bytes.len().saturating_sub(16 * 1024);
+        let text = String::from_utf8_lossy(&bytes[start..]);
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..]
+            .iter()
+            .map(|line| (*line).to_owned())
+            .collect()
     }
 
     /// SIGSTOP.
@@ -387,6 +709,38 @@ impl Cluster {
     }
 }
 
+/// What [`Cluster::kill_on_log_line`] did.
+#[derive(Debug, Clone)]
+pub enum LogKill {
+    /// The line appeared and the node was SIGKILLed this long after the watch began.
+    Killed {
+        /// From the start of the watch to the kill.
+        after: Duration,
+        /// The line that triggered it.
+        line: String,
+    },
+    /// The line did not appear in time; the node runs on.
+    NotSeen,
+    /// The give-up line appeared without the line before it; the node runs on.
+    Passed,
+    /// The node exited by itself before the line appeared.
+    Exited,
+}
+
+/// The machine's 1-minute load average, for messages (`?` where unknown).
+fn load_average() -> String {
+    fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|text| text.split_whitespace().next().map(str::to_owned))
+        .unwrap_or_else(|| "?".to_owned())
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
 /// Finds the `batond` binary: the flag, `BATOND_BIN`, next to this executable, or `PATH`.
 pub fn find_batond(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(path) = flag {
@@ -426,4 +780,41 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn find_locates_a_line_anywhere_in_the_bytes() {
+        let log = b"INFO serving\nINFO installing snapshot snapshot={1-2-3}\n";
+        assert_eq!(find(log, b"installing snapshot"), Some(18));
+        assert_eq!(find(log, b"snapshot installed"), None);
+        assert_eq!(find(b"", b"x"), None);
+    }
+
+    #[test]
+    fn a_node_failure_says_whose_fault_it_is_and_quotes_the_log() {
+        let failure = NodeFailure {
+            node: 2,
+            fault: NodeFault::Restart,
+            cause: "it exited (exit status: 1) 23 ms after start".to_owned(),
+            log_tail: vec!["ERROR Failed to get log entries".to_owned()],
+        };
+        let text = failure.to_string();
+        assert!(text.starts_with("node failed to restart: node 2: it exited"));
+        assert!(text.contains("Failed to get log entries"));
+        assert_eq!(failure.to_json()["kind"], "node failed to restart");
+        let harness = NodeFailure {
+            fault: NodeFault::Harness,
+            ..failure.clone()
+        };
+        assert_eq!(harness.kind(), "harness failure");
+        let crashed = NodeFailure {
+            fault: NodeFault::Crashed,
+            ..failure
+        };
+        assert_eq!(crashed.kind(), "node crashed");
+    }
 }

@@ -146,7 +146,9 @@ impl NodeClient {
                 cluster_time_ms,
                 replayed,
             },
-            503 if code == "NO_LEADER" || code == "RESOURCE_EXHAUSTED" => Outcome::Fail {
+            // Only NO_LEADER makes a 503 a refusal; RESOURCE_EXHAUSTED is 429 and falls in the
+            // 4xx arm below.
+            503 if code == "NO_LEADER" => Outcome::Fail {
                 code,
                 held_by,
                 cluster_time_ms,

@@ -9,6 +9,13 @@
 //! offsets of any size, guard clocks within the rate error), `clock-beyond` (rates and jumps
 //! outside G6's assumptions) and `membership` (remove a node, add it back). What must never
 //! live here: any fault aimed at something the harness did not start.
+//!
+//! Every restart must succeed: a node that cannot be restarted (spawn fails, it exits, it is
+//! never ready) ends the run at once with a [`NodeFailure`], which the runner turns into
+//! exit 2. So does a node found to have exited by itself: restarting it would hide the crash. In snapshot-heavy runs (nodes started with a tiny `--snapshot-log-entries`) half the
+//! kills are aimed at a snapshot install: a follower is kept down until the leader has
+//! snapshotted and purged past it, restarted, and SIGKILLed the moment its log says
+//! `installing snapshot`; then it must restart again.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -18,7 +25,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::cluster::Cluster;
+use crate::cluster::{Cluster, LogKill, NodeFailure, NodeFault, Readiness};
 use crate::history::History;
 use crate::net::cut_between;
 use crate::workloads::{ClientPause, GuardClock};
@@ -89,7 +96,19 @@ pub struct Nemesis {
     pub deadline: Instant,
     /// The seed.
     pub seed: u64,
+    /// `--snapshot-log-entries` of the nodes in a snapshot-heavy run: the kill nemesis then
+    /// also aims at snapshot installs.
+    pub snapshot_log_entries: Option<u64>,
 }
+
+/// The line batond logs when it starts installing a snapshot sent by the leader.
+pub const INSTALL_STARTED: &str = "installing snapshot";
+/// The line batond logs when the install is complete.
+pub const INSTALL_FINISHED: &str = "snapshot installed";
+/// How long the install-kill waits for an install to start after the restart.
+const INSTALL_WATCH: Duration = Duration::from_secs(5);
+/// How long a follower stays down at most while the others commit past its log.
+const LAG_WAIT_MAX: Duration = Duration::from_secs(8);
 
 /// How many faults of each kind were injected.
 pub type Injected = BTreeMap<String, u64>;
@@ -98,18 +117,40 @@ pub type Injected = BTreeMap<String, u64>;
 const QUIET_FIRST: Duration = Duration::from_millis(1_500);
 
 impl Nemesis {
-    /// Runs the schedule until the deadline, then heals. Returns the faults injected.
-    pub async fn run(self) -> Injected {
+    /// Runs the schedule until the deadline, then heals. Returns the faults injected, or the
+    /// first node that could not be restarted (recorded in the history as `restart-failed`).
+    pub async fn run(self) -> Result<Injected, NodeFailure> {
+        let result = self.schedule().await;
+        if let Err(failure) = &result {
+            self.record(failure);
+        }
+        result
+    }
+
+    /// Records a failure in the history: `crashed` or `restart-failed`.
+    fn record(&self, failure: &NodeFailure) {
+        let event = if failure.fault == NodeFault::Crashed {
+            "crashed"
+        } else {
+            "restart-failed"
+        };
+        self.history.nemesis(event, failure.to_json());
+    }
+
+    async fn schedule(&self) -> Result<Injected, NodeFailure> {
         let mut injected = Injected::new();
         if self.faults.is_empty() {
-            return injected;
+            return Ok(injected);
         }
         let mut rng = StdRng::seed_from_u64(self.seed ^ 0x006E_656D_6573_6973);
         tokio::time::sleep(QUIET_FIRST).await;
         while Instant::now() + Duration::from_secs(2) < self.deadline {
+            if let Some(crash) = self.cluster.crashed() {
+                return Err(crash);
+            }
             let fault = self.faults[rng.random_range(0..self.faults.len())];
             let name = match fault {
-                Fault::Kill => self.kill(&mut rng).await,
+                Fault::Kill => self.kill(&mut rng).await?,
                 Fault::Pause => self.pause(&mut rng).await,
                 Fault::Partition => self.partition(&mut rng).await,
                 Fault::Clock => self.clock(&mut rng, false).await,
@@ -120,21 +161,35 @@ impl Nemesis {
             self.sleep(Duration::from_millis(rng.random_range(800..2_000)))
                 .await;
         }
-        self.heal().await;
-        injected
+        self.heal_everything().await?;
+        Ok(injected)
     }
 
-    /// Undoes every fault: resumes and restarts nodes, heals the network, resets clocks,
+    /// Undoes every fault: resumes nodes, heals the network, restarts stopped nodes (each
+    /// must come back ready, else the first failure is returned at once), resets clocks,
     /// re-adds removed members. Safe to call at any time.
-    pub async fn heal(&self) {
+    pub async fn heal(&self) -> Result<(), NodeFailure> {
+        let result = self.heal_everything().await;
+        if let Err(failure) = &result {
+            self.record(failure);
+        }
+        result
+    }
+
+    async fn heal_everything(&self) -> Result<(), NodeFailure> {
         self.client_pause.clear();
         for id in self.cluster.ids() {
             self.cluster.resume(id);
-            if !self.cluster.is_running(id) {
-                let _ = self.cluster.restart(id);
-            }
         }
         self.cluster.net.heal();
+        if let Some(crash) = self.cluster.crashed() {
+            return Err(crash);
+        }
+        for id in self.cluster.ids() {
+            if !self.cluster.is_running(id) {
+                self.cluster.restart(id, self.readiness()).await?;
+            }
+        }
         for clock in &self.clocks {
             clock.set_rate(1.0);
         }
@@ -149,6 +204,17 @@ impl Nemesis {
             }
         }
         self.history.nemesis("heal", json!({}));
+        Ok(())
+    }
+
+    /// What a restart must reach: ready, unless the membership fault may have left the node
+    /// outside the cluster (it is then only asked to serve).
+    fn readiness(&self) -> Readiness {
+        if self.faults.contains(&Fault::Membership) {
+            Readiness::Serving
+        } else {
+            Readiness::Ready
+        }
     }
 
     async fn sleep(&self, duration: Duration) {
@@ -178,7 +244,12 @@ impl Nemesis {
         self.history.nemesis("stop", value);
     }
 
-    async fn kill(&self, rng: &mut StdRng) -> String {
+    async fn kill(&self, rng: &mut StdRng) -> Result<String, NodeFailure> {
+        if let Some(entries) = self.snapshot_log_entries {
+            if rng.random_bool(0.5) {
+                return self.kill_during_install(rng, entries).await;
+            }
+        }
         let (node, leader) = self.target(rng).await;
         // Sometimes back faster than the election timeout: the node resumes in the same term.
         let fast = rng.random_bool(0.4);
@@ -193,12 +264,128 @@ impl Nemesis {
         );
         self.cluster.kill(node);
         tokio::time::sleep(down).await;
-        let restarted = self.cluster.restart(node);
+        let restarted = self.cluster.restart(node, self.readiness()).await;
         self.stop(
             "kill",
             json!({"node": node, "restarted": restarted.is_ok()}),
         );
-        "kill".to_owned()
+        restarted.map(|()| "kill".to_owned())
+    }
+
+    /// Kills a follower, keeps it down until the others have committed more than twice what
+    /// the leader keeps after a snapshot (`entries`), restarts it so that the leader must send
+    /// it a snapshot, and SIGKILLs it as soon as its log says the install started. Then it
+    /// must restart: a node whose storage cannot survive a kill inside an install (say, a log
+    /// purged past what its durable snapshot covers) fails to come back, and the run stops
+    /// with exit 2 naming it. The `install-kill` event says whether the kill hit an install.
+    async fn kill_during_install(
+        &self,
+        rng: &mut StdRng,
+        entries: u64,
+    ) -> Result<String, NodeFailure> {
+        let leader = self.cluster.leader().await;
+        let followers: Vec<u64> = self
+            .cluster
+            .ids()
+            .into_iter()
+            .filter(|id| Some(*id) != leader)
+            .collect();
+        let node = followers[rng.random_range(0..followers.len())];
+        self.start(
+            "kill",
+            json!({"node": node, "leader": false, "aim": "snapshot-install"}),
+        );
+        self.cluster.kill(node);
+        let behind = self.wait_for_commits(entries * 3, LAG_WAIT_MAX).await;
+        let log_from = self.cluster.log_len(node);
+        if let Err(failure) = self.cluster.start_again(node) {
+            self.stop("kill", json!({"node": node, "restarted": false}));
+            return Err(failure);
+        }
+        // Mostly at once; sometimes a few milliseconds in, to land later inside the install
+        // (after the snapshot is written, around the purge of the log it covers).
+        let delay = Duration::from_millis([0, 0, 2, 5, 10][rng.random_range(0..5)]);
+        let cluster = self.cluster.clone();
+        let watched = tokio::task::spawn_blocking(move || {
+            cluster.kill_on_log_line(
+                node,
+                log_from,
+                INSTALL_STARTED,
+                INSTALL_FINISHED,
+                delay,
+                INSTALL_WATCH,
+            )
+        })
+        .await
+        .unwrap_or(LogKill::NotSeen);
+        let name = match &watched {
+            LogKill::Killed { after, line } => {
+                // Logged by the time of the kill, the install had finished: the kill came
+                // too late to land inside it.
+                let finished = self.cluster.log_contains(node, log_from, INSTALL_FINISHED);
+                self.history.nemesis(
+                    "install-kill",
+                    json!({"node": node, "hit": true, "after_restart_ms": after.as_millis() as u64,
+                           "kill_delay_ms": delay.as_millis() as u64,
+                           "install_finished_before_kill": finished, "entries_behind": behind,
+                           "line": line}),
+                );
+                // Down briefly, as after any kill, then the restart that must succeed.
+                tokio::time::sleep(Duration::from_millis(rng.random_range(30..300))).await;
+                "kill/install-hit"
+            }
+            LogKill::NotSeen | LogKill::Passed | LogKill::Exited => {
+                let why = match watched {
+                    LogKill::Exited => "the node exited by itself",
+                    // A batond that does not log the start of an install.
+                    LogKill::Passed => "an install finished without its start being logged",
+                    _ => "no install started in time",
+                };
+                self.history.nemesis(
+                    "install-kill",
+                    json!({"node": node, "hit": false, "entries_behind": behind, "why": why}),
+                );
+                "kill/install-missed"
+            }
+        };
+        let restarted = match watched {
+            // A node that exits by itself after a restart has failed to restart; it is not
+            // started a third time to hide that.
+            LogKill::Exited => {
+                self.cluster
+                    .wait_restarted(node, self.readiness(), Duration::ZERO)
+                    .await
+            }
+            _ => self.cluster.restart(node, self.readiness()).await,
+        };
+        self.stop(
+            "kill",
+            json!({"node": node, "restarted": restarted.is_ok()}),
+        );
+        restarted.map(|()| name.to_owned())
+    }
+
+    /// Waits (at most `timeout`) until the leader's commit index has moved `count` entries
+    /// past where it is now; returns how far it moved.
+    async fn wait_for_commits(&self, count: u64, timeout: Duration) -> u64 {
+        let deadline = Instant::now() + timeout;
+        let mut first: Option<u64> = None;
+        let mut moved = 0;
+        while Instant::now() < deadline {
+            if let Some(leader) = self.cluster.leader().await {
+                if let Ok(status) = self.cluster.get_json(leader, "/v1/cluster").await {
+                    if let Some(commit) = status["commit_index"].as_u64() {
+                        let first = *first.get_or_insert(commit);
+                        moved = commit.saturating_sub(first);
+                        if moved >= count {
+                            break;
+                        }
+                    }
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        moved
     }
 
     async fn pause(&self, rng: &mut StdRng) -> String {

@@ -14,7 +14,7 @@ use anyhow::{bail, Context as _};
 use serde_json::{json, Value};
 
 use crate::checkers;
-use crate::cluster::{find_batond, Cluster, ClusterConfig, ClusterGuard};
+use crate::cluster::{find_batond, Cluster, ClusterConfig, ClusterGuard, NodeFailure};
 use crate::history::{History, OpType, Process, FINAL};
 use crate::nemesis::{Fault, Nemesis};
 use crate::net::NetChoice;
@@ -52,7 +52,18 @@ pub struct TestArgs {
     /// mesh on 127.0.0.1, or auto (namespaces when they work here, else the proxy mesh).
     #[arg(long, value_enum, default_value = "auto")]
     net: NetChoice,
+    /// Snapshot-heavy: start every node with `--snapshot-log-entries 20`, so snapshots are
+    /// built, sent and installed all the time, and aim half the kills at snapshot installs.
+    #[arg(long)]
+    snapshot_heavy: bool,
+    /// Like `--snapshot-heavy` with this many log entries between snapshots.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    snapshot_log_entries: Option<u64>,
 }
+
+/// `--snapshot-log-entries` of a `--snapshot-heavy` run: small enough that a follower down for
+/// a second or two of writes falls behind the leader's purged log and needs a snapshot.
+const SNAPSHOT_HEAVY_LOG_ENTRIES: u64 = 20;
 
 /// Arguments of `baton-jepsen check`: judge a stored history again.
 #[derive(Debug, clap::Args)]
@@ -106,7 +117,11 @@ pub async fn run(args: TestArgs) -> u8 {
             checkers::Verdict::Unknown => 2,
         },
         Err(error) => {
-            eprintln!("baton-jepsen test: harness failure: {error:#}");
+            // A node that could not restart says which kind of failure it is itself.
+            match error.downcast_ref::<NodeFailure>() {
+                Some(failure) => eprintln!("baton-jepsen test: {failure}"),
+                None => eprintln!("baton-jepsen test: harness failure: {error:#}"),
+            }
             2
         }
     }
@@ -132,6 +147,9 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     };
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     let batond = find_batond(args.batond.as_deref())?;
+    let snapshot_log_entries = args
+        .snapshot_log_entries
+        .or(args.snapshot_heavy.then_some(SNAPSHOT_HEAVY_LOG_ENTRIES));
     let config = ClusterConfig {
         batond,
         run_dir: out.clone(),
@@ -140,6 +158,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         tick_ms: 100,
         clock_control,
         net: args.net,
+        snapshot_log_entries,
     };
     let guard: ClusterGuard = Cluster::start(config)
         .await
@@ -191,8 +210,9 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         faults: faults.clone(),
         deadline,
         seed: args.seed,
+        snapshot_log_entries,
     };
-    let nemesis_task = tokio::spawn(nemesis.clone().run());
+    let mut nemesis_task = tokio::spawn(nemesis.clone().run());
     let workload = {
         let ctx = ctx.clone();
         let concurrency = args.concurrency;
@@ -207,19 +227,45 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         })
     };
     // Workers stop at the deadline; an operation in flight ends within its timeout, a stalled
-    // client within its stall. Anything later is a harness failure, not a hang.
+    // client within its stall. Anything later is a harness failure, not a hang. A node that
+    // cannot be restarted ends the nemesis early with its failure: the run stops at once.
     let grace = Duration::from_secs(30);
-    if tokio::time::timeout_at((deadline + grace).into(), workload)
-        .await
-        .is_err()
-    {
+    let mut workload = workload;
+    let mut nemesis_result = None;
+    let workload_done = loop {
+        tokio::select! {
+            done = tokio::time::timeout_at((deadline + grace).into(), &mut workload) => break done.is_ok(),
+            finished = &mut nemesis_task, if nemesis_result.is_none() => {
+                let Ok(finished) = finished else {
+                    bail!("the nemesis task panicked");
+                };
+                if let Err(failure) = finished {
+                    workload.abort();
+                    return stop_on_node_failure(failure, guard, &history, &out, &args, &faults);
+                }
+                nemesis_result = Some(finished);
+            }
+        }
+    };
+    if !workload_done {
         bail!("the workload did not stop within {grace:?} of the time limit");
     }
-    let injected = match tokio::time::timeout(grace + Duration::from_secs(30), nemesis_task).await {
-        Ok(Ok(injected)) => injected,
-        _ => bail!("the nemesis did not finish healing"),
+    let injected = match nemesis_result {
+        Some(finished) => finished,
+        None => match tokio::time::timeout(grace + Duration::from_secs(30), nemesis_task).await {
+            Ok(Ok(finished)) => finished,
+            _ => bail!("the nemesis did not finish healing"),
+        },
     };
-    nemesis.heal().await;
+    let injected = match injected {
+        Ok(injected) => injected,
+        Err(failure) => {
+            return stop_on_node_failure(failure, guard, &history, &out, &args, &faults)
+        }
+    };
+    if let Err(failure) = nemesis.heal().await {
+        return stop_on_node_failure(failure, guard, &history, &out, &args, &faults);
+    }
     eprintln!(
         "baton-jepsen: workload done after {:.1} s; healing and final reads",
         started.elapsed().as_secs_f64()
@@ -230,6 +276,11 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     }
     final_reads(&cluster, &history, args.workload).await;
     sample_digests(&cluster, &history).await;
+    // A node that died during the final reads would leave them short without saying why.
+    if let Some(crash) = cluster.crashed() {
+        history.nemesis("crashed", crash.to_json());
+        return stop_on_node_failure(crash, guard, &history, &out, &args, &faults);
+    }
     let starts = cluster.starts();
     let unidentified = cluster.net.unidentified_connections();
     let net_name = cluster.net.name();
@@ -254,6 +305,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         "time_limit_s": args.time_limit,
         "concurrency": args.concurrency,
         "seed": args.seed,
+        "snapshot_log_entries": snapshot_log_entries,
         "out": out.display().to_string(),
         "network": net_name,
         "network_selection": net_selection,
@@ -278,6 +330,46 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     )?;
     print!("{}", report::summary(verdict, &results, &run, &ops));
     Ok(verdict)
+}
+
+/// Ends a run whose node could not be restarted: stops every process, keeps the history so
+/// far, writes a `results.json` whose verdict is unknown and whose `failure` names the node,
+/// the cause and its log's tail, and returns the failure (exit 2).
+fn stop_on_node_failure(
+    failure: NodeFailure,
+    guard: ClusterGuard,
+    history: &History,
+    out: &std::path::Path,
+    args: &TestArgs,
+    faults: &[Fault],
+) -> anyhow::Result<checkers::Verdict> {
+    let starts = guard.0.starts();
+    drop(guard);
+    let ops = history.snapshot();
+    History::write_jsonl(&ops, &out.join("history.jsonl"))?;
+    let document = json!({
+        "valid": checkers::Verdict::Unknown.to_json(),
+        "failure": failure.to_json(),
+        "checkers": {},
+        "run": {
+            "workload": args.workload.name(),
+            "nemesis": faults.iter().map(|fault| fault.name()).collect::<Vec<_>>(),
+            "time_limit_s": args.time_limit,
+            "concurrency": args.concurrency,
+            "seed": args.seed,
+            "snapshot_log_entries": args
+                .snapshot_log_entries
+                .or(args.snapshot_heavy.then_some(SNAPSHOT_HEAVY_LOG_ENTRIES)),
+            "out": out.display().to_string(),
+            "node_starts": starts,
+            "history_events": ops.len(),
+        },
+    });
+    std::fs::write(
+        out.join("results.json"),
+        serde_json::to_string_pretty(&document)?,
+    )?;
+    Err(failure.into())
 }
 
 /// The reads after healing that the durability checkers need, recorded as `final` events.
@@ -352,6 +444,63 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
         }
         Workload::Lease | Workload::UnfencedLock => {}
     }
+    if workload != Workload::Queue {
+        // Every node's view of the lease set, for the final-leases checker. Recorded once the
+        // listing is complete, so the event's time is after every page's answer.
+        for id in cluster.ids() {
+            let (leases, complete) = list_leases(cluster, id).await;
+            record(
+                "final-leases",
+                "",
+                json!({"node": id, "complete": complete, "leases": leases}),
+                id,
+            );
+        }
+    }
+}
+
+/// Every live lease of the default namespace as node `id` lists it, page by page; false
+/// when a page could not be read.
+async fn list_leases(cluster: &Cluster, id: u64) -> (Vec<Value>, bool) {
+    let mut leases = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..100 {
+        let mut path = "/v1/leases?prefix=&limit=1000".to_owned();
+        if let Some(cursor) = &cursor {
+            path.push_str(&format!("&cursor={cursor}"));
+        }
+        let mut page = None;
+        for _ in 0..5 {
+            if let Ok((200, body)) = cluster
+                .call(
+                    id,
+                    reqwest::Method::GET,
+                    &path,
+                    None,
+                    Duration::from_secs(3),
+                )
+                .await
+            {
+                page = Some(body);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let Some(page) = page else {
+            return (leases, false);
+        };
+        for lease in page["leases"].as_array().into_iter().flatten() {
+            leases.push(
+                json!({"resource": lease["resource"], "fence": lease["fence"],
+                               "mode": lease["mode"], "expires_in_ms": lease["expires_in_ms"]}),
+            );
+        }
+        match page["next_cursor"].as_str() {
+            Some(next) if !next.is_empty() => cursor = Some(next.to_owned()),
+            _ => return (leases, true),
+        }
+    }
+    (leases, false)
 }
 
 async fn list_tasks(cluster: &Cluster, id: u64, queue: &str) -> (Vec<Value>, bool) {

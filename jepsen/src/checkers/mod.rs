@@ -6,13 +6,16 @@
 //! that talks to a server: the final reads the checkers need are in the history (process
 //! `final`).
 
+pub mod claims;
 pub mod cluster_time;
 pub mod digest;
 pub mod fences;
+pub mod final_leases;
 pub mod holds;
 pub mod idempotency;
 pub mod linearizable;
 pub mod lost_writes;
+pub mod refused_writes;
 pub mod stale_writes;
 pub mod tasks;
 
@@ -152,16 +155,20 @@ pub fn check_all(
         Workload::Lease | Workload::UnfencedLock => {
             run("holds", !beyond, &|| holds::check(history));
             run("stale-writes", true, &|| stale_writes::check(history));
+            run("final-leases", !beyond, &|| final_leases::check(history));
         }
         Workload::FencedKv => {
             run("stale-writes", true, &|| stale_writes::check(history));
             run("lost-writes", true, &|| lost_writes::check(history));
+            run("refused-writes", true, &|| refused_writes::check(history));
+            run("final-leases", !beyond, &|| final_leases::check(history));
             run("linearizable", true, &|| {
                 linearizable::check(history, linearizable_limit)
             });
         }
         Workload::Queue => {
             run("tasks", true, &|| tasks::check(history));
+            run("claims", !beyond, &|| claims::check(history));
         }
     }
     results

@@ -3,7 +3,14 @@
 //! readers read linearizably from the node they are bound to. Unknown writes are sometimes
 //! retried with the same idempotency key on another node. Each register takes a bounded number
 //! of operations, then the slot moves to a fresh key, so the per-key linearizability search
-//! stays small. What must never live here: the checks.
+//! stays small.
+//!
+//! The last worker (when there are two or more) never retries and sends no Idempotency-Key: its
+//! answers are taken at face value, so a write it was told is `NO_LEADER` ("surely not
+//! applied") must never become visible. Retrying workers would hide such a lie behind their
+//! retry's replay. Half its time it writes, without a fence, to registers of its own (`uN-G`):
+//! those writes need no lease, so they keep arriving while a leader is being elected. Every
+//! written value is unique (worker id and a counter), so a value seen later names its write. What must never live here: the checks.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -34,12 +41,13 @@ pub fn register_key(slot: usize, generation: u64) -> String {
 /// Runs `concurrency` workers until the deadline.
 pub async fn run(ctx: Context, concurrency: usize) {
     let counters: Arc<Vec<AtomicU64>> = Arc::new((0..SLOTS).map(|_| AtomicU64::new(0)).collect());
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tokio::spawn(super::long_leases::run(ctx.clone()))];
     for worker in 0..concurrency {
         let ctx = ctx.clone();
         let counters = counters.clone();
+        let retries = concurrency < 2 || worker + 1 < concurrency;
         tasks.push(tokio::spawn(async move {
-            worker_loop(ctx, worker, counters).await
+            worker_loop(ctx, worker, counters, retries).await
         }));
     }
     for task in tasks {
@@ -60,12 +68,34 @@ pub fn keys_touched(history: &[crate::history::Op]) -> Vec<String> {
     keys
 }
 
-async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64>>) {
+/// One worker. With `retries` false it sends no Idempotency-Key and never retries.
+async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64>>, retries: bool) {
     let mut rng = ctx.rng(worker_id);
     let home = home_node(&ctx, worker_id);
     let mut worker = Worker::new(&ctx, worker_id, home, REQUEST_TIMEOUT);
     let mut written = 0u64;
+    let mut unfenced_ops = 0u64;
     while !ctx.done() {
+        if !retries && rng.random_bool(0.5) {
+            // Unfenced writes need no lease, so they keep arriving through elections and
+            // partitions, when NO_LEADER answers are given.
+            let key = format!("u{worker_id}-{}", unfenced_ops / OPS_PER_KEY_MAX);
+            for _ in 0..rng.random_range(1..5) {
+                if ctx.done() {
+                    break;
+                }
+                unfenced_ops += 1;
+                if rng.random_bool(0.3) {
+                    read(&mut worker, &key).await;
+                } else {
+                    written += 1;
+                    let value = (worker_id as u64) * 1_000_000_000 + written;
+                    put_unfenced(&mut worker, &key, value).await;
+                }
+                pause_for(&ctx, Duration::from_millis(rng.random_range(5..40))).await;
+            }
+            continue;
+        }
         let slot = rng.random_range(0..SLOTS);
         let generation = counters[slot].fetch_add(1, Ordering::Relaxed) / OPS_PER_KEY_MAX;
         let key = register_key(slot, generation);
@@ -76,7 +106,9 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
             continue;
         }
         let resource = format!("kvlock/{key}");
+        // Drawn even when unused, so every worker's random sequence keeps its shape.
         let idem = idempotency_key(&mut rng);
+        let idem = retries.then_some(idem);
         let body = json!({"resource": resource, "holder": format!("kv{worker_id}"),
                           "ttl_ms": WRITER_TTL_MS});
         let outcome = worker
@@ -87,7 +119,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
                 Method::POST,
                 "/v1/leases",
                 Some(&body),
-                Some(&idem),
+                idem.as_deref(),
                 |grant, replayed| {
                     json!({"fence": grant["fence"], "mode": grant["mode"],
                            "expires_in_ms": grant["expires_in_ms"], "replayed": replayed,
@@ -115,13 +147,36 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
                                "fence": {"resource": resource, "token": fence},
                                "session_id": session});
             let idem = idempotency_key(&mut rng);
-            let mut outcome = put(&mut worker, &key, value, fence, &resource, &write, &idem).await;
-            if matches!(outcome, Outcome::Info { .. }) && rng.random_bool(0.5) && !ctx.done() {
+            let idem = retries.then_some(idem);
+            let mut outcome = put(
+                &mut worker,
+                &key,
+                value,
+                fence,
+                &resource,
+                &write,
+                idem.as_deref(),
+            )
+            .await;
+            if retries
+                && matches!(outcome, Outcome::Info { .. })
+                && rng.random_bool(0.5)
+                && !ctx.done()
+            {
                 // Give a failover time to finish before the retry.
                 pause_for(&ctx, Duration::from_millis(rng.random_range(300..800))).await;
                 let node = other_node(&ctx, worker.client.node, &mut rng);
                 worker.rebind(node);
-                outcome = put(&mut worker, &key, value, fence, &resource, &write, &idem).await;
+                outcome = put(
+                    &mut worker,
+                    &key,
+                    value,
+                    fence,
+                    &resource,
+                    &write,
+                    idem.as_deref(),
+                )
+                .await;
                 worker.rebind(home);
             }
             if let Outcome::Fail { code, .. } = &outcome {
@@ -133,15 +188,17 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
         }
         if rng.random_bool(0.8) {
             let path = format!("/v1/sessions/{session}/release");
+            let idem = idempotency_key(&mut rng);
+            let idem = retries.then_some(idem);
             worker
                 .op(
                     "release",
                     &resource,
-                    Value::Null,
+                    json!({"fence": fence, "idempotency_key": idem}),
                     Method::POST,
                     &path,
                     Some(&json!({"resource": resource})),
-                    Some(&idempotency_key(&mut rng)),
+                    idem.as_deref(),
                     |_, _| Value::Null,
                 )
                 .await;
@@ -166,6 +223,26 @@ async fn read(worker: &mut Worker, key: &str) -> Outcome {
     outcome
 }
 
+/// A write without fence or Idempotency-Key, sent once.
+async fn put_unfenced(worker: &mut Worker, key: &str, value: u64) -> Outcome {
+    let path = format!("/v1/kv/{key}");
+    worker
+        .op(
+            "write",
+            key,
+            json!({"value": value, "fence": null, "idempotency_key": null}),
+            Method::PUT,
+            &path,
+            Some(&json!({"value": value})),
+            None,
+            |answer, replayed| {
+                json!({"value": value, "revision": answer["revision"], "replayed": replayed,
+                       "digest": answer_digest(answer)})
+            },
+        )
+        .await
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn put(
     worker: &mut Worker,
@@ -174,7 +251,7 @@ async fn put(
     fence: u64,
     resource: &str,
     body: &Value,
-    idem: &str,
+    idem: Option<&str>,
 ) -> Outcome {
     let path = format!("/v1/kv/{key}");
     worker
@@ -185,7 +262,7 @@ async fn put(
             Method::PUT,
             &path,
             Some(body),
-            Some(idem),
+            idem,
             |answer, replayed| {
                 json!({"value": value, "revision": answer["revision"], "replayed": replayed,
                        "digest": answer_digest(answer)})

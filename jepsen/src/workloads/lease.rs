@@ -62,7 +62,7 @@ fn join(root: &str, relative: &str) -> String {
 /// Runs `concurrency` workers until the deadline. `stalls`: workers honour client pauses.
 pub async fn run(ctx: Context, concurrency: usize, stalls: bool) {
     let acquires = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-    let mut tasks = Vec::new();
+    let mut tasks = vec![tokio::spawn(super::long_leases::run(ctx.clone()))];
     for worker in 0..concurrency {
         let ctx = ctx.clone();
         let acquires = acquires.clone();
@@ -161,7 +161,7 @@ async fn worker_loop(
                     .op(
                         "release",
                         &resource,
-                        json!({"lease": lease_id}),
+                        json!({"lease": lease_id, "fence": fence}),
                         Method::POST,
                         &path,
                         Some(&json!({"resource": resource})),

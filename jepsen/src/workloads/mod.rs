@@ -9,6 +9,7 @@
 
 pub mod fenced_kv;
 pub mod lease;
+pub mod long_leases;
 pub mod queue;
 pub mod unfenced_lock;
 

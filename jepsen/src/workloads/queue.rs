@@ -100,6 +100,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, operations: Arc<AtomicU64>)
                     } else {
                         json!({"task": answer["task"]["id"], "fence": answer["fence"],
                                "attempt": answer["attempt"], "replayed": replayed,
+                               "expires_in_ms": answer["expires_in_ms"],
                                "digest": answer_digest(answer)})
                     }
                 },
@@ -143,13 +144,14 @@ async fn worker_loop(ctx: Context, worker_id: usize, operations: Arc<AtomicU64>)
                 },
             )
             .await;
-        // The session has done its work: end it, so it does not linger.
+        // The session has done its work: end it, so it does not linger. The fence names the
+        // claim this ends, for the claims checker.
         let path = format!("/v1/sessions/{session}");
         worker
             .op(
                 "end-session",
                 &queue,
-                Value::Null,
+                json!({"task": task, "fence": fence}),
                 Method::DELETE,
                 &path,
                 None,
