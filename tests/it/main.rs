@@ -3,6 +3,7 @@
 
 mod bad_input;
 mod cli;
+mod cli_fixes;
 mod client;
 mod client_queues;
 mod events;

@@ -8,6 +8,7 @@ pub mod duration;
 mod events;
 pub mod output;
 mod run;
+pub mod supervise;
 mod tasks;
 
 use std::time::Duration;
@@ -33,23 +34,20 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Flags every subcommand takes, before or after its name.
+/// Flags every subcommand takes, before or after its name. `--endpoints`, `--holder` and
+/// `--namespace` fall back to their `BATON_*` variable here, not through clap's `env`, so
+/// that a usage error never shows a flag the caller did not type as if it were required.
 #[derive(Debug, Args)]
 pub struct Global {
-    /// Baton nodes to talk to, comma-separated.
-    #[arg(
-        long,
-        global = true,
-        env = "BATON_ENDPOINTS",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:7420"
-    )]
+    /// Baton nodes to talk to, comma-separated [env: BATON_ENDPOINTS] [default:
+    /// http://127.0.0.1:7420].
+    #[arg(long, global = true, value_delimiter = ',')]
     pub endpoints: Vec<String>,
-    /// Holder name of sessions created here (default: user@host).
-    #[arg(long, global = true, env = "BATON_HOLDER")]
+    /// Holder name of sessions created here [env: BATON_HOLDER] [default: user@host].
+    #[arg(long, global = true)]
     pub holder: Option<String>,
-    /// Namespace (default: `default`).
-    #[arg(long, global = true, env = "BATON_NAMESPACE")]
+    /// Namespace [env: BATON_NAMESPACE] [default: default].
+    #[arg(long, global = true)]
     pub namespace: Option<String>,
     /// Print the API's answer object as JSON on stdout.
     #[arg(long, global = true)]
@@ -57,6 +55,49 @@ pub struct Global {
     /// Time limit of the whole command (a `--wait` adds to it; `run` only limits acquiring).
     #[arg(long, global = true, default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+/// The endpoint used when neither `--endpoints` nor `BATON_ENDPOINTS` names one.
+pub const ENDPOINTS_DEFAULT: &str = "http://127.0.0.1:7420";
+
+impl Global {
+    /// `--endpoints`, else `BATON_ENDPOINTS`, else [`ENDPOINTS_DEFAULT`].
+    pub fn endpoints(&self) -> Vec<String> {
+        let given: Vec<String> = if self.endpoints.is_empty() {
+            std::env::var("BATON_ENDPOINTS")
+                .unwrap_or_default()
+                .split(',')
+                .map(str::to_owned)
+                .collect()
+        } else {
+            self.endpoints.clone()
+        };
+        let given: Vec<String> = given
+            .into_iter()
+            .filter(|endpoint| !endpoint.trim().is_empty())
+            .collect();
+        if given.is_empty() {
+            vec![ENDPOINTS_DEFAULT.to_owned()]
+        } else {
+            given
+        }
+    }
+
+    /// `--holder`, else a non-empty `BATON_HOLDER`.
+    pub fn holder(&self) -> Option<String> {
+        self.holder.clone().or_else(|| variable("BATON_HOLDER"))
+    }
+
+    /// `--namespace`, else a non-empty `BATON_NAMESPACE`.
+    pub fn namespace(&self) -> Option<String> {
+        self.namespace
+            .clone()
+            .or_else(|| variable("BATON_NAMESPACE"))
+    }
+}
+
+fn variable(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
 }
 
 #[derive(Debug, Subcommand)]
@@ -68,13 +109,13 @@ pub enum Command {
         /// The leased resource.
         resource: String,
         /// The session holding it.
-        #[arg(long)]
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: String,
     },
     /// Renew a session and every lease it holds.
     Keepalive {
         /// The session to renew.
-        #[arg(long)]
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: String,
     },
     /// Show the live lease on a resource.
@@ -113,6 +154,10 @@ pub enum Command {
         #[arg(long)]
         follow: bool,
     },
+    /// Internal: runs CMD for `baton run` and `baton task work` so that it never outlives
+    /// them (see `supervise.rs`).
+    #[command(name = supervise::SUPERVISE_COMMAND, hide = true)]
+    Supervise(supervise::SuperviseArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -149,7 +194,7 @@ pub enum TaskCommand {
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         ttl: Duration,
         /// Claim for this existing session instead of creating one.
-        #[arg(long)]
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: Option<String>,
         /// Print BATON_QUEUE=, BATON_TASK=, BATON_SESSION=, BATON_FENCE= and BATON_ATTEMPT=
         /// lines instead of the id alone.
@@ -207,7 +252,7 @@ pub struct ClaimRef {
     /// The task id.
     pub id: String,
     /// The session holding the claim.
-    #[arg(long, env = "BATON_SESSION")]
+    #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
     pub session: String,
     /// The claim's fence.
     #[arg(long, env = "BATON_FENCE")]
@@ -230,7 +275,7 @@ pub struct AcquireArgs {
     #[arg(long)]
     pub subtree: bool,
     /// Acquire for this existing session instead of creating one.
-    #[arg(long)]
+    #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
     pub session: Option<String>,
     /// Cap the lease's life even while keepalives continue.
     #[arg(long, value_parser = parse_duration)]
@@ -263,23 +308,28 @@ pub enum SessionCommand {
     Get(SessionRef),
 }
 
-/// A session named by position or by `--session`.
+/// A session named by position, by `--session` or by `BATON_SESSION` (in that order).
 #[derive(Debug, Args)]
 pub struct SessionRef {
     /// The session id.
-    #[arg(required_unless_present = "session", conflicts_with = "session")]
     pub id: Option<String>,
-    /// The session id (same as the positional one).
-    #[arg(long)]
+    /// The session id (when no positional one is given).
+    #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
     pub session: Option<String>,
 }
 
 impl SessionRef {
-    fn id(&self) -> String {
+    fn id(&self) -> Result<String, Failure> {
         self.id
             .clone()
             .or_else(|| self.session.clone())
-            .unwrap_or_default()
+            .ok_or_else(|| {
+                Failure::new(
+                    output::EXIT_USAGE,
+                    "USAGE",
+                    "name the session: ID, --session ID or BATON_SESSION",
+                )
+            })
     }
 }
 
@@ -333,8 +383,8 @@ pub enum KvCommand {
         /// Only if this fence is live for --session: RESOURCE:TOKEN.
         #[arg(long, value_parser = parse_fence, requires = "session")]
         fence: Option<FenceArg>,
-        /// The session holding --fence.
-        #[arg(long, requires = "fence")]
+        /// The session holding --fence (used only with --fence).
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: Option<String>,
     },
     /// Delete a key.
@@ -344,8 +394,8 @@ pub enum KvCommand {
         /// Only if this fence is live for --session: RESOURCE:TOKEN.
         #[arg(long, value_parser = parse_fence, requires = "session")]
         fence: Option<FenceArg>,
-        /// The session holding --fence.
-        #[arg(long, requires = "fence")]
+        /// The session holding --fence (used only with --fence).
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: Option<String>,
     },
 }
@@ -448,14 +498,15 @@ fn command_wait(command: &Command) -> Option<Duration> {
     }
 }
 
-fn client(global: &Global) -> Result<Client, Error> {
-    let mut builder = Client::builder(global.endpoints.iter().filter(|e| !e.trim().is_empty()))
+/// The client of the global flags (and their `BATON_*` variables).
+pub(crate) fn client(global: &Global) -> Result<Client, Error> {
+    let mut builder = Client::builder(global.endpoints())
         .request_timeout(global.timeout.min(REQUEST_TIMEOUT_MAX))
         .retry_budget(global.timeout);
-    if let Some(holder) = &global.holder {
+    if let Some(holder) = global.holder() {
         builder = builder.holder(holder);
     }
-    if let Some(namespace) = &global.namespace {
+    if let Some(namespace) = global.namespace() {
         builder = builder.namespace(namespace);
     }
     builder.build()
@@ -513,6 +564,10 @@ mod tests {
                 "s",
             ][..],
             &["baton", "kv", "put", "k", "v", "--fence", "r:1"][..],
+            &[
+                "baton", "task", "work", "q", "--once", "--follow", "--", "true",
+            ][..],
+            &["baton", "task", "work", "q"][..],
         ] {
             let error = Cli::try_parse_from(args).expect_err("a usage error");
             assert_eq!(error.exit_code(), 2, "{args:?}");

@@ -14,7 +14,7 @@ use baton_client::Client;
 use serde_json::Value;
 
 use super::duration::format_duration;
-use super::output::{print_json, Failure, EXIT_NOT_FOUND, EXIT_OK};
+use super::output::{print_json, say, Failure, EXIT_NOT_FOUND, EXIT_OK};
 use super::{ClaimRef, TaskCommand};
 
 /// Most pages `baton task list` reads (1,000 tasks each) before it stops and says so.
@@ -47,7 +47,7 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
             if json {
                 print_json(&task);
             } else {
-                println!("{}", task.id);
+                say!("{}", task.id);
             }
             Ok(EXIT_OK)
         }
@@ -92,9 +92,13 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
                 print_json(&info);
             } else {
                 let counts = info.counts;
-                println!(
+                say!(
                     "{} ready={} claimed={} done={} dead={}",
-                    info.queue, counts.ready, counts.claimed, counts.done, counts.dead
+                    info.queue,
+                    counts.ready,
+                    counts.claimed,
+                    counts.done,
+                    counts.dead
                 );
             }
             Ok(EXIT_OK)
@@ -132,13 +136,13 @@ async fn claim(
     if json {
         print_json(&claimed);
     } else if env {
-        println!("BATON_QUEUE={queue}");
-        println!("BATON_TASK={}", claimed.task.id);
-        println!("BATON_SESSION={}", claimed.session_id.as_str());
-        println!("BATON_FENCE={}", claimed.fence);
-        println!("BATON_ATTEMPT={}", claimed.attempt);
+        say!("BATON_QUEUE={queue}");
+        say!("BATON_TASK={}", claimed.task.id);
+        say!("BATON_SESSION={}", claimed.session_id.as_str());
+        say!("BATON_FENCE={}", claimed.fence);
+        say!("BATON_ATTEMPT={}", claimed.attempt);
     } else {
-        println!("{}", claimed.task.id);
+        say!("{}", claimed.task.id);
         eprintln!(
             "claimed {queue}/{} attempt={} fence={} session={} expires in {}",
             claimed.task.id,
@@ -203,7 +207,7 @@ async fn list(
         return Ok(EXIT_OK);
     }
     for task in &all.tasks {
-        println!("{}", describe_task(task));
+        say!("{}", describe_task(task));
     }
     if all.tasks.is_empty() {
         eprintln!("no tasks in {queue}");
@@ -240,7 +244,7 @@ fn settled(task: &Task, verb: &str, json: bool) {
     if json {
         print_json(task);
     } else {
-        println!(
+        say!(
             "{verb} {}/{}: now {} (attempt {}/{})",
             task.queue,
             task.id,
