@@ -10,6 +10,7 @@ pub mod output;
 mod run;
 pub mod supervise;
 mod tasks;
+mod work;
 
 use std::time::Duration;
 
@@ -241,6 +242,31 @@ pub enum TaskCommand {
         /// The queue.
         queue: String,
     },
+    /// Claim tasks one after another and run CMD for each: `baton task work QUEUE -- CMD`.
+    /// Exit 0 from CMD completes the task, any other status fails it; exits 0 once the queue
+    /// is empty (3 when it was empty at the start), 4 when a claim is lost.
+    Work(WorkArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkArgs {
+    /// The queue.
+    pub queue: String,
+    /// TTL of each claim's session; renewed every third of it while CMD runs.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Take one task, then exit.
+    #[arg(long)]
+    pub once: bool,
+    /// When the queue is empty, wait for new tasks (on the event stream) instead of exiting.
+    #[arg(long, conflicts_with = "once")]
+    pub follow: bool,
+    /// After SIGTERM on a lost claim, how long CMD has before SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
 }
 
 /// A claim named on the command line: queue, task id, and the claim's session and fence
@@ -463,6 +489,7 @@ pub async fn main(cli: Cli) -> u8 {
     let timeout = cli.global.timeout;
     let result = match cli.command {
         Command::Run(args) => run::run(&client, args, timeout).await,
+        Command::Task(TaskCommand::Work(args)) => work::work(&client, args).await,
         Command::Events {
             after,
             follow: true,

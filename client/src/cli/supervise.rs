@@ -69,10 +69,13 @@ pub struct Supervised {
 /// How a supervised command ended.
 #[derive(Debug)]
 pub enum Ended {
-    /// It exited: its exit code (128 + N when signal N ended it).
+    /// It exited: its exit code (128 + N when signal N ended it), and the last signal that
+    /// was passed on to it from `baton` (SIGINT, SIGTERM, SIGHUP, SIGQUIT), if any.
     Exited {
         /// CMD's exit code.
         code: u8,
+        /// The signal `baton` received and passed on while CMD ran.
+        interrupted: Option<Signal>,
     },
     /// The lease or claim was lost first: CMD was stopped (SIGTERM, then SIGKILL after the
     /// grace).
@@ -116,12 +119,13 @@ impl Supervised {
         what: &str,
     ) -> io::Result<Ended> {
         let mut signals = Signals::new()?;
+        let mut interrupted = None;
         tokio::pin!(lost);
         loop {
             tokio::select! {
                 status = self.child.wait() => {
                     self.exited = true;
-                    return Ok(Ended::Exited { code: exit_code(status?) });
+                    return Ok(Ended::Exited { code: exit_code(status?), interrupted });
                 }
                 reason = &mut lost => {
                     eprintln!("baton: {what} is lost ({reason}); stopping the command");
@@ -129,6 +133,7 @@ impl Supervised {
                     return Ok(Ended::Lost(reason));
                 }
                 received = signals.next() => {
+                    interrupted = Some(received);
                     self.signal(received);
                 }
             }

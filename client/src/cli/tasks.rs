@@ -103,6 +103,11 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
             }
             Ok(EXIT_OK)
         }
+        TaskCommand::Work(_) => Err(Failure::new(
+            super::output::EXIT_FAILURE,
+            "INTERNAL",
+            "`task work` is dispatched before one-shot commands",
+        )),
     }
 }
 
