@@ -1,17 +1,19 @@
 //! The agent runtime of SPEC section 11 against real `batond` processes: `baton task work`
 //! settling tasks by its command's status, stopping it when a claim is lost, following the
-//! queue.
+//! queue, and `baton hook claude-code` fed real Claude Code hook events. The snippets of
+//! `docs/agents.md` are run as they are written.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use baton_client::api::{EnqueueRequest, ListTasksQuery, Task, TaskState};
+use baton_client::api::{EnqueueRequest, Lease, ListTasksQuery, Task, TaskState};
 use baton_client::Client;
 use baton_tests::{is_session_id, poll_until, Cluster, Method};
 use serde_json::{json, Value};
+use tokio::io::AsyncWriteExt;
 
-use super::cli::{baton, command, process_exists, url, KillOnDrop, Outcome};
+use super::cli::{baton, command, process_exists, url, KillOnDrop, Outcome, COMMAND_TIMEOUT};
 
 fn client(cluster: &Cluster) -> Client {
     Client::builder([url(cluster)])
@@ -235,4 +237,257 @@ async fn task_work_follow_picks_up_a_task_enqueued_later() {
         "--follow exited on an empty queue"
     );
     work.start_kill().expect("stop the worker");
+}
+
+// ---------------------------------------------------------------------------------------------
+// baton hook claude-code
+// ---------------------------------------------------------------------------------------------
+
+/// A repository with a `.git` directory and a state directory for the hook.
+struct HookWorld {
+    _directory: tempfile::TempDir,
+    repo: PathBuf,
+    state: PathBuf,
+}
+
+impl HookWorld {
+    fn new() -> HookWorld {
+        let directory = tempfile::tempdir().expect("a temporary directory");
+        let repo = directory.path().join("repo");
+        std::fs::create_dir_all(repo.join(".git")).expect("a .git directory");
+        std::fs::create_dir_all(repo.join("src")).expect("src");
+        let state = directory.path().join("state");
+        HookWorld {
+            _directory: directory,
+            repo,
+            state,
+        }
+    }
+
+    /// A `PreToolUse` event of `tool` editing `file` (relative to the repository).
+    fn pre_tool_use(&self, session: &str, tool: &str, file: &str) -> Value {
+        let field = if tool == "NotebookEdit" {
+            "notebook_path"
+        } else {
+            "file_path"
+        };
+        json!({
+            "session_id": session,
+            "transcript_path": format!("/home/u/.claude/projects/x/{session}.jsonl"),
+            "cwd": self.repo,
+            "permission_mode": "default",
+            "hook_event_name": "PreToolUse",
+            "tool_name": tool,
+            "tool_input": {field: self.repo.join(file), "old_string": "a", "new_string": "b"},
+        })
+    }
+
+    fn session_end(&self, session: &str) -> Value {
+        json!({
+            "session_id": session,
+            "transcript_path": format!("/home/u/.claude/projects/x/{session}.jsonl"),
+            "cwd": self.repo,
+            "hook_event_name": "SessionEnd",
+            "reason": "exit",
+        })
+    }
+
+    fn state_file(&self, session: &str) -> PathBuf {
+        self.state.join("baton").join("claude-code").join(session)
+    }
+
+    /// `baton hook claude-code ARGS` with `input` on stdin.
+    async fn hook(&self, endpoints: &str, args: &[&str], input: &[u8]) -> Outcome {
+        let mut full = vec!["hook", "claude-code"];
+        full.extend_from_slice(args);
+        let mut hook = command(endpoints, &full);
+        hook.env_remove("BATON_HOLDER")
+            .env("XDG_STATE_HOME", &self.state)
+            .current_dir(&self.repo);
+        run_with_input(hook, input).await
+    }
+}
+
+/// Runs `command` with `input` on stdin; returns its outcome.
+async fn run_with_input(mut command: tokio::process::Command, input: &[u8]) -> Outcome {
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input).await.expect("write stdin");
+    drop(stdin);
+    let output = tokio::time::timeout(COMMAND_TIMEOUT, child.wait_with_output())
+        .await
+        .expect("the command finishes")
+        .expect("wait");
+    Outcome {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn bytes(event: &Value) -> Vec<u8> {
+    serde_json::to_vec(event).expect("JSON")
+}
+
+/// The reason of a `deny` decision, checking the decision's exact shape.
+fn denial(outcome: &Outcome) -> String {
+    outcome.expect_code(0);
+    let answer: Value = outcome.json();
+    let output = &answer["hookSpecificOutput"];
+    assert_eq!(answer.as_object().map(|o| o.len()), Some(1), "{answer}");
+    assert_eq!(output["hookEventName"], "PreToolUse", "{answer}");
+    assert_eq!(output["permissionDecision"], "deny", "{answer}");
+    assert_eq!(output.as_object().map(|o| o.len()), Some(3), "{answer}");
+    output["permissionDecisionReason"]
+        .as_str()
+        .expect("a reason")
+        .to_owned()
+}
+
+fn allowed(outcome: &Outcome) {
+    outcome.expect_code(0);
+    assert!(outcome.stdout.is_empty(), "not allowed: {outcome:#?}");
+}
+
+async fn lease(cluster: &Cluster, resource: &str) -> Option<Lease> {
+    let reply = cluster
+        .api()
+        .get(cluster.node(1), &format!("/v1/leases/{resource}"))
+        .await;
+    reply.is_success().then(|| reply.parse())
+}
+
+#[tokio::test]
+async fn the_claude_code_hook_claims_denies_renews_and_releases() {
+    let cluster = Cluster::start(1).await;
+    let endpoints = url(&cluster);
+    let world = HookWorld::new();
+    let agent_a = "aaaaaaaa-1111-4111-8111-111111111111";
+    let agent_b = "bbbbbbbb-2222-4222-8222-222222222222";
+
+    // Granted: no output; the lease names the Claude session.
+    let edit = world.pre_tool_use(agent_a, "Edit", "src/auth.rs");
+    allowed(
+        &world
+            .hook(&endpoints, &["--ttl", "2s"], &bytes(&edit))
+            .await,
+    );
+    let held = lease(&cluster, "src/auth.rs").await.expect("a lease");
+    assert!(held.holder.starts_with("claude-code:aaaaaaaa@"), "{held:?}");
+    let state = world.state_file(agent_a);
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&state)
+            .expect("a state file")
+            .permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+
+    // Renewed by every call: calls spanning twice the TTL keep the same lease.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        let again = world.pre_tool_use(agent_a, "MultiEdit", "src/auth.rs");
+        allowed(
+            &world
+                .hook(&endpoints, &["--ttl", "2s"], &bytes(&again))
+                .await,
+        );
+    }
+    let renewed = lease(&cluster, "src/auth.rs").await.expect("still held");
+    assert_eq!(renewed.fence, held.fence, "the session was not renewed");
+
+    // Another Claude session is denied, naming holder and fence.
+    let other = world.pre_tool_use(agent_b, "Write", "src/auth.rs");
+    let reason = denial(&world.hook(&endpoints, &[], &bytes(&other)).await);
+    assert!(
+        reason.starts_with("src/auth.rs is held by claude-code:aaaaaaaa@")
+            && reason.contains(&format!("(fence {})", held.fence)),
+        "{reason}"
+    );
+    // It may edit other files; notebooks are files too.
+    let notebook = world.pre_tool_use(agent_b, "NotebookEdit", "analysis.ipynb");
+    allowed(&world.hook(&endpoints, &[], &bytes(&notebook)).await);
+    assert!(lease(&cluster, "analysis.ipynb").await.is_some());
+
+    // SessionEnd releases everything and forgets the session.
+    let end = world.session_end(agent_a);
+    allowed(&world.hook(&endpoints, &[], &bytes(&end)).await);
+    assert!(lease(&cluster, "src/auth.rs").await.is_none());
+    assert!(!state.exists());
+    allowed(&world.hook(&endpoints, &[], &bytes(&other)).await);
+    assert!(lease(&cluster, "src/auth.rs")
+        .await
+        .is_some_and(|lease| lease.holder.starts_with("claude-code:bbbbbbbb@")));
+}
+
+#[tokio::test]
+async fn the_claude_code_hook_ignores_what_it_does_not_claim() {
+    let cluster = Cluster::start(1).await;
+    let endpoints = url(&cluster);
+    let world = HookWorld::new();
+    let session = "cccccccc-3333";
+
+    let read = json!({
+        "session_id": session, "cwd": world.repo, "hook_event_name": "PreToolUse",
+        "tool_name": "Read", "tool_input": {"file_path": world.repo.join("src/a.rs")},
+    });
+    let prompt = json!({
+        "session_id": session, "cwd": world.repo, "hook_event_name": "UserPromptSubmit",
+        "prompt": "hello",
+    });
+    let outside = json!({
+        "session_id": session, "cwd": world.repo, "hook_event_name": "PreToolUse",
+        "tool_name": "Edit", "tool_input": {"file_path": "/etc/hosts"},
+    });
+    for event in [read, prompt, outside] {
+        allowed(&world.hook(&endpoints, &[], &bytes(&event)).await);
+    }
+    let malformed = world.hook(&endpoints, &[], b"{not json").await;
+    allowed(&malformed);
+    assert_eq!(malformed.stderr.lines().count(), 1, "{malformed:#?}");
+    let leases: Value = cluster
+        .api()
+        .get(cluster.node(1), "/v1/leases")
+        .await
+        .expect_json(200);
+    assert_eq!(leases["leases"], json!([]), "{leases}");
+
+    // --root: paths are named relative to it.
+    let edit = world.pre_tool_use(session, "Edit", "src/lib.rs");
+    let root = world.repo.join("src");
+    let root = root.to_str().expect("UTF-8");
+    allowed(
+        &world
+            .hook(&endpoints, &["--root", root], &bytes(&edit))
+            .await,
+    );
+    assert!(lease(&cluster, "lib.rs").await.is_some());
+
+    // A corrupt state file is replaced by a new session.
+    std::fs::write(world.state_file(session), "\u{0}garbage\n").expect("corrupt it");
+    let next = world.pre_tool_use(session, "Edit", "src/main.rs");
+    allowed(&world.hook(&endpoints, &[], &bytes(&next)).await);
+    let kept = read_state(&world.state_file(session));
+    assert!(is_session_id(&kept), "{kept:?}");
+}
+
+fn read_state(path: &Path) -> String {
+    read(path).trim().to_owned()
+}
+
+#[tokio::test]
+async fn the_claude_code_hook_denies_when_baton_is_unreachable_unless_failing_open() {
+    let world = HookWorld::new();
+    let closed = format!("http://127.0.0.1:{}", baton_tests::free_port());
+    let edit = world.pre_tool_use("dddddddd-4444", "Edit", "src/auth.rs");
+    let reason = denial(&world.hook(&closed, &[], &bytes(&edit)).await);
+    assert!(reason.contains("unreachable"), "{reason}");
+    assert!(reason.starts_with("src/auth.rs "), "{reason}");
+    let open = world.hook(&closed, &["--fail-open"], &bytes(&edit)).await;
+    allowed(&open);
+    assert!(open.stderr.contains("unreachable"), "{open:#?}");
 }

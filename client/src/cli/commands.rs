@@ -81,7 +81,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
         Command::Cluster(command) => cluster(client, command, json).await,
         Command::Task(command) => super::tasks::execute(client, command, json).await,
         Command::Events { after, .. } => super::events::print_after(client, after, json).await,
-        Command::Run(_) | Command::Supervise(_) => not_one_shot(),
+        Command::Run(_) | Command::Hook(_) | Command::Supervise(_) => not_one_shot(),
     }
 }
 
@@ -89,7 +89,7 @@ fn not_one_shot() -> Result<u8, Failure> {
     Err(Failure::new(
         super::output::EXIT_FAILURE,
         "INTERNAL",
-        "`run` and `__supervise` are dispatched before one-shot commands",
+        "`run`, `hook` and `__supervise` are dispatched before one-shot commands",
     ))
 }
 

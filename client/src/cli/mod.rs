@@ -6,6 +6,7 @@
 mod commands;
 pub mod duration;
 mod events;
+mod hook;
 pub mod output;
 mod run;
 pub mod supervise;
@@ -155,10 +156,22 @@ pub enum Command {
         #[arg(long)]
         follow: bool,
     },
+    /// Tool hooks of agent runtimes: `baton hook claude-code` claims each file an agent is
+    /// about to edit.
+    #[command(subcommand)]
+    Hook(HookCommand),
     /// Internal: runs CMD for `baton run` and `baton task work` so that it never outlives
     /// them (see `supervise.rs`).
     #[command(name = supervise::SUPERVISE_COMMAND, hide = true)]
     Supervise(supervise::SuperviseArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HookCommand {
+    /// A Claude Code hook (PreToolUse, SessionEnd): reads one hook event as JSON on stdin.
+    /// Before Edit, Write, MultiEdit and NotebookEdit it claims the file for the Claude
+    /// session, or denies the edit naming who holds the file; SessionEnd releases all.
+    ClaudeCode(hook::ClaudeCodeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -490,6 +503,9 @@ pub async fn main(cli: Cli) -> u8 {
     let result = match cli.command {
         Command::Run(args) => run::run(&client, args, timeout).await,
         Command::Task(TaskCommand::Work(args)) => work::work(&client, args).await,
+        Command::Hook(HookCommand::ClaudeCode(args)) => {
+            return hook::claude_code(&cli.global, args).await
+        }
         Command::Events {
             after,
             follow: true,
