@@ -1,7 +1,7 @@
 //! The agent runtime of SPEC section 11 against real `batond` processes: `baton task work`
 //! settling tasks by its command's status, stopping it when a claim is lost, following the
 //! queue, and `baton hook claude-code` fed real Claude Code hook events. The snippets of
-//! `docs/agents.md` are run as they are written.
+//! `docs/agents.md` and the README are run as they are written.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -490,4 +490,129 @@ async fn the_claude_code_hook_denies_when_baton_is_unreachable_unless_failing_op
     let open = world.hook(&closed, &["--fail-open"], &bytes(&edit)).await;
     allowed(&open);
     assert!(open.stderr.contains("unreachable"), "{open:#?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The snippets of docs/agents.md and the README, run as written
+// ---------------------------------------------------------------------------------------------
+
+/// The code block after the line `<!-- tests/it/agents.rs runs this snippet: NAME -->` of a
+/// repository file.
+fn snippet(file: &str, name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .join(file);
+    let text = std::fs::read_to_string(&path).expect("read the document");
+    let marker = format!("<!-- tests/it/agents.rs runs this snippet: {name} -->");
+    let after = &text[text
+        .find(&marker)
+        .unwrap_or_else(|| panic!("{file}: no {marker}"))..];
+    let mut lines = after.lines().skip(1);
+    assert!(
+        lines.next().is_some_and(|fence| fence.starts_with("```")),
+        "{file}: {name} is not followed by a code block"
+    );
+    let mut code = String::new();
+    for line in lines.take_while(|line| *line != "```") {
+        code.push_str(line);
+        code.push('\n');
+    }
+    code
+}
+
+/// A `PATH` with `baton` first.
+fn path_with_baton() -> String {
+    let directory = baton_tests::baton_path()
+        .parent()
+        .expect("baton's directory")
+        .to_path_buf();
+    format!(
+        "{}:{}",
+        directory.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
+#[tokio::test]
+async fn the_documented_settings_json_hook_claims_and_denies() {
+    let readme = snippet("README.md", "settings.json");
+    assert_eq!(readme, snippet("docs/agents.md", "settings.json"));
+    let settings: Value = serde_json::from_str(&readme).expect("settings.json parses");
+    let pre_tool_use = &settings["hooks"]["PreToolUse"][0];
+    let matcher = pre_tool_use["matcher"].as_str().expect("a matcher");
+    let matched: Vec<&str> = matcher.split('|').collect();
+    assert_eq!(matched, ["Edit", "Write", "MultiEdit", "NotebookEdit"]);
+    let hook = pre_tool_use["hooks"][0]["command"]
+        .as_str()
+        .expect("a command");
+    assert_eq!(
+        settings["hooks"]["SessionEnd"][0]["hooks"][0]["command"], hook,
+        "{settings}"
+    );
+
+    // Claude Code runs the command with a shell, the event on stdin.
+    let cluster = Cluster::start(1).await;
+    let endpoints = url(&cluster);
+    let world = HookWorld::new();
+    let run = async |event: Value| {
+        let mut shell = tokio::process::Command::new("sh");
+        shell
+            .args(["-c", hook])
+            .env("PATH", path_with_baton())
+            .env("BATON_ENDPOINTS", &endpoints)
+            .env_remove("BATON_HOLDER")
+            .env("XDG_STATE_HOME", &world.state)
+            .current_dir(&world.repo);
+        run_with_input(shell, &bytes(&event)).await
+    };
+    allowed(&run(world.pre_tool_use("eeeeeeee-5", "Edit", "src/db.rs")).await);
+    let reason = denial(&run(world.pre_tool_use("ffffffff-6", "Write", "src/db.rs")).await);
+    assert!(
+        reason.starts_with("src/db.rs is held by claude-code:eeeeeeee@"),
+        "{reason}"
+    );
+    allowed(&run(world.session_end("eeeeeeee-5")).await);
+    allowed(&run(world.pre_tool_use("ffffffff-6", "Write", "src/db.rs")).await);
+}
+
+#[tokio::test]
+async fn the_documented_fan_out_supervisor_works_the_whole_queue() {
+    let script = snippet("README.md", "fan-out.sh");
+    assert_eq!(script, snippet("docs/agents.md", "fan-out.sh"));
+    let cluster = Cluster::start(1).await;
+    let producer = client(&cluster);
+    let ids: Vec<String> = (1..=6).map(|n| format!("lint-{n}")).collect();
+    for id in &ids {
+        enqueue(
+            &producer,
+            "lint",
+            id,
+            json!({"file": format!("src/{id}.rs")}),
+            3,
+        )
+        .await;
+    }
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let fan_out = directory.path().join("fan-out.sh");
+    std::fs::write(&fan_out, &script).expect("write fan-out.sh");
+    let log = directory.path().join("log");
+    let work = format!("echo \"$BATON_TASK_ID\" >> {}", log.display());
+    let mut shell = tokio::process::Command::new("sh");
+    shell
+        .arg(&fan_out)
+        .args(["lint", "3", "sh", "-c", &work])
+        .env("PATH", path_with_baton())
+        .env("BATON_ENDPOINTS", url(&cluster))
+        .kill_on_drop(true);
+    let outcome = run_with_input(shell, b"").await;
+    outcome.expect_code(0);
+
+    let mut worked: Vec<String> = read(&log).lines().map(str::to_owned).collect();
+    worked.sort();
+    assert_eq!(worked, ids, "each task once: {outcome:#?}");
+    assert!(tasks(&producer, "lint")
+        .await
+        .iter()
+        .all(|task| task.state == TaskState::Done));
 }
