@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use baton_client::api::{EnqueueRequest, Lease, ListTasksQuery, Task, TaskState};
+use baton_client::api::{EnqueueRequest, Lease, ListTasksQuery, SessionInfo, Task, TaskState};
 use baton_client::Client;
 use baton_tests::{is_session_id, poll_until, Cluster, Method};
 use serde_json::{json, Value};
@@ -473,6 +473,36 @@ async fn the_claude_code_hook_ignores_what_it_does_not_claim() {
     allowed(&world.hook(&endpoints, &[], &bytes(&next)).await);
     let kept = read_state(&world.state_file(session));
     assert!(is_session_id(&kept), "{kept:?}");
+}
+
+#[tokio::test]
+async fn parallel_first_edits_of_one_claude_session_share_one_baton_session() {
+    let cluster = Cluster::start(1).await;
+    let endpoints = url(&cluster);
+    let world = HookWorld::new();
+    let session = "99999999-parallel";
+    // Claude Code runs the hooks of parallel tool calls at once.
+    let files = ["src/a.rs", "src/b.rs", "src/c.rs", "src/d.rs"];
+    let calls = files.map(|file| {
+        let event = bytes(&world.pre_tool_use(session, "Edit", file));
+        let world = &world;
+        let endpoints = &endpoints;
+        async move { world.hook(endpoints, &[], &event).await }
+    });
+    let [a, b, c, d] = calls;
+    let outcomes = tokio::join!(a, b, c, d);
+    for outcome in [&outcomes.0, &outcomes.1, &outcomes.2, &outcomes.3] {
+        allowed(outcome);
+    }
+    let kept = read_state(&world.state_file(session));
+    let info: SessionInfo = cluster
+        .api()
+        .get(cluster.node(1), &format!("/v1/sessions/{kept}"))
+        .await
+        .expect_json(200);
+    let mut held: Vec<&str> = info.leases.iter().map(|l| l.resource.as_str()).collect();
+    held.sort_unstable();
+    assert_eq!(held, files, "the kept session does not hold every file");
 }
 
 fn read_state(path: &Path) -> String {

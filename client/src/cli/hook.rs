@@ -24,12 +24,14 @@
 //! What must never live here: lease rules; the server decides, the hook only asks.
 
 use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Component, Path, PathBuf};
 use std::time::Duration;
 
 use baton_client::api::{AcquireRequest, Labels, LeaseMode, SessionId};
 use baton_client::{Client, Error};
 use clap::Args;
+use nix::fcntl::{Flock, FlockArg};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -153,6 +155,7 @@ async fn pre_tool_use(global: &Global, args: &ClaudeCodeArgs, event: &HookEvent)
         }
     };
     let state = StateFile::new(&event.session_id);
+    let _serialized = state.lock();
     claim(&client, args, &state, &resource).await
 }
 
@@ -245,6 +248,7 @@ fn failed(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
 
 async fn session_end(global: &Global, event: &HookEvent) {
     let state = StateFile::new(&event.session_id);
+    let _serialized = state.lock();
     let Some(session_id) = state.read() else {
         state.remove();
         return;
@@ -373,14 +377,34 @@ impl StateFile {
         plausible.then(|| SessionId::new(id))
     }
 
-    /// Replaces the file (0600, in a 0700 directory) with `session_id`.
-    fn write(&self, session_id: &SessionId) -> std::io::Result<()> {
-        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+    /// An exclusive lock on the Claude session's calls, held until dropped, or `None` when the
+    /// lock file cannot be made (then calls are not serialized). Claude Code runs the hooks
+    /// of parallel tool calls at once: unserialized, two first edits would create two
+    /// sessions, and the one whose id is not kept would hold its file, unrenewed, against its
+    /// own agent until it expires.
+    fn lock(&self) -> Option<Flock<std::fs::File>> {
+        self.create_directory().ok()?;
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o600)
+            .open(self.path.with_extension("lock"))
+            .ok()?;
+        Flock::lock(file, FlockArg::LockExclusive).ok()
+    }
+
+    fn create_directory(&self) -> std::io::Result<()> {
         let directory = self.path.parent().unwrap_or_else(|| Path::new("."));
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(directory)?;
+            .create(directory)
+    }
+
+    /// Replaces the file (0600, in a 0700 directory) with `session_id`.
+    fn write(&self, session_id: &SessionId) -> std::io::Result<()> {
+        self.create_directory()?;
         let temporary = self
             .path
             .with_extension(format!("tmp{}", std::process::id()));
@@ -396,10 +420,13 @@ impl StateFile {
         std::fs::rename(&temporary, &self.path)
     }
 
+    /// Removes the file and its lock file.
     fn remove(&self) {
-        if let Err(error) = std::fs::remove_file(&self.path) {
-            if error.kind() != std::io::ErrorKind::NotFound {
-                eprintln!("baton hook: cannot remove {}: {error}", self.path.display());
+        for path in [self.path.clone(), self.path.with_extension("lock")] {
+            if let Err(error) = std::fs::remove_file(&path) {
+                if error.kind() != std::io::ErrorKind::NotFound {
+                    eprintln!("baton hook: cannot remove {}: {error}", path.display());
+                }
             }
         }
     }
