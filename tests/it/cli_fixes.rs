@@ -244,3 +244,38 @@ async fn usage_lines_show_no_flag_the_caller_did_not_type() {
         assert!(help.stdout.contains(variable), "{variable}: {help:#?}");
     }
 }
+
+#[tokio::test]
+async fn an_interactive_command_owns_the_terminal() {
+    // `script` gives `baton run` a terminal. CMD runs in a process group of its own: unless
+    // that group is handed the terminal's foreground, its read stops it with SIGTTIN.
+    let cluster = Cluster::start(1).await;
+    let inner = format!(
+        "{} run jobs/tty -- sh -c 'read line; echo \"got $line\"'",
+        baton_tests::baton_path().display()
+    );
+    let mut script = tokio::process::Command::new("script");
+    script
+        .args(["-qec", &inner, "/dev/null"])
+        .env("BATON_ENDPOINTS", url(&cluster))
+        .env_remove("BATON_SESSION");
+    let mut child = script
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn script (util-linux)");
+    let mut stdin = child.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"hello\n")
+        .await
+        .expect("type a line");
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the interactive command finishes (a hang: stopped by SIGTTIN)")
+        .expect("wait for script");
+    drop(stdin);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("got hello"), "{stdout}");
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+}
