@@ -279,3 +279,34 @@ async fn an_interactive_command_owns_the_terminal() {
     assert!(stdout.contains("got hello"), "{stdout}");
     assert_eq!(output.status.code(), Some(0), "{stdout}");
 }
+
+#[tokio::test]
+async fn closed_outputs_never_panic_nor_change_a_failures_status() {
+    let cluster = Cluster::start(1).await;
+    for (args, closed_stdout, closed_stderr) in [
+        (&["get", "missing"][..], false, true),
+        (&["get", "missing", "--json"][..], true, true),
+        (&["get", "missing", "--json"][..], true, false),
+    ] {
+        let mut child = command(&url(&cluster), args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn baton");
+        // The readers are gone before baton writes anything.
+        if closed_stdout {
+            drop(child.stdout.take());
+        }
+        if closed_stderr {
+            drop(child.stderr.take());
+        }
+        let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+            .await
+            .expect("baton finishes")
+            .expect("wait for baton");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(3), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}

@@ -12,7 +12,7 @@ use baton_client::{Client, Error};
 use serde_json::Value;
 
 use super::duration::format_duration;
-use super::output::{print_json, say, Failure, EXIT_CONFLICT, EXIT_OK, EXIT_WAIT_EXPIRED};
+use super::output::{note, print_json, say, Failure, EXIT_CONFLICT, EXIT_OK, EXIT_WAIT_EXPIRED};
 use super::{
     AcquireArgs, ClusterCommand, Command, FenceArg, FenceCommand, KvCommand, SessionCommand,
 };
@@ -194,13 +194,13 @@ async fn list(client: &Client, prefix: Option<String>, json: bool) -> Result<u8,
         say!("{}", describe_lease(lease));
     }
     if all.leases.is_empty() {
-        eprintln!(
+        note!(
             "no live leases{}",
             prefix.map(|p| format!(" under {p}")).unwrap_or_default()
         );
     }
     if all.next_cursor.is_some() {
-        eprintln!("(stopped after {LIST_PAGES_MAX} pages; narrow the prefix)");
+        note!("(stopped after {LIST_PAGES_MAX} pages; narrow the prefix)");
     }
     Ok(EXIT_OK)
 }

@@ -36,7 +36,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::duration::parse_duration;
-use super::output::{say, EXIT_OK};
+use super::output::{note, say, EXIT_OK};
 use super::Global;
 
 /// Longest single attempt of a hook's request: a hook must answer fast.
@@ -99,13 +99,13 @@ pub async fn claude_code(global: &Global, args: ClaudeCodeArgs) -> u8 {
         .take(EVENT_BYTES_MAX)
         .read_to_end(&mut input)
     {
-        eprintln!("baton hook: cannot read the hook event on stdin: {error}");
+        note!("baton hook: cannot read the hook event on stdin: {error}");
         return EXIT_OK;
     }
     let event: HookEvent = match serde_json::from_slice(&input) {
         Ok(event) => event,
         Err(error) => {
-            eprintln!("baton hook: ignoring a malformed hook event: {error}");
+            note!("baton hook: ignoring a malformed hook event: {error}");
             return EXIT_OK;
         }
     };
@@ -150,7 +150,7 @@ async fn pre_tool_use(global: &Global, args: &ClaudeCodeArgs, event: &HookEvent)
     let client = match hook_client(global, &event.session_id) {
         Ok(client) => client,
         Err(error) => {
-            eprintln!("baton hook: {}", error.message());
+            note!("baton hook: {}", error.message());
             return Decision::Allow;
         }
     };
@@ -202,7 +202,7 @@ async fn claim(
     match client.acquire_raw(&request(None)).await {
         Ok(answer) => {
             if let Err(error) = state.write(&answer.value.session_id) {
-                eprintln!(
+                note!(
                     "baton hook: cannot keep the session id in {}: {error}",
                     state.path.display()
                 );
@@ -228,11 +228,11 @@ async fn holds(client: &Client, session_id: &SessionId, resource: &str) -> bool 
 fn failed(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
     match error {
         Error::InvalidArgument { message } | Error::PayloadTooLarge { message } => {
-            eprintln!("baton hook: {resource} cannot be claimed: {message}");
+            note!("baton hook: {resource} cannot be claimed: {message}");
             Decision::Allow
         }
         _ if args.fail_open => {
-            eprintln!(
+            note!(
                 "baton hook: Baton is unreachable; allowing the edit of {resource} (--fail-open): {}",
                 error.message()
             );
@@ -259,7 +259,7 @@ async fn session_end(global: &Global, event: &HookEvent) {
     };
     match ended {
         Ok(()) | Err(Error::Lost { .. } | Error::NotFound { .. }) => {}
-        Err(error) => eprintln!(
+        Err(error) => note!(
             "baton hook: ending the Baton session failed (it expires by itself): {}",
             error.message()
         ),
@@ -425,7 +425,7 @@ impl StateFile {
         for path in [self.path.clone(), self.path.with_extension("lock")] {
             if let Err(error) = std::fs::remove_file(&path) {
                 if error.kind() != std::io::ErrorKind::NotFound {
-                    eprintln!("baton hook: cannot remove {}: {error}", path.display());
+                    note!("baton hook: cannot remove {}: {error}", path.display());
                 }
             }
         }

@@ -15,7 +15,7 @@ use std::time::Duration;
 use baton_client::{AcquireOptions, Client, Error, LostReason};
 
 use super::duration::format_duration;
-use super::output::{Failure, EXIT_CONFLICT, EXIT_FAILURE, EXIT_WAIT_EXPIRED};
+use super::output::{note, Failure, EXIT_CONFLICT, EXIT_FAILURE, EXIT_WAIT_EXPIRED};
 use super::supervise::{Ended, Supervised};
 use super::RunArgs;
 
@@ -63,7 +63,7 @@ pub async fn run(client: &Client, args: RunArgs, timeout: Duration) -> Result<u8
             ))
         }
     };
-    eprintln!(
+    note!(
         "baton: acquired {} fence={}; running {}",
         guard.resource(),
         guard.fence(),
@@ -80,7 +80,7 @@ pub async fn run(client: &Client, args: RunArgs, timeout: Duration) -> Result<u8
         Err(error) => {
             let released = guard.release().await;
             if let Err(release_error) = released {
-                eprintln!("baton: releasing {} failed: {release_error}", args.resource);
+                note!("baton: releasing {} failed: {release_error}", args.resource);
             }
             return Err(Failure::new(EXIT_FAILURE, "SPAWN", format!("{error:#}")));
         }
@@ -90,14 +90,14 @@ pub async fn run(client: &Client, args: RunArgs, timeout: Duration) -> Result<u8
     match ended {
         Ok(Ended::Exited { code, .. }) => {
             if let Err(error) = guard.release().await {
-                eprintln!("baton: releasing {} failed: {error}", args.resource);
+                note!("baton: releasing {} failed: {error}", args.resource);
             }
             Ok(code)
         }
         Err(error) => {
-            eprintln!("baton: waiting for the command failed: {error}");
+            note!("baton: waiting for the command failed: {error}");
             if let Err(error) = guard.release().await {
-                eprintln!("baton: releasing {} failed: {error}", args.resource);
+                note!("baton: releasing {} failed: {error}", args.resource);
             }
             Ok(EXIT_FAILURE)
         }

@@ -34,7 +34,7 @@ use nix::unistd::{getpgid, getpgrp, getppid, tcgetpgrp, tcsetpgrp, Pid};
 use tokio::signal::unix::{signal, SignalKind};
 
 use super::duration::format_duration;
-use super::output::EXIT_FAILURE;
+use super::output::{note, EXIT_FAILURE};
 
 /// The hidden subcommand that runs the supervisor half.
 pub const SUPERVISE_COMMAND: &str = "__supervise";
@@ -128,7 +128,7 @@ impl Supervised {
                     return Ok(Ended::Exited { code: exit_code(status?), interrupted });
                 }
                 reason = &mut lost => {
-                    eprintln!("baton: {what} is lost ({reason}); stopping the command");
+                    note!("baton: {what} is lost ({reason}); stopping the command");
                     self.stop(grace).await;
                     return Ok(Ended::Lost(reason));
                 }
@@ -157,13 +157,13 @@ impl Supervised {
             self.exited = true;
             return;
         }
-        eprintln!(
+        note!(
             "baton: the command did not exit within {} of SIGTERM; sending SIGKILL",
             format_duration(grace)
         );
         self.signal(Signal::SIGKILL);
         if let Err(error) = self.child.wait().await {
-            eprintln!("baton: waiting for the command failed: {error}");
+            note!("baton: waiting for the command failed: {error}");
         }
         self.exited = true;
     }
@@ -201,7 +201,7 @@ pub fn main(args: &SuperviseArgs) -> ExitCode {
         Ok(child) => child,
         Err(error) => {
             give_terminal_back(foreground);
-            eprintln!("baton: cannot start {program:?}: {error}");
+            note!("baton: cannot start {program:?}: {error}");
             return ExitCode::from(EXIT_CANNOT_START);
         }
     };
@@ -223,7 +223,7 @@ pub fn main(args: &SuperviseArgs) -> ExitCode {
     // Checked after arming: the parent may have died before, and nobody would signal us.
     if armed.is_err() || getppid() != parent {
         if let Err(error) = armed {
-            eprintln!("baton: cannot watch for the parent's death: {error}");
+            note!("baton: cannot watch for the parent's death: {error}");
         }
         let _ = killpg(getpgrp(), Signal::SIGKILL);
         return ExitCode::from(EXIT_FAILURE);
@@ -237,7 +237,7 @@ pub fn main(args: &SuperviseArgs) -> ExitCode {
             }
             Ok(None) => {}
             Err(error) => {
-                eprintln!("baton: waiting for the command failed: {error}");
+                note!("baton: waiting for the command failed: {error}");
                 let _ = killpg(getpgrp(), Signal::SIGKILL);
                 return ExitCode::from(EXIT_FAILURE);
             }

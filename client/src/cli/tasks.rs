@@ -14,7 +14,7 @@ use baton_client::Client;
 use serde_json::Value;
 
 use super::duration::format_duration;
-use super::output::{print_json, say, Failure, EXIT_NOT_FOUND, EXIT_OK};
+use super::output::{note, print_json, say, Failure, EXIT_NOT_FOUND, EXIT_OK};
 use super::{ClaimRef, TaskCommand};
 
 /// Most pages `baton task list` reads (1,000 tasks each) before it stops and says so.
@@ -148,7 +148,7 @@ async fn claim(
         say!("BATON_ATTEMPT={}", claimed.attempt);
     } else {
         say!("{}", claimed.task.id);
-        eprintln!(
+        note!(
             "claimed {queue}/{} attempt={} fence={} session={} expires in {}",
             claimed.task.id,
             claimed.attempt,
@@ -215,10 +215,10 @@ async fn list(
         say!("{}", describe_task(task));
     }
     if all.tasks.is_empty() {
-        eprintln!("no tasks in {queue}");
+        note!("no tasks in {queue}");
     }
     if all.next_cursor.is_some() {
-        eprintln!("(stopped after {LIST_PAGES_MAX} pages; filter with --state)");
+        note!("(stopped after {LIST_PAGES_MAX} pages; filter with --state)");
     }
     Ok(EXIT_OK)
 }

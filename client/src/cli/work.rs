@@ -20,7 +20,7 @@ use baton_client::{Client, Error, EventStream, TaskClaim};
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
-use super::output::{Failure, EXIT_CONFLICT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK};
+use super::output::{note, Failure, EXIT_CONFLICT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK};
 use super::supervise::{Ended, Supervised};
 use super::WorkArgs;
 
@@ -52,7 +52,7 @@ pub async fn work(client: &Client, args: WorkArgs) -> Result<u8, Failure> {
                     format!("queue {} has no task ready to claim", args.queue),
                 ));
             }
-            eprintln!(
+            note!(
                 "baton: queue {} has no task ready; {settled} task(s) worked",
                 args.queue
             );
@@ -73,7 +73,7 @@ pub async fn work(client: &Client, args: WorkArgs) -> Result<u8, Failure> {
 async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failure> {
     let task = claim.task().clone();
     let label = format!("{}/{}", args.queue, task.id);
-    eprintln!(
+    note!(
         "baton: claimed task {label} attempt={} fence={}; running {}",
         claim.attempt(),
         claim.fence(),
@@ -91,7 +91,7 @@ async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failu
         Ok(child) => child,
         Err(error) => {
             if let Err(error) = claim.release(Some(format!("{error:#}"))).await {
-                eprintln!("baton: releasing task {label} failed: {error}");
+                note!("baton: releasing task {label} failed: {error}");
             }
             return Err(Failure::new(EXIT_FAILURE, "SPAWN", format!("{error:#}")));
         }
@@ -123,9 +123,9 @@ async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failu
             code,
             interrupted: Some(signal),
         } => {
-            eprintln!("baton: interrupted ({signal}); releasing task {label}");
+            note!("baton: interrupted ({signal}); releasing task {label}");
             if let Err(error) = claim.release(Some(INTERRUPTED_NOTE.to_owned())).await {
-                eprintln!("baton: releasing task {label} failed: {error}");
+                note!("baton: releasing task {label} failed: {error}");
             }
             Ok(Some(code))
         }
@@ -134,7 +134,7 @@ async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failu
             interrupted: None,
         } => match claim.complete(None).await {
             Ok(_) => {
-                eprintln!("baton: completed task {label}");
+                note!("baton: completed task {label}");
                 Ok(None)
             }
             Err(error @ Error::StaleFence { .. }) => Err(lost(format!(
@@ -150,7 +150,7 @@ async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failu
             let reason = format!("exit status {code}");
             match claim.fail(reason.clone(), true).await {
                 Ok(failed) => {
-                    eprintln!(
+                    note!(
                         "baton: failed task {label} ({reason}); attempt {} of {}, now {}",
                         failed.attempt,
                         failed.max_attempts,
