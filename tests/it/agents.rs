@@ -196,6 +196,103 @@ async fn task_work_stops_the_command_and_exits_4_when_the_claim_is_lost() {
 }
 
 #[tokio::test]
+async fn a_sigkilled_worker_takes_its_command_and_its_children_along() {
+    let cluster = Cluster::start(1).await;
+    let producer = client(&cluster);
+    enqueue(&producer, "killed", "job", json!({}), 3).await;
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let pids = directory.path().join("pids");
+    let script = format!(
+        "sleep 300 & echo $$ $! > {pids}.tmp && mv {pids}.tmp {pids}; wait",
+        pids = pids.display()
+    );
+    let mut work = command(
+        &url(&cluster),
+        &["task", "work", "killed", "--", "sh", "-c", &script],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::null())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("spawn baton task work");
+    let (child, grandchild): (u32, u32) = poll_until(
+        Duration::from_secs(20),
+        "the command to start",
+        async || {
+            let text = std::fs::read_to_string(&pids).ok()?;
+            let mut words = text.split_whitespace();
+            Some((words.next()?.parse().ok()?, words.next()?.parse().ok()?))
+        },
+    )
+    .await;
+    let _reapers = (KillOnDrop(child), KillOnDrop(grandchild));
+
+    work.start_kill().expect("SIGKILL the worker");
+    work.wait().await.expect("reap the worker");
+    poll_until(
+        Duration::from_secs(2),
+        "the command and its child to die",
+        async || (!process_exists(child) && !process_exists(grandchild)).then_some(()),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_interrupted_worker_passes_the_signal_on_and_releases_its_task() {
+    let cluster = Cluster::start(1).await;
+    let producer = client(&cluster);
+    enqueue(&producer, "interrupted", "job", json!({}), 3).await;
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let ready = directory.path().join("ready");
+    let script = format!(
+        "trap 'exit 42' TERM; echo $$ > {ready}.tmp && mv {ready}.tmp {ready}; \
+         while :; do sleep 0.05; done",
+        ready = ready.display()
+    );
+    let work = command(
+        &url(&cluster),
+        &["task", "work", "interrupted", "--", "sh", "-c", &script],
+    )
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .expect("spawn baton task work");
+    let pid: u32 = poll_until(
+        Duration::from_secs(20),
+        "the command to start",
+        async || std::fs::read_to_string(&ready).ok()?.trim().parse().ok(),
+    )
+    .await;
+    let _reaper = KillOnDrop(pid);
+    let sent = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(work.id().expect("the worker's pid").to_string())
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let output = tokio::time::timeout(Duration::from_secs(15), work.wait_with_output())
+        .await
+        .expect("the worker exits after its command")
+        .expect("wait for the worker");
+    assert_eq!(
+        output.status.code(),
+        Some(42),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // Released, not failed: ready again, no failure reason.
+    let [task] = <[Task; 1]>::try_from(tasks(&producer, "interrupted").await).expect("one");
+    assert_eq!(task.state, TaskState::Ready, "{task:?}");
+    assert_eq!(task.reason, None, "{task:?}");
+    assert_eq!(
+        task.note.as_deref(),
+        Some("baton task work was interrupted"),
+        "{task:?}"
+    );
+}
+
+#[tokio::test]
 async fn task_work_follow_picks_up_a_task_enqueued_later() {
     let cluster = Cluster::start(1).await;
     let producer = client(&cluster);
