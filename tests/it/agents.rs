@@ -617,6 +617,12 @@ async fn the_claude_code_hook_denies_when_baton_is_unreachable_unless_failing_op
     let open = world.hook(&closed, &["--fail-open"], &bytes(&edit)).await;
     allowed(&open);
     assert!(open.stderr.contains("unreachable"), "{open:#?}");
+    // An endpoint the client cannot even use is as unreachable: still exit 0.
+    let misconfigured = world.hook("https://127.0.0.1:1", &[], &bytes(&edit)).await;
+    assert!(
+        denial(&misconfigured).contains("unreachable"),
+        "{misconfigured:#?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -149,10 +149,8 @@ async fn pre_tool_use(global: &Global, args: &ClaudeCodeArgs, event: &HookEvent)
     };
     let client = match hook_client(global, &event.session_id) {
         Ok(client) => client,
-        Err(error) => {
-            note!("baton hook: {}", error.message());
-            return Decision::Allow;
-        }
+        // A bad endpoint: as unreachable as a node that is down.
+        Err(error) => return unreachable(args, &resource, &error),
     };
     let state = StateFile::new(&event.session_id);
     let _serialized = state.lock();
@@ -231,19 +229,24 @@ fn failed(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
             note!("baton hook: {resource} cannot be claimed: {message}");
             Decision::Allow
         }
-        _ if args.fail_open => {
-            note!(
-                "baton hook: Baton is unreachable; allowing the edit of {resource} (--fail-open): {}",
-                error.message()
-            );
-            Decision::Allow
-        }
-        _ => Decision::Deny(format!(
-            "{resource} cannot be claimed: Baton is unreachable ({}: {})",
-            error.code(),
-            error.message()
-        )),
+        _ => unreachable(args, resource, error),
     }
+}
+
+/// Baton cannot be reached: deny saying so, or allow with `--fail-open`.
+fn unreachable(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
+    if args.fail_open {
+        note!(
+            "baton hook: Baton is unreachable; allowing the edit of {resource} (--fail-open): {}",
+            error.message()
+        );
+        return Decision::Allow;
+    }
+    Decision::Deny(format!(
+        "{resource} cannot be claimed: Baton is unreachable ({}: {})",
+        error.code(),
+        error.message()
+    ))
 }
 
 async fn session_end(global: &Global, event: &HookEvent) {

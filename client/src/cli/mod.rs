@@ -491,6 +491,14 @@ pub struct RunArgs {
 
 /// Runs the parsed command line; returns the exit code.
 pub async fn main(cli: Cli) -> u8 {
+    // A hook builds its own client and always exits 0: it must never block an agent by accident.
+    let cli = match cli {
+        Cli {
+            global,
+            command: Command::Hook(HookCommand::ClaudeCode(args)),
+        } => return hook::claude_code(&global, args).await,
+        cli => cli,
+    };
     let json = cli.global.json;
     let client = match client(&cli.global) {
         Ok(client) => client,
@@ -503,9 +511,6 @@ pub async fn main(cli: Cli) -> u8 {
     let result = match cli.command {
         Command::Run(args) => run::run(&client, args, timeout).await,
         Command::Task(TaskCommand::Work(args)) => work::work(&client, args).await,
-        Command::Hook(HookCommand::ClaudeCode(args)) => {
-            return hook::claude_code(&cli.global, args).await
-        }
         Command::Events {
             after,
             follow: true,

@@ -100,7 +100,7 @@ impl Supervised {
             .stderr(Stdio::inherit())
             .process_group(0)
             .spawn()
-            .with_context(|| format!("cannot start {:?}", command[0]))?;
+            .with_context(|| format!("cannot start the supervisor of {:?}", command[0]))?;
         let pid = child.id().context("the supervisor exited at once")?;
         let group = Pid::from_raw(i32::try_from(pid).context("a pid out of range")?);
         Ok(Supervised {
