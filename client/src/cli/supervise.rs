@@ -219,7 +219,7 @@ pub fn main(args: &SuperviseArgs) -> ExitCode {
     }
     let armed = waited
         .thread_block()
-        .and_then(|()| nix::sys::prctl::set_pdeathsig(PARENT_DEATH_SIGNAL));
+        .and_then(|()| arm_parent_death_signal());
     // Checked after arming: the parent may have died before, and nobody would signal us.
     if armed.is_err() || getppid() != parent {
         if let Err(error) = armed {
@@ -251,6 +251,19 @@ pub fn main(args: &SuperviseArgs) -> ExitCode {
             Ok(_) | Err(_) => {}
         }
     }
+}
+
+/// Asks the kernel for [`PARENT_DEATH_SIGNAL`] when the parent dies.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn arm_parent_death_signal() -> nix::Result<()> {
+    nix::sys::prctl::set_pdeathsig(PARENT_DEATH_SIGNAL)
+}
+
+/// Elsewhere there is no parent-death signal: a SIGKILLed `baton` leaves CMD running (a
+/// `baton` that exits any other way still stops it).
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn arm_parent_death_signal() -> nix::Result<()> {
+    Ok(())
 }
 
 /// When the parent's group owns the terminal's foreground, hands it to this group; returns
