@@ -333,7 +333,18 @@ async fn task_work_follow_picks_up_a_task_enqueued_later() {
         work.try_wait().expect("baton task work's status").is_none(),
         "--follow exited on an empty queue"
     );
-    work.start_kill().expect("stop the worker");
+    // An idle worker still ends on SIGTERM (a service manager's stop), with 128 + 15.
+    let sent = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(work.id().expect("the worker's pid").to_string())
+        .status()
+        .expect("run kill");
+    assert!(sent.success());
+    let status = tokio::time::timeout(Duration::from_secs(5), work.wait())
+        .await
+        .expect("an idle worker ends on SIGTERM")
+        .expect("wait for the worker");
+    assert_eq!(status.code(), Some(143), "{status:?}");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -306,8 +306,10 @@ fn with_terminal_stops_blocked(action: impl FnOnce() -> nix::Result<()>) -> nix:
     result
 }
 
-/// The signals `baton` passes on to CMD's group.
-struct Signals {
+/// The signals `baton` passes on to CMD's group (SIGINT, SIGTERM, SIGHUP, SIGQUIT). Once
+/// one is listened for, it no longer ends `baton` by itself: whoever listens must act on it.
+#[derive(Debug)]
+pub struct Signals {
     interrupt: tokio::signal::unix::Signal,
     terminate: tokio::signal::unix::Signal,
     hangup: tokio::signal::unix::Signal,
@@ -315,7 +317,8 @@ struct Signals {
 }
 
 impl Signals {
-    fn new() -> io::Result<Signals> {
+    /// Listens from now on.
+    pub fn new() -> io::Result<Signals> {
         Ok(Signals {
             interrupt: signal(SignalKind::interrupt())?,
             terminate: signal(SignalKind::terminate())?,
@@ -325,7 +328,7 @@ impl Signals {
     }
 
     /// The next signal received.
-    async fn next(&mut self) -> Signal {
+    pub async fn next(&mut self) -> Signal {
         tokio::select! {
             _ = self.interrupt.recv() => Signal::SIGINT,
             _ = self.terminate.recv() => Signal::SIGTERM,

@@ -8,8 +8,10 @@
 //! Each task is claimed with a session of its own (`--ttl`), ended once the task is settled.
 //! A lost claim stops CMD as `baton run` does (SIGTERM, SIGKILL after `--grace`) and exits 4;
 //! the task returns to the queue for someone else. A signal sent to `baton task work` is
-//! passed on to CMD; once CMD has exited, the task is released without counting an attempt
-//! (the worker was interrupted; the task did not fail) and the worker exits with CMD's status.
+//! passed on to CMD; once CMD has exited, its task is released without counting an attempt
+//! (the worker was interrupted; the task did not fail), or completed if CMD exited 0 anyway,
+//! and the worker exits with CMD's status. Between tasks a signal ends the worker at once
+//! (128 + its number).
 //! CMD runs under the supervisor of `supervise.rs`, so it never outlives the worker. What
 //! must never live here: claim validity (the client's `TaskClaim` has it).
 
@@ -17,11 +19,12 @@ use std::time::Duration;
 
 use baton_client::api::{Event, EventKind};
 use baton_client::{Client, Error, EventStream, TaskClaim};
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
+use nix::sys::signal::Signal;
 use tokio::time::Instant;
 
 use super::output::{note, Failure, EXIT_CONFLICT, EXIT_FAILURE, EXIT_NOT_FOUND, EXIT_OK};
-use super::supervise::{Ended, Supervised};
+use super::supervise::{Ended, Signals, Supervised};
 use super::WorkArgs;
 
 /// With `--follow`, how often the queue is claimed from even without an event: a delay that
@@ -34,15 +37,37 @@ const INTERRUPTED_NOTE: &str = "baton task work was interrupted";
 
 /// Runs `baton task work`; returns the exit code, or a failure.
 pub async fn work(client: &Client, args: WorkArgs) -> Result<u8, Failure> {
+    // Listened for from the start: between tasks too, a signal must end the worker.
+    let mut signals = Signals::new().map_err(|error| {
+        Failure::new(
+            EXIT_FAILURE,
+            "INTERNAL",
+            format!("cannot catch signals: {error}"),
+        )
+    })?;
     let mut waiter = match args.follow {
         true => Some(TaskWaiter::start(client, &args.queue).await?),
         false => None,
     };
     let mut settled: u64 = 0;
     loop {
-        let Some(claim) = client.claim(&args.queue, args.ttl).await? else {
+        // Never cancelled: a claim made on the server must reach a `TaskClaim` to be settled.
+        let claimed = client.claim(&args.queue, args.ttl).await?;
+        if let Some(signal) = signals.next().now_or_never() {
+            if let Some(claim) = claimed {
+                let label = format!("{}/{}", args.queue, claim.task().id);
+                if let Err(error) = claim.release(Some(INTERRUPTED_NOTE.to_owned())).await {
+                    note!("baton: releasing task {label} failed: {error}");
+                }
+            }
+            return Ok(interrupted(signal));
+        }
+        let Some(claim) = claimed else {
             if let Some(waiter) = &mut waiter {
-                waiter.wait(client).await?;
+                tokio::select! {
+                    waited = waiter.wait(client) => waited?,
+                    signal = signals.next() => return Ok(interrupted(signal)),
+                }
                 continue;
             }
             if settled == 0 {
@@ -68,8 +93,15 @@ pub async fn work(client: &Client, args: WorkArgs) -> Result<u8, Failure> {
     }
 }
 
+/// The exit code of a worker ended by `signal` while no command ran: 128 + its number.
+fn interrupted(signal: Signal) -> u8 {
+    note!("baton: interrupted ({signal}) between tasks");
+    u8::try_from(128 + signal as i32).unwrap_or(EXIT_FAILURE)
+}
+
 /// Runs CMD for one claimed task and settles it. `Some(code)` when the worker must stop with
-/// that exit code (it was interrupted).
+/// that exit code (it was interrupted: a CMD that exits 0 anyway completes its task, any other
+/// status releases it).
 async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failure> {
     let task = claim.task().clone();
     let label = format!("{}/{}", args.queue, task.id);
@@ -120,6 +152,21 @@ async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failu
             Err(lost(reason.to_string()))
         }
         Ended::Exited {
+            code: 0,
+            interrupted,
+        } => match claim.complete(None).await {
+            Ok(_) => {
+                note!("baton: completed task {label}");
+                // Told to stop while CMD finished its task anyway: stop now, as CMD did.
+                Ok(interrupted.map(|_| 0))
+            }
+            Err(error @ Error::StaleFence { .. }) => Err(lost(format!(
+                "completing it was refused: {}",
+                error.message()
+            ))),
+            Err(error) => Err(error.into()),
+        },
+        Ended::Exited {
             code,
             interrupted: Some(signal),
         } => {
@@ -129,20 +176,6 @@ async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failu
             }
             Ok(Some(code))
         }
-        Ended::Exited {
-            code: 0,
-            interrupted: None,
-        } => match claim.complete(None).await {
-            Ok(_) => {
-                note!("baton: completed task {label}");
-                Ok(None)
-            }
-            Err(error @ Error::StaleFence { .. }) => Err(lost(format!(
-                "completing it was refused: {}",
-                error.message()
-            ))),
-            Err(error) => Err(error.into()),
-        },
         Ended::Exited {
             code,
             interrupted: None,
