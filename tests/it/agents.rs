@@ -575,6 +575,18 @@ async fn the_claude_code_hook_ignores_what_it_does_not_claim() {
     );
     assert!(lease(&cluster, "lib.rs").await.is_some());
 
+    // A root named through a symbolic link still holds the file's real path.
+    let link = world.repo.parent().expect("a parent").join("link");
+    std::os::unix::fs::symlink(&world.repo, &link).expect("a symbolic link");
+    let linked = link.to_str().expect("UTF-8");
+    let real = world.pre_tool_use(session, "Write", "src/new/mod.rs");
+    allowed(
+        &world
+            .hook(&endpoints, &["--root", linked], &bytes(&real))
+            .await,
+    );
+    assert!(lease(&cluster, "src/new/mod.rs").await.is_some());
+
     // A corrupt state file is replaced by a new session.
     std::fs::write(world.state_file(session), "\u{0}garbage\n").expect("corrupt it");
     let next = world.pre_tool_use(session, "Edit", "src/main.rs");

@@ -144,7 +144,10 @@ async fn pre_tool_use(global: &Global, args: &ClaudeCodeArgs, event: &HookEvent)
         Some(root) => normalize(&working_directory.join(root)),
         None => git_top_level(&file).unwrap_or_else(|| normalize(&working_directory)),
     };
-    let Some(resource) = resource_of(&file, &root) else {
+    // By text first; then through symbolic links (`/tmp` may be `/private/tmp`).
+    let resource =
+        resource_of(&file, &root).or_else(|| resource_of(&resolve(&file), &resolve(&root)));
+    let Some(resource) = resource else {
         return Decision::Allow;
     };
     let client = match hook_client(global, &event.session_id) {
@@ -291,6 +294,17 @@ fn normalize(path: &Path) -> PathBuf {
         }
     }
     normal
+}
+
+/// `path` with its nearest existing ancestor resolved through symbolic links (the file itself
+/// may not exist yet).
+fn resolve(path: &Path) -> PathBuf {
+    path.ancestors()
+        .find_map(|ancestor| {
+            let real = ancestor.canonicalize().ok()?;
+            Some(real.join(path.strip_prefix(ancestor).ok()?))
+        })
+        .unwrap_or_else(|| path.to_path_buf())
 }
 
 /// The nearest directory above `file` with a `.git` entry.
