@@ -310,3 +310,23 @@ async fn closed_outputs_never_panic_nor_change_a_failures_status() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+#[tokio::test]
+async fn a_command_that_cannot_start_exits_127_and_frees_the_lease() {
+    let cluster = Cluster::start(1).await;
+    let run = baton(
+        &url(&cluster),
+        &["run", "jobs/missing", "--", "/nonexistent/command", "arg"],
+    )
+    .await;
+    run.expect_code(127);
+    assert!(
+        run.stderr.contains("cannot start \"/nonexistent/command\""),
+        "{run:#?}"
+    );
+    cluster
+        .api()
+        .get(cluster.node(1), "/v1/leases/jobs/missing")
+        .await
+        .expect_status(404);
+}

@@ -4,11 +4,11 @@
 //! `BATON_SESSION`, keep the lease alive while it runs, and the moment the guard stops being
 //! valid (its G7 deadline passes or the server says `LEASE_LOST`) send CMD SIGTERM, then
 //! SIGKILL after `--grace`, and exit 4. When CMD ends by itself, release at once and exit with
-//! its status (128 + signal when a signal killed it). SIGINT, SIGTERM, SIGHUP and SIGQUIT sent
-//! to `baton run` are passed on to CMD's process group. CMD runs under a supervisor
-//! (`supervise.rs`), so it never outlives `baton run`, even a SIGKILLed one. CMD's stdin,
-//! stdout and stderr are its own; this module writes to stderr only. What must never live
-//! here: lease validity rules (the guard has them).
+//! its status (128 + signal when a signal killed it, 127 when it could not be started).
+//! SIGINT, SIGTERM, SIGHUP and SIGQUIT sent to `baton run` are passed on to CMD's process
+//! group. CMD runs under a supervisor (`supervise.rs`), so it never outlives `baton run`, even
+//! a SIGKILLed one. CMD's stdin, stdout and stderr are its own; this module writes to stderr
+//! only. What must never live here: lease validity rules (the guard has them).
 
 use std::time::Duration;
 
