@@ -405,7 +405,10 @@ impl Client {
         session_id: &SessionId,
         budget: Budget,
     ) -> Result<Answer<KeepaliveResponse>> {
-        let path = format!("/v1/sessions/{}/keepalive", encode(session_id.as_str()));
+        let path = format!(
+            "/v1/sessions/{}/keepalive",
+            encode_name(session_id.as_str())?
+        );
         self.execute(
             Operation {
                 method: Method::POST,
@@ -425,7 +428,7 @@ impl Client {
     /// [`Error::Lost`] when the session is gone; [`Error::NotFound`] when it holds no lease
     /// on that resource.
     pub async fn release(&self, session_id: &SessionId, resource: &str) -> Result<ReleaseResponse> {
-        let path = format!("/v1/sessions/{}/release", encode(session_id.as_str()));
+        let path = format!("/v1/sessions/{}/release", encode_name(session_id.as_str())?);
         let body = ReleaseRequest {
             resource: resource.to_owned(),
         };
@@ -438,7 +441,7 @@ impl Client {
     ///
     /// [`Error::NotFound`] when the session is gone.
     pub async fn get_session(&self, session_id: &SessionId) -> Result<SessionInfo> {
-        let path = format!("/v1/sessions/{}", encode(session_id.as_str()));
+        let path = format!("/v1/sessions/{}", encode_name(session_id.as_str())?);
         self.read(Method::GET, path, None::<&()>).await
     }
 
@@ -448,7 +451,7 @@ impl Client {
     ///
     /// [`Error::NotFound`] (or [`Error::Lost`]) when the session is already gone.
     pub async fn end_session(&self, session_id: &SessionId) -> Result<EndSessionResponse> {
-        let path = format!("/v1/sessions/{}", encode(session_id.as_str()));
+        let path = format!("/v1/sessions/{}", encode_name(session_id.as_str())?);
         Ok(self.mutate(Method::DELETE, path, None::<&()>).await?.value)
     }
 
@@ -524,7 +527,7 @@ impl Client {
     ///
     /// [`Error::NotFound`] when no lease is live on it.
     pub async fn get_lease(&self, resource: &str) -> Result<Lease> {
-        let path = format!("/v1/leases/{}", encode_path(resource));
+        let path = format!("/v1/leases/{}", encode_path(resource)?);
         self.read(Method::GET, path, None::<&()>).await
     }
 
@@ -586,7 +589,7 @@ impl Client {
     ///
     /// [`Error::NotFound`] when the key has no value.
     pub async fn kv_get(&self, key: &str) -> Result<KvEntry> {
-        let path = format!("/v1/kv/{}", encode_path(key));
+        let path = format!("/v1/kv/{}", encode_path(key)?);
         self.read(Method::GET, path, None::<&()>).await
     }
 
@@ -639,7 +642,7 @@ impl Client {
     ///
     /// As [`Client::kv_put_fenced`].
     pub async fn kv_put_request(&self, key: &str, request: &KvPutRequest) -> Result<KvPutResponse> {
-        let path = format!("/v1/kv/{}", encode_path(key));
+        let path = format!("/v1/kv/{}", encode_path(key)?);
         Ok(self.mutate(Method::PUT, path, Some(request)).await?.value)
     }
 
@@ -684,7 +687,7 @@ impl Client {
         key: &str,
         request: &KvDeleteRequest,
     ) -> Result<KvDeleteResponse> {
-        let path = format!("/v1/kv/{}", encode_path(key));
+        let path = format!("/v1/kv/{}", encode_path(key)?);
         Ok(self
             .mutate(Method::DELETE, path, Some(request))
             .await?
@@ -1449,7 +1452,52 @@ fn parse_endpoint(text: &str) -> Result<Endpoint> {
     })
 }
 
-/// Percent-encodes everything but RFC 3986 unreserved characters.
+/// One name (a queue, a task id, a session id) as one URL path segment, sent unchanged: every
+/// byte but RFC 3986's unreserved ones percent-encoded, `/` included.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for `.` and `..`: URL libraries remove such a segment even
+/// percent-encoded (WHATWG treats `%2E%2E` as `..`), and the server refuses it anyway (SPEC
+/// section 4, "Names").
+pub(crate) fn encode_name(name: &str) -> Result<String> {
+    if is_dot_segment(name) {
+        return Err(dot_segment(name));
+    }
+    Ok(encode(name))
+}
+
+/// A resource path or kv key as URL path text, sent unchanged: each `/`-separated segment
+/// percent-encoded (SPEC section 4). A path with a `.` or `..` segment travels with its `/`s
+/// encoded as `%2F`, as one URL segment, so that no URL library collapses it (the server
+/// decodes it back and refuses it, or stores it as the exact bytes); a path that is nothing
+/// but `.` or `..` is refused here, as the server would.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] for a path that is `.` or `..`.
+pub(crate) fn encode_path(path: &str) -> Result<String> {
+    if is_dot_segment(path) {
+        return Err(dot_segment(path));
+    }
+    if path.split('/').any(is_dot_segment) {
+        return Ok(encode(path));
+    }
+    Ok(path.split('/').map(encode).collect::<Vec<_>>().join("/"))
+}
+
+fn is_dot_segment(segment: &str) -> bool {
+    segment == "." || segment == ".."
+}
+
+fn dot_segment(name: &str) -> Error {
+    invalid(format!(
+        "{name:?} is not a name: a path segment may not be . or .."
+    ))
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters (for query values and
+/// through [`encode_name`] and [`encode_path`] for paths).
 pub(crate) fn encode(text: &str) -> String {
     let mut encoded = String::with_capacity(text.len());
     for byte in text.bytes() {
@@ -1460,11 +1508,6 @@ pub(crate) fn encode(text: &str) -> String {
         }
     }
     encoded
-}
-
-/// Percent-encodes each `/`-separated segment of a resource path or key.
-pub(crate) fn encode_path(path: &str) -> String {
-    path.split('/').map(encode).collect::<Vec<_>>().join("/")
 }
 
 #[cfg(test)]
@@ -1496,8 +1539,44 @@ mod tests {
         assert!(parse_endpoint("https://a:1").is_err());
         assert!(parse_endpoint("http://a:1/v1").is_err());
         assert!(parse_endpoint("nohost").is_err());
-        assert_eq!(encode_path("repo/src/a b?.rs"), "repo/src/a%20b%3F.rs");
-        assert_eq!(encode("a/b"), "a%2Fb");
+        assert_eq!(
+            encode_path("repo/src/a b?.rs").expect("a path"),
+            "repo/src/a%20b%3F.rs"
+        );
+        assert_eq!(encode_name("a/b").expect("a name"), "a%2Fb");
+    }
+
+    #[test]
+    fn dot_segments_travel_unchanged_or_are_refused() {
+        // Glued with %2F so that no URL library sees a `..` segment to remove.
+        assert_eq!(
+            encode_path("dots/a/../b").expect("a path"),
+            "dots%2Fa%2F..%2Fb"
+        );
+        assert_eq!(encode_path("./x").expect("a path"), ".%2Fx");
+        assert_eq!(
+            encode_path("a/.hidden/..b").expect("a path"),
+            "a/.hidden/..b"
+        );
+        for name in [".", ".."] {
+            assert!(matches!(
+                encode_path(name),
+                Err(Error::InvalidArgument { .. })
+            ));
+            assert!(matches!(
+                encode_name(name),
+                Err(Error::InvalidArgument { .. })
+            ));
+        }
+        // What reqwest sends is what was built: nothing is collapsed.
+        for path in ["dots/a/../b", "./x", "a/./b/.."] {
+            let url = format!(
+                "http://127.0.0.1:1/v1/kv/{}",
+                encode_path(path).expect("a path")
+            );
+            let parsed = reqwest::Url::parse(&url).expect("a URL");
+            assert_eq!(parsed.as_str(), url, "{path}");
+        }
     }
 
     #[test]

@@ -9,6 +9,10 @@ use clap::Parser;
 
 fn main() -> std::process::ExitCode {
     let cli = cli::Cli::parse();
+    if let cli::Command::Supervise(args) = &cli.command {
+        // Before any runtime: the supervisor is single-threaded by design.
+        return cli::supervise::main(args);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

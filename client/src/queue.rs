@@ -20,7 +20,7 @@ use crate::api::{
     ClaimRequest, ClaimResponse, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery,
     QueueInfo, SessionId, Task, TaskList, TaskReleaseRequest,
 };
-use crate::client::{encode, millis, Answer, Client, TTL_DEFAULT};
+use crate::client::{encode, encode_name, millis, Answer, Client, TTL_DEFAULT};
 use crate::error::{Error, Result};
 use crate::session::{LostReason, Session, Shared};
 
@@ -187,7 +187,7 @@ impl Client {
     /// transport errors as for every call (a retry reuses the idempotency key, so the task is
     /// enqueued at most once).
     pub async fn enqueue(&self, queue: &str, request: EnqueueRequest) -> Result<Task> {
-        let path = format!("/v1/queues/{}/tasks", encode(queue));
+        let path = format!("/v1/queues/{}/tasks", encode_name(queue)?);
         Ok(self.mutate(Method::POST, path, Some(&request)).await?.value)
     }
 
@@ -204,7 +204,7 @@ impl Client {
         queue: &str,
         request: &ClaimRequest,
     ) -> Result<Answer<Option<ClaimResponse>>> {
-        let path = format!("/v1/queues/{}/claim", encode(queue));
+        let path = format!("/v1/queues/{}/claim", encode_name(queue)?);
         self.mutate(Method::POST, path, Some(request)).await
     }
 
@@ -259,7 +259,7 @@ impl Client {
         task_id: &str,
         request: &CompleteRequest,
     ) -> Result<Task> {
-        let path = task_path(queue, task_id, "complete");
+        let path = task_path(queue, task_id, "complete")?;
         Ok(self.mutate(Method::POST, path, Some(request)).await?.value)
     }
 
@@ -275,7 +275,7 @@ impl Client {
         task_id: &str,
         request: &FailRequest,
     ) -> Result<Task> {
-        let path = task_path(queue, task_id, "fail");
+        let path = task_path(queue, task_id, "fail")?;
         Ok(self.mutate(Method::POST, path, Some(request)).await?.value)
     }
 
@@ -291,7 +291,7 @@ impl Client {
         task_id: &str,
         request: &TaskReleaseRequest,
     ) -> Result<Task> {
-        let path = task_path(queue, task_id, "release");
+        let path = task_path(queue, task_id, "release")?;
         Ok(self.mutate(Method::POST, path, Some(request)).await?.value)
     }
 
@@ -301,7 +301,7 @@ impl Client {
     ///
     /// [`Error::InvalidArgument`] for a bad queue name.
     pub async fn queue_info(&self, queue: &str) -> Result<QueueInfo> {
-        let path = format!("/v1/queues/{}", encode(queue));
+        let path = format!("/v1/queues/{}", encode_name(queue)?);
         self.read(Method::GET, path, None::<&()>).await
     }
 
@@ -322,7 +322,7 @@ impl Client {
         if let Some(cursor) = &query.cursor {
             parameters.push(format!("cursor={}", encode(cursor)));
         }
-        let mut path = format!("/v1/queues/{}/tasks", encode(queue));
+        let mut path = format!("/v1/queues/{}/tasks", encode_name(queue)?);
         if !parameters.is_empty() {
             path.push('?');
             path.push_str(&parameters.join("&"));
@@ -631,10 +631,10 @@ fn claimed(answer: Answer<Option<ClaimResponse>>) -> Option<Answer<ClaimResponse
     })
 }
 
-fn task_path(queue: &str, task_id: &str, action: &str) -> String {
-    format!(
+fn task_path(queue: &str, task_id: &str, action: &str) -> Result<String> {
+    Ok(format!(
         "/v1/queues/{}/tasks/{}/{action}",
-        encode(queue),
-        encode(task_id)
-    )
+        encode_name(queue)?,
+        encode_name(task_id)?
+    ))
 }

@@ -57,9 +57,11 @@ impl fmt::Display for LostReason {
             LostReason::Expired => {
                 formatter.write_str("no keepalive succeeded before the local deadline")
             }
-            LostReason::MaxHoldReached => formatter.write_str("the lease's max hold was reached"),
-            LostReason::Gone { message } => write!(formatter, "the server says: {message}"),
-            LostReason::Ended => formatter.write_str("the session was ended"),
+            LostReason::MaxHoldReached => formatter.write_str("max hold reached"),
+            LostReason::Gone { message } => {
+                write!(formatter, "session ended (the server says: {message})")
+            }
+            LostReason::Ended => formatter.write_str("session ended"),
         }
     }
 }
@@ -389,13 +391,12 @@ impl LeaseGuard {
 
     /// Why the guard is no longer valid, or `None` while it is.
     pub fn lost_reason(&self) -> Option<LostReason> {
-        if let Some(reason) = self.session.lost_reason() {
-            return Some(reason);
-        }
+        // Max hold first: a new session's first deadline is its lease's, which the max hold
+        // caps, so both pass at the same instant and the real cause is the max hold.
         let now = self.session.client.clock().now();
         match self.max_hold_until {
             Some(max_hold_until) if now >= max_hold_until => Some(LostReason::MaxHoldReached),
-            _ => None,
+            _ => self.session.lost_reason(),
         }
     }
 
@@ -565,12 +566,13 @@ impl Shared {
         let mut changes = self.changes.subscribe();
         loop {
             changes.borrow_and_update();
-            if let Some(reason) = self.lost_reason() {
-                return reason;
-            }
+            // Max hold first, as in `LeaseGuard::lost_reason`.
             let now = self.client.clock().now();
             if max_hold_until.is_some_and(|until| now >= until) {
                 return LostReason::MaxHoldReached;
+            }
+            if let Some(reason) = self.lost_reason() {
+                return reason;
             }
             let session_until = self.lock().valid_until;
             let until = max_hold_until.map_or(session_until, |hold| hold.min(session_until));
@@ -849,6 +851,18 @@ mod tests {
         clock.set(max_hold);
         assert_eq!(guard.lost_reason(), Some(LostReason::MaxHoldReached));
         assert_eq!(guard.lost().await, LostReason::MaxHoldReached);
+    }
+
+    #[tokio::test]
+    async fn a_first_deadline_capped_by_the_max_hold_is_lost_to_the_max_hold() {
+        // The server caps a new lease's `expires_in_ms` at its max hold: the session's first
+        // deadline and the max hold pass together, and the cause is the max hold.
+        let clock = Arc::new(ManualClock::new());
+        let guard = guard_at(&clock, 0, 1_000, Some(1_000));
+        clock.set(Duration::from_millis(1_000));
+        assert_eq!(guard.lost_reason(), Some(LostReason::MaxHoldReached));
+        assert_eq!(guard.lost().await, LostReason::MaxHoldReached);
+        assert_eq!(LostReason::MaxHoldReached.to_string(), "max hold reached");
     }
 
     #[tokio::test]

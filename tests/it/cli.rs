@@ -19,35 +19,35 @@ use baton_tests::{
 use serde::de::DeserializeOwned;
 
 /// How long one `baton` command may take before the test calls it a hang.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The outcome of one `baton` command.
 #[derive(Debug)]
-struct Outcome {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
+pub(crate) struct Outcome {
+    pub(crate) code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
 }
 
 impl Outcome {
-    fn expect_code(&self, code: i32) -> &Outcome {
+    pub(crate) fn expect_code(&self, code: i32) -> &Outcome {
         assert_eq!(self.code, Some(code), "unexpected exit: {self:#?}");
         self
     }
 
     /// The last line on stderr: where the error line must be.
-    fn error_line(&self) -> &str {
+    pub(crate) fn error_line(&self) -> &str {
         self.stderr.lines().last().unwrap_or_default()
     }
 
-    fn json<T: DeserializeOwned>(&self) -> T {
+    pub(crate) fn json<T: DeserializeOwned>(&self) -> T {
         serde_json::from_str(self.stdout.trim())
             .unwrap_or_else(|error| panic!("stdout is not the expected JSON ({error}): {self:#?}"))
     }
 }
 
 /// `baton ARGS` against `endpoints`, with a clean `BATON_*` environment and holder `tester`.
-async fn baton(endpoints: &str, args: &[&str]) -> Outcome {
+pub(crate) async fn baton(endpoints: &str, args: &[&str]) -> Outcome {
     let child = command(endpoints, args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -65,7 +65,7 @@ async fn baton(endpoints: &str, args: &[&str]) -> Outcome {
     }
 }
 
-fn command(endpoints: &str, args: &[&str]) -> tokio::process::Command {
+pub(crate) fn command(endpoints: &str, args: &[&str]) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(baton_path());
     for (key, _) in std::env::vars_os() {
         if key.to_string_lossy().starts_with("BATON_") {
@@ -80,7 +80,7 @@ fn command(endpoints: &str, args: &[&str]) -> tokio::process::Command {
     command
 }
 
-fn url(cluster: &Cluster) -> String {
+pub(crate) fn url(cluster: &Cluster) -> String {
     cluster.node(1).api_url()
 }
 
@@ -552,6 +552,10 @@ async fn run_stops_the_command_and_exits_4_when_its_session_is_ended_elsewhere()
         outcome.error_line().starts_with("error[LEASE_LOST]: "),
         "{outcome:#?}"
     );
+    assert!(
+        outcome.error_line().contains("session ended"),
+        "the real cause is not named: {outcome:#?}"
+    );
     // A keepalive every third of the TTL notices; SIGTERM stops `sleep` at once.
     assert!(
         ended_at.elapsed() < Duration::from_secs(3),
@@ -606,7 +610,7 @@ async fn run_passes_signals_on_to_the_command_and_releases_after_it() {
 }
 
 /// SIGKILLs a process the test did not start directly (a `baton run` command) on drop.
-struct KillOnDrop(u32);
+pub(crate) struct KillOnDrop(pub(crate) u32);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -620,7 +624,7 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn process_exists(pid: u32) -> bool {
+pub(crate) fn process_exists(pid: u32) -> bool {
     // A zombie is not running: only a live process has a state other than Z.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()

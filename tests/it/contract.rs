@@ -12,8 +12,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 /// Sends `GET {path}` as raw bytes (no URL library between), and returns the status line and
 /// body.
 async fn raw_get(address: &str, path: &str) -> (String, String) {
+    raw_request(address, "GET", path, "").await
+}
+
+/// Sends `{method} {path}` with a JSON `body` as raw bytes; the status line and the body.
+async fn raw_request(address: &str, method: &str, path: &str, body: &str) -> (String, String) {
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\n\r\n");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut answer = String::new();
     stream.read_to_string(&mut answer).await.unwrap();
@@ -60,6 +68,23 @@ async fn dot_segments_in_urls_are_refused_not_resolved() {
         .await
         .expect_problem(400, ErrorCode::InvalidArgument);
     }
+}
+
+/// A follower forwards through a URL library that would resolve `a/../b` to `b`: it refuses
+/// the dot segment itself, so the write never lands under another name.
+#[tokio::test]
+async fn a_follower_never_forwards_a_dot_segment_resolved() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let follower = cluster.followers().await[0];
+    for path in ["/v1/kv/dots/a/../b", "/v1/kv/dots/a/%2E%2E/b"] {
+        let (status, body) =
+            raw_request(&follower.api_addr(), "PUT", path, r#"{"value": 1}"#).await;
+        assert!(status.contains(" 400 "), "{path}: {status} {body}");
+    }
+    api.get(follower, "/v1/kv/dots/b")
+        .await
+        .expect_problem(404, ErrorCode::NotFound);
 }
 
 /// A path under a live subtree lease reads as held by it, and its fence is current there.

@@ -1,8 +1,10 @@
 //! The one integration test binary (STYLE rule 12): every module starts real `batond`
 //! processes through the harness in `tests/lib.rs` and talks to them over HTTP.
 
+mod agents;
 mod bad_input;
 mod cli;
+mod cli_fixes;
 mod client;
 mod client_queues;
 mod contract;

@@ -12,7 +12,7 @@ use baton_client::{Client, Error};
 use serde_json::Value;
 
 use super::duration::format_duration;
-use super::output::{print_json, Failure, EXIT_CONFLICT, EXIT_OK, EXIT_WAIT_EXPIRED};
+use super::output::{note, print_json, say, Failure, EXIT_CONFLICT, EXIT_OK, EXIT_WAIT_EXPIRED};
 use super::{
     AcquireArgs, ClusterCommand, Command, FenceArg, FenceCommand, KvCommand, SessionCommand,
 };
@@ -29,7 +29,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
             if json {
                 print_json(&released);
             } else {
-                println!("released {}", released.released);
+                say!("released {}", released.released);
             }
             Ok(EXIT_OK)
         }
@@ -38,7 +38,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
             if json {
                 print_json(&answer.value);
             } else {
-                println!(
+                say!(
                     "renewed session, expires in {}",
                     format_duration(Duration::from_millis(answer.value.expires_in_ms))
                 );
@@ -50,7 +50,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
             if json {
                 print_json(&lease);
             } else {
-                println!("{}", describe_lease(&lease));
+                say!("{}", describe_lease(&lease));
             }
             Ok(EXIT_OK)
         }
@@ -63,7 +63,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
             }
             if checked.current {
                 if !json {
-                    println!("fence {token} is current for {resource}");
+                    say!("fence {token} is current for {resource}");
                 }
                 return Ok(EXIT_OK);
             }
@@ -81,15 +81,17 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
         Command::Cluster(command) => cluster(client, command, json).await,
         Command::Task(command) => super::tasks::execute(client, command, json).await,
         Command::Events { after, .. } => super::events::print_after(client, after, json).await,
-        Command::Run(_) | Command::Mcp(_) => unreachable_run(),
+        Command::Run(_) | Command::Mcp(_) | Command::Hook(_) | Command::Supervise(_) => {
+            not_one_shot()
+        }
     }
 }
 
-fn unreachable_run() -> Result<u8, Failure> {
+fn not_one_shot() -> Result<u8, Failure> {
     Err(Failure::new(
         super::output::EXIT_FAILURE,
         "INTERNAL",
-        "`run` is dispatched before one-shot commands",
+        "`run`, `hook` and `__supervise` are dispatched before one-shot commands",
     ))
 }
 
@@ -123,11 +125,11 @@ async fn acquire(client: &Client, args: AcquireArgs, json: bool) -> Result<u8, F
     if json {
         print_json(&grant);
     } else if args.env {
-        println!("BATON_RESOURCE={}", grant.resource);
-        println!("BATON_SESSION={}", grant.session_id.as_str());
-        println!("BATON_FENCE={}", grant.fence);
+        say!("BATON_RESOURCE={}", grant.resource);
+        say!("BATON_SESSION={}", grant.session_id.as_str());
+        say!("BATON_FENCE={}", grant.fence);
     } else {
-        println!(
+        say!(
             "acquired {} fence={} session={} expires in {}",
             grant.resource,
             grant.fence,
@@ -191,16 +193,16 @@ async fn list(client: &Client, prefix: Option<String>, json: bool) -> Result<u8,
         return Ok(EXIT_OK);
     }
     for lease in &all.leases {
-        println!("{}", describe_lease(lease));
+        say!("{}", describe_lease(lease));
     }
     if all.leases.is_empty() {
-        eprintln!(
+        note!(
             "no live leases{}",
             prefix.map(|p| format!(" under {p}")).unwrap_or_default()
         );
     }
     if all.next_cursor.is_some() {
-        eprintln!("(stopped after {LIST_PAGES_MAX} pages; narrow the prefix)");
+        note!("(stopped after {LIST_PAGES_MAX} pages; narrow the prefix)");
     }
     Ok(EXIT_OK)
 }
@@ -212,9 +214,9 @@ async fn session(client: &Client, command: SessionCommand, json: bool) -> Result
             if json {
                 print_json(&created);
             } else if env {
-                println!("BATON_SESSION={}", created.session_id.as_str());
+                say!("BATON_SESSION={}", created.session_id.as_str());
             } else {
-                println!(
+                say!(
                     "created session {} holder={} ttl={}",
                     created.session_id.as_str(),
                     created.holder,
@@ -223,22 +225,22 @@ async fn session(client: &Client, command: SessionCommand, json: bool) -> Result
             }
         }
         SessionCommand::End(session) => {
-            let ended = client.end_session(&SessionId::new(session.id())).await?;
+            let ended = client.end_session(&SessionId::new(session.id()?)).await?;
             if json {
                 print_json(&ended);
             } else {
-                println!("ended session");
+                say!("ended session");
                 for resource in &ended.released {
-                    println!("released {resource}");
+                    say!("released {resource}");
                 }
             }
         }
         SessionCommand::Get(session) => {
-            let info = client.get_session(&SessionId::new(session.id())).await?;
+            let info = client.get_session(&SessionId::new(session.id()?)).await?;
             if json {
                 print_json(&info);
             } else {
-                println!(
+                say!(
                     "session holder={} ttl={} expires in {} leases={}",
                     info.holder,
                     format_duration(Duration::from_millis(info.ttl_ms)),
@@ -246,7 +248,7 @@ async fn session(client: &Client, command: SessionCommand, json: bool) -> Result
                     info.leases.len()
                 );
                 for lease in &info.leases {
-                    println!("{}", describe_lease(lease));
+                    say!("{}", describe_lease(lease));
                 }
             }
         }
@@ -265,9 +267,11 @@ async fn kv(client: &Client, command: KvCommand, json: bool) -> Result<u8, Failu
                     .fence
                     .map(|fence| format!(" fence={}:{}", fence.resource, fence.token))
                     .unwrap_or_default();
-                println!(
+                say!(
                     "{}={} revision={}{fence}",
-                    entry.key, entry.value, entry.revision
+                    entry.key,
+                    entry.value,
+                    entry.revision
                 );
             }
         }
@@ -293,7 +297,7 @@ async fn kv(client: &Client, command: KvCommand, json: bool) -> Result<u8, Failu
             if json {
                 print_json(&written);
             } else {
-                println!("wrote {key} revision={}", written.revision);
+                say!("wrote {key} revision={}", written.revision);
             }
         }
         KvCommand::Delete {
@@ -308,9 +312,9 @@ async fn kv(client: &Client, command: KvCommand, json: bool) -> Result<u8, Failu
             if json {
                 print_json(&deleted);
             } else if let (true, Some(revision)) = (deleted.deleted, deleted.revision) {
-                println!("deleted {key} revision={revision}");
+                say!("deleted {key} revision={revision}");
             } else {
-                println!("{key} had no value");
+                say!("{key} had no value");
             }
         }
     }
@@ -327,12 +331,14 @@ async fn cluster(client: &Client, command: ClusterCommand, json: bool) -> Result
                 let leader = status
                     .leader_id
                     .map_or_else(|| "none".to_owned(), |id| id.to_string());
-                println!(
+                say!(
                     "node={} leader={leader} term={} commit_index={}",
-                    status.node_id, status.term, status.commit_index
+                    status.node_id,
+                    status.term,
+                    status.commit_index
                 );
                 for member in &status.members {
-                    println!(
+                    say!(
                         "member {} api={} peer={} {}",
                         member.id,
                         member.api_addr,
@@ -358,7 +364,7 @@ async fn cluster(client: &Client, command: ClusterCommand, json: bool) -> Result
                 })
                 .await?;
             if !json {
-                println!(
+                say!(
                     "added node {id}{}",
                     if learner { " as a learner" } else { "" }
                 );
@@ -368,7 +374,7 @@ async fn cluster(client: &Client, command: ClusterCommand, json: bool) -> Result
         ClusterCommand::Remove { id } => {
             let answer = client.remove_member(id).await?;
             if !json {
-                println!("removed node {id}");
+                say!("removed node {id}");
             }
             answer
         }
@@ -398,13 +404,17 @@ fn fenced(
     fence: Option<FenceArg>,
     session: Option<String>,
 ) -> (Option<FenceRef>, Option<SessionId>) {
-    (
-        fence.map(|fence| FenceRef {
-            resource: fence.resource,
-            token: fence.token,
-        }),
-        session.map(SessionId::new),
-    )
+    // `BATON_SESSION` may be set for other commands: a session goes along with a fence only.
+    match fence {
+        Some(fence) => (
+            Some(FenceRef {
+                resource: fence.resource,
+                token: fence.token,
+            }),
+            session.map(SessionId::new),
+        ),
+        None => (None, None),
+    }
 }
 
 fn millis(duration: Duration) -> u64 {

@@ -8,7 +8,7 @@ use baton_client::api::{Event, EventKind, LeaseMode, TaskChange};
 use baton_client::Client;
 use futures_util::StreamExt;
 
-use super::output::{print_json, Failure, EXIT_OK};
+use super::output::{note, print_json, say, Failure, EXIT_OK};
 
 /// Most pages (1,000 events each) one `baton events` prints before it stops and says so.
 const PAGES_MAX: usize = 100;
@@ -26,7 +26,7 @@ pub async fn print_after(client: &Client, after: Option<u64>, json: bool) -> Res
         }
         after = Some(page.next);
     }
-    eprintln!(
+    note!(
         "(stopped after {PAGES_MAX} pages; continue with --after {})",
         after.unwrap_or_default()
     );
@@ -46,7 +46,7 @@ fn print_event(event: &Event, json: bool) {
     if json {
         print_json(event);
     } else {
-        println!("{}", describe_event(event));
+        say!("{}", describe_event(event));
     }
 }
 

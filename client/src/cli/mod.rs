@@ -6,9 +6,12 @@
 mod commands;
 pub mod duration;
 mod events;
+mod hook;
 pub mod output;
 mod run;
+pub mod supervise;
 mod tasks;
+mod work;
 
 use std::time::Duration;
 
@@ -33,23 +36,20 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Flags every subcommand takes, before or after its name.
+/// Flags every subcommand takes, before or after its name. `--endpoints`, `--holder` and
+/// `--namespace` fall back to their `BATON_*` variable here, not through clap's `env`, so
+/// that a usage error never shows a flag the caller did not type as if it were required.
 #[derive(Debug, Args)]
 pub struct Global {
-    /// Baton nodes to talk to, comma-separated.
-    #[arg(
-        long,
-        global = true,
-        env = "BATON_ENDPOINTS",
-        value_delimiter = ',',
-        default_value = "http://127.0.0.1:7420"
-    )]
+    /// Baton nodes to talk to, comma-separated [env: BATON_ENDPOINTS] [default:
+    /// http://127.0.0.1:7420].
+    #[arg(long, global = true, value_delimiter = ',')]
     pub endpoints: Vec<String>,
-    /// Holder name of sessions created here (default: user@host).
-    #[arg(long, global = true, env = "BATON_HOLDER")]
+    /// Holder name of sessions created here [env: BATON_HOLDER] [default: user@host].
+    #[arg(long, global = true)]
     pub holder: Option<String>,
-    /// Namespace (default: `default`).
-    #[arg(long, global = true, env = "BATON_NAMESPACE")]
+    /// Namespace [env: BATON_NAMESPACE] [default: default].
+    #[arg(long, global = true)]
     pub namespace: Option<String>,
     /// Print the API's answer object as JSON on stdout.
     #[arg(long, global = true)]
@@ -57,6 +57,49 @@ pub struct Global {
     /// Time limit of the whole command (a `--wait` adds to it; `run` only limits acquiring).
     #[arg(long, global = true, default_value = "30s", value_parser = parse_duration)]
     pub timeout: Duration,
+}
+
+/// The endpoint used when neither `--endpoints` nor `BATON_ENDPOINTS` names one.
+pub const ENDPOINTS_DEFAULT: &str = "http://127.0.0.1:7420";
+
+impl Global {
+    /// `--endpoints`, else `BATON_ENDPOINTS`, else [`ENDPOINTS_DEFAULT`].
+    pub fn endpoints(&self) -> Vec<String> {
+        let given: Vec<String> = if self.endpoints.is_empty() {
+            std::env::var("BATON_ENDPOINTS")
+                .unwrap_or_default()
+                .split(',')
+                .map(str::to_owned)
+                .collect()
+        } else {
+            self.endpoints.clone()
+        };
+        let given: Vec<String> = given
+            .into_iter()
+            .filter(|endpoint| !endpoint.trim().is_empty())
+            .collect();
+        if given.is_empty() {
+            vec![ENDPOINTS_DEFAULT.to_owned()]
+        } else {
+            given
+        }
+    }
+
+    /// `--holder`, else a non-empty `BATON_HOLDER`.
+    pub fn holder(&self) -> Option<String> {
+        self.holder.clone().or_else(|| variable("BATON_HOLDER"))
+    }
+
+    /// `--namespace`, else a non-empty `BATON_NAMESPACE`.
+    pub fn namespace(&self) -> Option<String> {
+        self.namespace
+            .clone()
+            .or_else(|| variable("BATON_NAMESPACE"))
+    }
+}
+
+fn variable(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|value| !value.is_empty())
 }
 
 #[derive(Debug, Subcommand)]
@@ -68,13 +111,13 @@ pub enum Command {
         /// The leased resource.
         resource: String,
         /// The session holding it.
-        #[arg(long)]
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: String,
     },
     /// Renew a session and every lease it holds.
     Keepalive {
         /// The session to renew.
-        #[arg(long)]
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: String,
     },
     /// Show the live lease on a resource.
@@ -116,6 +159,22 @@ pub enum Command {
         #[arg(long)]
         follow: bool,
     },
+    /// Tool hooks of agent runtimes: `baton hook claude-code` claims each file an agent is
+    /// about to edit.
+    #[command(subcommand)]
+    Hook(HookCommand),
+    /// Internal: runs CMD for `baton run` and `baton task work` so that it never outlives
+    /// them (see `supervise.rs`).
+    #[command(name = supervise::SUPERVISE_COMMAND, hide = true)]
+    Supervise(supervise::SuperviseArgs),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HookCommand {
+    /// A Claude Code hook (PreToolUse, SessionEnd): reads one hook event as JSON on stdin.
+    /// Before Edit, Write, MultiEdit and NotebookEdit it claims the file for the Claude
+    /// session, or denies the edit naming who holds the file; SessionEnd releases all.
+    ClaudeCode(hook::ClaudeCodeArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -152,7 +211,7 @@ pub enum TaskCommand {
         #[arg(long, default_value = "30s", value_parser = parse_duration)]
         ttl: Duration,
         /// Claim for this existing session instead of creating one.
-        #[arg(long)]
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: Option<String>,
         /// Print BATON_QUEUE=, BATON_TASK=, BATON_SESSION=, BATON_FENCE= and BATON_ATTEMPT=
         /// lines instead of the id alone.
@@ -199,6 +258,31 @@ pub enum TaskCommand {
         /// The queue.
         queue: String,
     },
+    /// Claim tasks one after another and run CMD for each: `baton task work QUEUE -- CMD`.
+    /// Exit 0 from CMD completes the task, any other status fails it; exits 0 once the queue
+    /// is empty (3 when it was empty at the start), 4 when a claim is lost.
+    Work(WorkArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct WorkArgs {
+    /// The queue.
+    pub queue: String,
+    /// TTL of each claim's session; renewed every third of it while CMD runs.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub ttl: Duration,
+    /// Take one task, then exit.
+    #[arg(long)]
+    pub once: bool,
+    /// When the queue is empty, wait for new tasks (on the event stream) instead of exiting.
+    #[arg(long, conflicts_with = "once")]
+    pub follow: bool,
+    /// After SIGTERM on a lost claim, how long CMD has before SIGKILL.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub grace: Duration,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true, num_args = 1..)]
+    pub command: Vec<String>,
 }
 
 /// A claim named on the command line: queue, task id, and the claim's session and fence
@@ -210,7 +294,7 @@ pub struct ClaimRef {
     /// The task id.
     pub id: String,
     /// The session holding the claim.
-    #[arg(long, env = "BATON_SESSION")]
+    #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
     pub session: String,
     /// The claim's fence.
     #[arg(long, env = "BATON_FENCE")]
@@ -233,7 +317,7 @@ pub struct AcquireArgs {
     #[arg(long)]
     pub subtree: bool,
     /// Acquire for this existing session instead of creating one.
-    #[arg(long)]
+    #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
     pub session: Option<String>,
     /// Cap the lease's life even while keepalives continue.
     #[arg(long, value_parser = parse_duration)]
@@ -266,23 +350,28 @@ pub enum SessionCommand {
     Get(SessionRef),
 }
 
-/// A session named by position or by `--session`.
+/// A session named by position, by `--session` or by `BATON_SESSION` (in that order).
 #[derive(Debug, Args)]
 pub struct SessionRef {
     /// The session id.
-    #[arg(required_unless_present = "session", conflicts_with = "session")]
     pub id: Option<String>,
-    /// The session id (same as the positional one).
-    #[arg(long)]
+    /// The session id (when no positional one is given).
+    #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
     pub session: Option<String>,
 }
 
 impl SessionRef {
-    fn id(&self) -> String {
+    fn id(&self) -> Result<String, Failure> {
         self.id
             .clone()
             .or_else(|| self.session.clone())
-            .unwrap_or_default()
+            .ok_or_else(|| {
+                Failure::new(
+                    output::EXIT_USAGE,
+                    "USAGE",
+                    "name the session: ID, --session ID or BATON_SESSION",
+                )
+            })
     }
 }
 
@@ -336,8 +425,8 @@ pub enum KvCommand {
         /// Only if this fence is live for --session: RESOURCE:TOKEN.
         #[arg(long, value_parser = parse_fence, requires = "session")]
         fence: Option<FenceArg>,
-        /// The session holding --fence.
-        #[arg(long, requires = "fence")]
+        /// The session holding --fence (used only with --fence).
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: Option<String>,
     },
     /// Delete a key.
@@ -347,8 +436,8 @@ pub enum KvCommand {
         /// Only if this fence is live for --session: RESOURCE:TOKEN.
         #[arg(long, value_parser = parse_fence, requires = "session")]
         fence: Option<FenceArg>,
-        /// The session holding --fence.
-        #[arg(long, requires = "fence")]
+        /// The session holding --fence (used only with --fence).
+        #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
         session: Option<String>,
     },
 }
@@ -405,6 +494,14 @@ pub struct RunArgs {
 
 /// Runs the parsed command line; returns the exit code.
 pub async fn main(cli: Cli) -> u8 {
+    // A hook builds its own client and always exits 0: it must never block an agent by accident.
+    let cli = match cli {
+        Cli {
+            global,
+            command: Command::Hook(HookCommand::ClaudeCode(args)),
+        } => return hook::claude_code(&global, args).await,
+        cli => cli,
+    };
     let json = cli.global.json;
     let client = match client(&cli.global) {
         Ok(client) => client,
@@ -417,6 +514,7 @@ pub async fn main(cli: Cli) -> u8 {
     let result = match cli.command {
         Command::Run(args) => run::run(&client, args, timeout).await,
         Command::Mcp(args) => Ok(crate::mcp::serve(&cli.global, args).await),
+        Command::Task(TaskCommand::Work(args)) => work::work(&client, args).await,
         Command::Events {
             after,
             follow: true,
@@ -452,14 +550,15 @@ fn command_wait(command: &Command) -> Option<Duration> {
     }
 }
 
-fn client(global: &Global) -> Result<Client, Error> {
-    let mut builder = Client::builder(global.endpoints.iter().filter(|e| !e.trim().is_empty()))
+/// The client of the global flags (and their `BATON_*` variables).
+pub(crate) fn client(global: &Global) -> Result<Client, Error> {
+    let mut builder = Client::builder(global.endpoints())
         .request_timeout(global.timeout.min(REQUEST_TIMEOUT_MAX))
         .retry_budget(global.timeout);
-    if let Some(holder) = &global.holder {
+    if let Some(holder) = global.holder() {
         builder = builder.holder(holder);
     }
-    if let Some(namespace) = &global.namespace {
+    if let Some(namespace) = global.namespace() {
         builder = builder.namespace(namespace);
     }
     builder.build()
@@ -517,6 +616,10 @@ mod tests {
                 "s",
             ][..],
             &["baton", "kv", "put", "k", "v", "--fence", "r:1"][..],
+            &[
+                "baton", "task", "work", "q", "--once", "--follow", "--", "true",
+            ][..],
+            &["baton", "task", "work", "q"][..],
         ] {
             let error = Cli::try_parse_from(args).expect_err("a usage error");
             assert_eq!(error.exit_code(), 2, "{args:?}");

@@ -2,9 +2,28 @@
 //! format (`error[LEASE_HELD]: ...`, always the last line on stderr), and `--json` output.
 //! What must never live here: requests; this module only turns outcomes into text and codes.
 
+use std::fmt;
+use std::io::Write;
+
 use baton_client::Error;
 use serde::Serialize;
 use serde_json::Value;
+
+/// `println!` for `baton`'s stdout: see [`write_line`].
+macro_rules! say {
+    ($($argument:tt)*) => {
+        $crate::cli::output::write_line(format_args!($($argument)*))
+    };
+}
+pub(crate) use say;
+
+/// `eprintln!` for `baton`'s own messages: see [`write_note`].
+macro_rules! note {
+    ($($argument:tt)*) => {
+        $crate::cli::output::write_note(format_args!($($argument)*))
+    };
+}
+pub(crate) use note;
 
 /// Success.
 pub const EXIT_OK: u8 = 0;
@@ -48,11 +67,12 @@ impl Failure {
     pub fn report(&self, json: bool) {
         if json {
             if let Some(problem) = &self.problem {
-                println!("{problem}");
+                // Not `say!`: a closed stdout must not turn a failure into status 0.
+                let _ = writeln!(std::io::stdout(), "{problem}");
             }
         }
         let message = self.message.replace('\n', " ");
-        eprintln!("error[{}]: {message}", self.code);
+        note!("error[{}]: {message}", self.code);
     }
 }
 
@@ -79,11 +99,39 @@ pub fn exit_code(error: &Error) -> u8 {
     }
 }
 
+/// Writes one line on stdout. A closed stdout (`baton events | head -1`) ends the process
+/// quietly with status 0: the reader has what it wanted (SPEC section 6). Any other write
+/// error ends it with status 1.
+pub fn write_line(arguments: fmt::Arguments<'_>) {
+    let mut stdout = std::io::stdout().lock();
+    let written = stdout
+        .write_fmt(arguments)
+        .and_then(|()| stdout.write_all(b"\n"))
+        .and_then(|()| stdout.flush());
+    match written {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(error) => {
+            note!("error[INTERNAL]: cannot write to stdout: {error}");
+            std::process::exit(i32::from(EXIT_FAILURE));
+        }
+    }
+}
+
+/// Writes one line on stderr. A closed stderr is ignored (there is nobody left to tell), never
+/// a panic.
+pub fn write_note(arguments: fmt::Arguments<'_>) {
+    let mut stderr = std::io::stderr().lock();
+    let _ = stderr
+        .write_fmt(arguments)
+        .and_then(|()| stderr.write_all(b"\n"));
+}
+
 /// Prints `value` as one line of JSON on stdout.
 pub fn print_json<T: Serialize>(value: &T) {
     match serde_json::to_string(value) {
-        Ok(text) => println!("{text}"),
-        Err(error) => eprintln!("error[INTERNAL]: cannot print the answer as JSON: {error}"),
+        Ok(text) => write_line(format_args!("{text}")),
+        Err(error) => note!("error[INTERNAL]: cannot print the answer as JSON: {error}"),
     }
 }
 

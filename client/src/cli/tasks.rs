@@ -14,7 +14,7 @@ use baton_client::Client;
 use serde_json::Value;
 
 use super::duration::format_duration;
-use super::output::{print_json, Failure, EXIT_NOT_FOUND, EXIT_OK};
+use super::output::{note, print_json, say, Failure, EXIT_NOT_FOUND, EXIT_OK};
 use super::{ClaimRef, TaskCommand};
 
 /// Most pages `baton task list` reads (1,000 tasks each) before it stops and says so.
@@ -47,7 +47,7 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
             if json {
                 print_json(&task);
             } else {
-                println!("{}", task.id);
+                say!("{}", task.id);
             }
             Ok(EXIT_OK)
         }
@@ -92,7 +92,7 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
                 print_json(&info);
             } else {
                 let counts = info.counts;
-                println!(
+                say!(
                     "{} ready={} waiting={} claimed={} done={} dead={}",
                     info.queue,
                     counts.ready,
@@ -104,6 +104,11 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
             }
             Ok(EXIT_OK)
         }
+        TaskCommand::Work(_) => Err(Failure::new(
+            super::output::EXIT_FAILURE,
+            "INTERNAL",
+            "`task work` is dispatched before one-shot commands",
+        )),
     }
 }
 
@@ -137,14 +142,14 @@ async fn claim(
     if json {
         print_json(&claimed);
     } else if env {
-        println!("BATON_QUEUE={queue}");
-        println!("BATON_TASK={}", claimed.task.id);
-        println!("BATON_SESSION={}", claimed.session_id.as_str());
-        println!("BATON_FENCE={}", claimed.fence);
-        println!("BATON_ATTEMPT={}", claimed.attempt);
+        say!("BATON_QUEUE={queue}");
+        say!("BATON_TASK={}", claimed.task.id);
+        say!("BATON_SESSION={}", claimed.session_id.as_str());
+        say!("BATON_FENCE={}", claimed.fence);
+        say!("BATON_ATTEMPT={}", claimed.attempt);
     } else {
-        println!("{}", claimed.task.id);
-        eprintln!(
+        say!("{}", claimed.task.id);
+        note!(
             "claimed {queue}/{} attempt={} fence={} session={} expires in {}",
             claimed.task.id,
             claimed.attempt,
@@ -208,13 +213,13 @@ async fn list(
         return Ok(EXIT_OK);
     }
     for task in &all.tasks {
-        println!("{}", describe_task(task));
+        say!("{}", describe_task(task));
     }
     if all.tasks.is_empty() {
-        eprintln!("no tasks in {queue}");
+        note!("no tasks in {queue}");
     }
     if all.next_cursor.is_some() {
-        eprintln!("(stopped after {LIST_PAGES_MAX} pages; filter with --state)");
+        note!("(stopped after {LIST_PAGES_MAX} pages; filter with --state)");
     }
     Ok(EXIT_OK)
 }
@@ -245,7 +250,7 @@ fn settled(task: &Task, verb: &str, json: bool) {
     if json {
         print_json(task);
     } else {
-        println!(
+        say!(
             "{verb} {}/{}: now {} (attempt {}/{})",
             task.queue,
             task.id,

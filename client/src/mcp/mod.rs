@@ -67,7 +67,7 @@ pub async fn serve(global: &Global, args: McpArgs) -> u8 {
         "baton mcp: serving as holder {} (session TTL {}), Baton at {}",
         client.holder(),
         format_duration(args.ttl),
-        global.endpoints.join(",")
+        global.endpoints().join(",")
     );
     let agent = Arc::new(Agent::new(client, args.ttl));
     let server = BatonServer {
@@ -107,14 +107,13 @@ pub async fn serve(global: &Global, args: McpArgs) -> u8 {
 
 fn client(global: &Global, args: &McpArgs) -> Result<Client, Error> {
     let holder = global
-        .holder
-        .clone()
+        .holder()
         .unwrap_or_else(|| format!("{}:{}", default_holder(), std::process::id()));
-    let mut builder = Client::builder(global.endpoints.iter().filter(|e| !e.trim().is_empty()))
+    let mut builder = Client::builder(global.endpoints())
         .holder(holder)
         .request_timeout(REQUEST_TIMEOUT)
         .retry_budget(RETRY_BUDGET);
-    if let Some(namespace) = &global.namespace {
+    if let Some(namespace) = global.namespace() {
         builder = builder.namespace(namespace);
     }
     if let Some(token) = &args.token {

@@ -161,6 +161,7 @@ async fn send(
     timeout: Duration,
 ) -> Result<Response, Failure> {
     let path_and_query = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+    let path_and_query = forwardable(path_and_query).map_err(Failure::Refused)?;
     let url = format!("http://{api_addr}{path_and_query}");
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
         .map_err(|error| Failure::Refused(ApiError::internal(error)))?;
@@ -210,6 +211,30 @@ async fn send(
     Ok(response)
 }
 
+/// The request target as it must reach the leader. The URL library that sends it resolves
+/// `.` and `..` segments (also percent-encoded ones) and reads `\\` as `/`, which would hand the
+/// leader another name than the client sent: a dot segment is refused here, as the leader would
+/// refuse it, and a backslash travels percent-encoded.
+fn forwardable(path_and_query: &str) -> Result<String, ApiError> {
+    let (path, query) = path_and_query
+        .split_once('?')
+        .map_or((path_and_query, None), |(path, query)| (path, Some(query)));
+    for segment in path.split('/') {
+        let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+        if decoded == "." || decoded == ".." {
+            return Err(ApiError::invalid(format!(
+                "the path {path:?} has a {decoded:?} segment: names are compared as exact bytes, so name the resource without '.' or '..'"
+            )));
+        }
+    }
+    let mut forwarded = path.replace('\\', "%5C");
+    if let Some(query) = query {
+        forwarded.push('?');
+        forwarded.push_str(&query.replace('\\', "%5C"));
+    }
+    Ok(forwarded)
+}
+
 /// The whole answer, at most `ANSWER_BYTES_MAX` bytes.
 async fn read_bounded(answer: reqwest::Response) -> Result<Vec<u8>, Failure> {
     let mut body = Vec::new();
@@ -238,4 +263,35 @@ fn with_leader(mut error: ApiError, leader: Option<u64>) -> Response {
         response.headers_mut().insert(HEADER_LEADER, value);
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_segments_are_refused_before_a_url_library_resolves_them() {
+        for path in [
+            "/v1/kv/a/../b",
+            "/v1/kv/a/./b",
+            "/v1/kv/a/%2E%2E/b",
+            "/v1/kv/a/%2e./b",
+            "/v1/leases/..",
+        ] {
+            assert!(forwardable(path).is_err(), "{path}");
+        }
+    }
+
+    #[test]
+    fn other_paths_travel_unchanged_but_for_backslashes() {
+        assert_eq!(
+            forwardable("/v1/kv/a/.env/..b?x=1").unwrap(),
+            "/v1/kv/a/.env/..b?x=1"
+        );
+        assert_eq!(forwardable("/v1/kv/a%2Fb").unwrap(), "/v1/kv/a%2Fb");
+        assert_eq!(
+            forwardable("/v1/kv/a\\b?p=c\\d").unwrap(),
+            "/v1/kv/a%5Cb?p=c%5Cd"
+        );
+    }
 }
