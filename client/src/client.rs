@@ -21,12 +21,12 @@ use serde_json::Value;
 use tokio::time::Instant;
 
 use crate::api::{
-    AcquireRequest, AddMemberRequest, ClusterStatus, CreateSessionRequest, CreateSessionResponse,
-    EndSessionResponse, ErrorCode, FenceCheckRequest, FenceCheckResponse, Grant, KeepaliveResponse,
-    KvDeleteRequest, KvDeleteResponse, KvEntry, KvPutRequest, KvPutResponse, Labels, Lease,
-    LeaseList, ListLeasesQuery, Problem, ReleaseRequest, ReleaseResponse, SessionId, SessionInfo,
-    DEFAULT_NAMESPACE, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY, HEADER_IDEMPOTENT_REPLAYED,
-    HEADER_LEADER, HEADER_NAMESPACE,
+    AcquireRequest, AddMemberRequest, Applied, ClusterStatus, CreateSessionRequest,
+    CreateSessionResponse, EndSessionResponse, FenceCheckRequest, FenceCheckResponse, Grant,
+    KeepaliveResponse, KvDeleteRequest, KvDeleteResponse, KvEntry, KvPutRequest, KvPutResponse,
+    Labels, Lease, LeaseList, ListLeasesQuery, Problem, ReleaseRequest, ReleaseResponse, SessionId,
+    SessionInfo, DEFAULT_NAMESPACE, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY,
+    HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER, HEADER_NAMESPACE,
 };
 use crate::clock::{rate_error_ppm, Clock, SystemClock, CLOCK_RATE_ERROR_DEFAULT};
 use crate::error::{Error, Result};
@@ -1053,16 +1053,16 @@ impl Client {
                     .or(retry_after);
                 let code = problem.code;
                 let error = Error::from_problem(problem);
-                match code {
-                    ErrorCode::NoLeader | ErrorCode::ResourceExhausted => {
+                match Applied::of_answer(status.as_u16(), Some(code)) {
+                    // Only a mutation carrying its key may be sent again after this.
+                    Applied::Unknown => return Attempt::Unknown(error),
+                    Applied::No if code.is_retryable() => {
                         return Attempt::NotApplied(error, retry_after)
                     }
-                    // Only a mutation carrying its key may be sent again after this.
-                    ErrorCode::OutcomeUnknown => return Attempt::Unknown(error),
-                    _ => error,
+                    Applied::No | Applied::Yes => error,
                 }
             }
-            Err(_) if status.is_server_error() => {
+            Err(_) if Applied::of_answer(status.as_u16(), None) == Applied::Unknown => {
                 // A 5xx without a problem body (a proxy, a crash mid-answer): unknown.
                 return Attempt::Unknown(Error::Indeterminate {
                     code: None,

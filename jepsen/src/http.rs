@@ -10,6 +10,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use baton_client::api::{Applied, ErrorCode};
 use serde_json::Value;
 
 /// How an operation ended.
@@ -137,37 +138,23 @@ impl NodeClient {
         } else {
             serde_json::from_slice(&bytes).unwrap_or(Value::Null)
         };
-        let code = body["code"].as_str().unwrap_or("").to_owned();
+        let error_code: Option<ErrorCode> = serde_json::from_value(body["code"].clone()).ok();
+        let code = error_code.map_or_else(|| format!("HTTP_{status}"), |code| code.to_string());
         let held_by = body["held_by"].clone();
-        match status {
-            200..=299 => Outcome::Ok {
+        match Applied::of_answer(status, error_code) {
+            Applied::Yes => Outcome::Ok {
                 status,
                 body,
                 cluster_time_ms,
                 replayed,
             },
-            // Only NO_LEADER makes a 503 a refusal; RESOURCE_EXHAUSTED is 429 and falls in the
-            // 4xx arm below.
-            503 if code == "NO_LEADER" => Outcome::Fail {
+            Applied::No => Outcome::Fail {
                 code,
                 held_by,
                 cluster_time_ms,
             },
-            400..=499 => Outcome::Fail {
-                code: if code.is_empty() {
-                    format!("HTTP_{status}")
-                } else {
-                    code
-                },
-                held_by,
-                cluster_time_ms,
-            },
-            _ => Outcome::Info {
-                code: if code.is_empty() {
-                    format!("HTTP_{status}")
-                } else {
-                    code
-                },
+            Applied::Unknown => Outcome::Info {
+                code,
                 cluster_time_ms,
             },
         }

@@ -130,6 +130,35 @@ impl ErrorCode {
     }
 }
 
+/// What the caller of a request may assume from its answer (STYLE rule 8): the one
+/// classification that the client's retries, the CLI's exit codes, the harness's `ok`/`fail`/
+/// `info` and the tests all follow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// A 2xx answer: the request took effect.
+    Yes,
+    /// Surely not applied: a refusal, `NO_LEADER`, a quota.
+    No,
+    /// May or may not have been applied: retry a mutation with the same `Idempotency-Key`.
+    Unknown,
+}
+
+impl Applied {
+    /// The classification of an answer with HTTP `status` and, when its body was a problem,
+    /// its `code`. A problem's code decides ([`ErrorCode::is_indeterminate`]); an error without
+    /// one (a proxy, a cut answer) is surely not applied for a 4xx and unknown for anything
+    /// else.
+    pub fn of_answer(status: u16, code: Option<ErrorCode>) -> Applied {
+        match (status, code) {
+            (200..=299, _) => Applied::Yes,
+            (_, Some(code)) if code.is_indeterminate() => Applied::Unknown,
+            (_, Some(_)) => Applied::No,
+            (400..=499, None) => Applied::No,
+            (_, None) => Applied::Unknown,
+        }
+    }
+}
+
 impl fmt::Display for ErrorCode {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         formatter.write_str(self.as_str())
@@ -1153,6 +1182,34 @@ mod tests {
             "depends_on": ["t0"], "state": "claimed", "attempt": 1, "max_attempts": 3,
             "ready_at_ms": 1500, "waiting_on": 0, "fence": 42, "holder": "agent-a"
         })
+    }
+
+    #[test]
+    fn an_answer_is_applied_surely_not_or_unknown() {
+        assert_eq!(Applied::of_answer(201, None), Applied::Yes);
+        assert_eq!(Applied::of_answer(204, None), Applied::Yes);
+        assert_eq!(
+            Applied::of_answer(503, Some(ErrorCode::NoLeader)),
+            Applied::No
+        );
+        assert_eq!(
+            Applied::of_answer(429, Some(ErrorCode::ResourceExhausted)),
+            Applied::No
+        );
+        assert_eq!(
+            Applied::of_answer(409, Some(ErrorCode::LeaseHeld)),
+            Applied::No
+        );
+        assert_eq!(
+            Applied::of_answer(504, Some(ErrorCode::OutcomeUnknown)),
+            Applied::Unknown
+        );
+        assert_eq!(
+            Applied::of_answer(500, Some(ErrorCode::Internal)),
+            Applied::Unknown
+        );
+        assert_eq!(Applied::of_answer(404, None), Applied::No);
+        assert_eq!(Applied::of_answer(502, None), Applied::Unknown);
     }
 
     #[test]
