@@ -140,7 +140,7 @@ impl IntoResponse for ApiError {
         } else {
             status_of(self.problem.code)
         };
-        let body = serde_json::to_vec(&self.problem).unwrap_or_default();
+        let body = serde_json::to_vec(&self.problem).expect("a problem always encodes as JSON");
         let mut response = (status, body).into_response();
         let headers = response.headers_mut();
         headers.insert(

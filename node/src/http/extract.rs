@@ -27,7 +27,7 @@ impl FromRequestParts<AppState> for Ns {
         let text = value
             .to_str()
             .map_err(|_| ApiError::invalid(format!("{HEADER_NAMESPACE} must be ASCII")))?;
-        Namespace::parse(text, &app.limits())
+        app.with_limits(|limits| Namespace::parse(text, limits))
             .map(Ns)
             .map_err(ApiError::from_rejection)
     }
@@ -50,7 +50,8 @@ impl FromRequestParts<AppState> for IdempotencyKey {
         let key = value.to_str().map_err(|_| {
             ApiError::invalid(format!("{HEADER_IDEMPOTENCY_KEY} must be printable ASCII"))
         })?;
-        validate_idempotency_key(key, &app.limits()).map_err(ApiError::from_rejection)?;
+        app.with_limits(|limits| validate_idempotency_key(key, limits))
+            .map_err(ApiError::from_rejection)?;
         Ok(IdempotencyKey(Some(key.to_owned())))
     }
 }

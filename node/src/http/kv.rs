@@ -20,7 +20,8 @@ fn fence_claim(
         return Ok(None);
     };
     Ok(Some(FenceClaim {
-        resource: ResourcePath::parse(&fenced_by.fence.resource, &app.limits())
+        resource: app
+            .with_limits(|limits| ResourcePath::parse(&fenced_by.fence.resource, limits))
             .map_err(ApiError::from_rejection)?,
         token: fenced_by.fence.token,
         session_id: SessionId::parse(fenced_by.session_id.as_str())
@@ -35,7 +36,9 @@ pub async fn put(
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvPutRequest>,
 ) -> Result<Answer, ApiError> {
-    let key_path = ResourcePath::parse(&path, &app.limits()).map_err(ApiError::from_rejection)?;
+    let key_path = app
+        .with_limits(|limits| ResourcePath::parse(&path, limits))
+        .map_err(ApiError::from_rejection)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,
@@ -75,7 +78,9 @@ pub async fn get(
     Ns(namespace): Ns,
     ApiPath(path): ApiPath<String>,
 ) -> Result<Answer, ApiError> {
-    let key_path = ResourcePath::parse(&path, &app.limits()).map_err(ApiError::from_rejection)?;
+    let key_path = app
+        .with_limits(|limits| ResourcePath::parse(&path, limits))
+        .map_err(ApiError::from_rejection)?;
     let (entry, clocks) = app
         .read(|machine| machine.kv_get(&namespace, &key_path))
         .await?;
@@ -101,7 +106,9 @@ pub async fn delete(
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvDeleteRequest>,
 ) -> Result<Answer, ApiError> {
-    let key_path = ResourcePath::parse(&path, &app.limits()).map_err(ApiError::from_rejection)?;
+    let key_path = app
+        .with_limits(|limits| ResourcePath::parse(&path, limits))
+        .map_err(ApiError::from_rejection)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,

@@ -25,7 +25,8 @@ fn parse_session_id(text: &str) -> Result<SessionId, ApiError> {
 }
 
 fn parse_path(app: &AppState, text: &str) -> Result<ResourcePath, ApiError> {
-    ResourcePath::parse(text, &app.limits()).map_err(ApiError::from_rejection)
+    app.with_limits(|limits| ResourcePath::parse(text, limits))
+        .map_err(ApiError::from_rejection)
 }
 
 pub async fn create_session(

@@ -89,16 +89,18 @@ impl AppState {
         self.election_timeout * 2 + Duration::from_secs(1)
     }
 
-    /// The limits of the applied state, for validating input at the edge.
-    pub fn limits(&self) -> Limits {
+    /// Runs `check` on the limits of the applied state (validating input at the edge), under
+    /// the read lock and without copying them. A poisoned lock means an apply panicked: the
+    /// node is stopping, and nothing here may guess at limits.
+    pub fn with_limits<T>(&self, check: impl FnOnce(&Limits) -> T) -> T {
         self.machine
-            .read(|machine, _| machine.limits().clone())
-            .unwrap_or_default()
+            .read(|machine, _| check(machine.limits()))
+            .expect("the applied state is readable: an apply panicked and the node is stopping")
     }
 
     /// A list's page size: `requested`, or the largest allowed when absent.
     pub fn page_limit(&self, requested: Option<u32>) -> Result<usize, ApiError> {
-        let page_max = self.limits().list_page_max;
+        let page_max = self.with_limits(|limits| limits.list_page_max);
         let limit = requested.map_or(page_max, |limit| limit as usize);
         if limit == 0 || limit > page_max {
             return Err(ApiError::invalid(format!("limit must be 1..={page_max}")));
@@ -293,7 +295,7 @@ impl Answer {
     pub fn new<T: Serialize>(status: StatusCode, body: &T, cluster_time_ms: u64) -> Answer {
         Answer {
             status,
-            body: serde_json::to_vec(body).unwrap_or_default(),
+            body: serde_json::to_vec(body).expect("wire types always encode as JSON"),
             cluster_time_ms: Some(cluster_time_ms),
             replayed: false,
         }
@@ -303,7 +305,7 @@ impl Answer {
     pub fn local<T: Serialize>(status: StatusCode, body: &T) -> Answer {
         Answer {
             status,
-            body: serde_json::to_vec(body).unwrap_or_default(),
+            body: serde_json::to_vec(body).expect("wire types always encode as JSON"),
             cluster_time_ms: None,
             replayed: false,
         }

@@ -16,7 +16,8 @@ use super::extract::{ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
 use super::{Answer, AppState};
 
 fn parse_name(app: &AppState, what: &str, text: &str) -> Result<Name, ApiError> {
-    Name::parse(what, text, &app.limits()).map_err(ApiError::from_rejection)
+    app.with_limits(|limits| Name::parse(what, text, limits))
+        .map_err(ApiError::from_rejection)
 }
 
 fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskClaim, ApiError> {

@@ -437,7 +437,7 @@ impl Machine {
             .sessions
             .remove(&session_id)
             .expect("the session exists");
-        debug_assert!(
+        assert!(
             session.leases.is_empty() && session.claims.is_empty(),
             "a session is removed only after its leases and claims"
         );
