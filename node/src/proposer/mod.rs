@@ -6,9 +6,9 @@
 //! At most `BATCHES_IN_FLIGHT_MAX` batches are replicating at once; while they are, new
 //! requests queue up and ride in the next batch, so throughput grows with concurrency.
 //!
-//! Time (SPEC section 3): the leader's clock starts only once it has applied every entry that
-//! was in its log when it became (or, after a restart, resumed as) leader, at the cluster time
-//! of that applied state, and then advances with the node's monotonic clock. The same task
+//! Time: `leader_time` holds the rules of the leader clock, pure and unit-tested (it starts once
+//! the takeover log is applied, at that state's cluster time, and then follows the node's
+//! monotonic clock); this shell feeds it readings and waits where it says. The same task
 //! commits an idle tick every `tick_ms` and a bounded `Sweep` when something has expired.
 //!
 //! Never here: HTTP, request validation, or reading the wall clock.
@@ -23,7 +23,10 @@ use openraft::raft::ClientWriteResponse;
 use openraft::Raft;
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 
+mod leader_time;
+
 use crate::clock::Clock;
+use leader_time::{LeaderTime, Stamp};
 
 /// Proposals waiting for the batcher; past this, requests are refused as overload.
 const QUEUE_MAX: usize = 16_384;
@@ -104,7 +107,7 @@ impl Proposer {
             node_id,
             receiver,
             in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX)),
-            leader_clock: None,
+            leader_time: LeaderTime::default(),
             settings,
         };
         tokio::spawn(batcher.run());
@@ -187,14 +190,6 @@ fn entry_outcome<E>(
     }
 }
 
-/// The clock of the current leadership: cluster time `base_ms` at clock reading `base_reading_ms`.
-#[derive(Debug, Clone, Copy)]
-struct LeaderClock {
-    term: u64,
-    base_ms: u64,
-    base_reading_ms: u64,
-}
-
 struct Batcher {
     ready: watch::Sender<Option<u64>>,
     raft: Raft<TypeConfig>,
@@ -203,7 +198,7 @@ struct Batcher {
     node_id: u64,
     receiver: mpsc::Receiver<Proposal>,
     in_flight: Arc<Semaphore>,
-    leader_clock: Option<LeaderClock>,
+    leader_time: LeaderTime,
     settings: ProposerSettings,
 }
 
@@ -331,48 +326,52 @@ impl Batcher {
     }
 
     /// The cluster time to stamp the next entry with, or the known leader if this node is not
-    /// the leader. Starts the leader clock for a new term first (see the module docs).
+    /// the leader. Waits for the takeover log first when `LeaderTime` says so.
     async fn leader_stamp(&mut self) -> Result<u64, Option<u64>> {
-        let (term, last_log_index, leader) = {
-            let metrics = self.raft.metrics();
-            let metrics = metrics.borrow();
-            if !metrics.state.is_leader() || metrics.current_leader != Some(self.node_id) {
-                return Err(metrics.current_leader);
-            }
-            (
-                metrics.current_term,
-                metrics.last_log_index,
-                metrics.current_leader,
-            )
-        };
-        let started = self.leader_clock.filter(|clock| clock.term == term);
-        let clock = match started {
-            Some(clock) => clock,
-            None => {
-                let wait = self.raft.wait(Some(self.settings.apply_timeout));
-                if wait
-                    .applied_index_at_least(last_log_index, "leader clock start")
-                    .await
-                    .is_err()
-                {
-                    return Err(leader.filter(|id| *id != self.node_id));
+        loop {
+            let (term, last_log_index) = {
+                let metrics = self.raft.metrics();
+                let metrics = metrics.borrow();
+                if !metrics.state.is_leader() || metrics.current_leader != Some(self.node_id) {
+                    return Err(metrics.current_leader);
                 }
-                let base_ms = self
-                    .machine
-                    .read(|machine, _| machine.time_ms())
-                    .map_err(|_| None)?;
-                let clock = LeaderClock {
-                    term,
-                    base_ms,
-                    base_reading_ms: self.clock.now_ms(),
-                };
-                tracing::info!(term, cluster_time_ms = base_ms, "leader clock started");
-                self.leader_clock = Some(clock);
-                self.ready.send_replace(Some(term));
-                clock
+                (metrics.current_term, metrics.last_log_index)
+            };
+            let (applied_index, applied_time_ms) = self
+                .machine
+                .read(|machine, last_applied| {
+                    (last_applied.map(|log_id| log_id.index), machine.time_ms())
+                })
+                .map_err(|_| None)?;
+            let started = self.leader_time.started_term();
+            let reading_ms = self.clock.now_ms();
+            match self.leader_time.stamp(
+                term,
+                last_log_index,
+                applied_index,
+                applied_time_ms,
+                reading_ms,
+            ) {
+                Stamp::At(stamp_ms) => {
+                    if self.leader_time.started_term() != started {
+                        tracing::info!(term, cluster_time_ms = stamp_ms, "leader clock started");
+                        self.ready.send_replace(Some(term));
+                    }
+                    return Ok(stamp_ms);
+                }
+                Stamp::ApplyFirst { index } => {
+                    let wait = self.raft.wait(Some(self.settings.apply_timeout));
+                    if wait
+                        .applied_index_at_least(index, "leader clock start")
+                        .await
+                        .is_err()
+                    {
+                        let leader = self.raft.metrics().borrow().current_leader;
+                        return Err(leader.filter(|id| *id != self.node_id));
+                    }
+                }
             }
-        };
-        Ok(clock.base_ms + self.clock.now_ms().saturating_sub(clock.base_reading_ms))
+        }
     }
 }
 
