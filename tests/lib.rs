@@ -21,9 +21,8 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
 use tempfile::TempDir;
@@ -951,24 +950,9 @@ fn new_temp_dir() -> TempDir {
         .expect("create a temporary directory")
 }
 
-/// A fresh `Idempotency-Key` (a UUIDv4-shaped string, unique within and across test runs).
+/// A fresh `Idempotency-Key`: the client crate's own (a random UUIDv4).
 pub fn idempotency_key() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|elapsed| elapsed.as_nanos())
-        .unwrap_or_default();
-    let mixed = nanos ^ (u128::from(std::process::id()) << 64) ^ u128::from(count) << 96;
-    let hex = format!("{mixed:032x}");
-    format!(
-        "{}-{}-4{}-8{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[13..16],
-        &hex[17..20],
-        &hex[20..32]
-    )
+    baton_client::idempotency_key()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1303,18 +1303,7 @@ impl AcquireOptions {
 
 /// A fresh idempotency key: a UUIDv4 from 16 random bytes (version and variant bits set).
 pub fn idempotency_key() -> String {
-    let mut bytes: [u8; 16] = rand::random();
-    bytes[6] = (bytes[6] & 0x0f) | 0x40;
-    bytes[8] = (bytes[8] & 0x3f) | 0x80;
-    let hex: String = bytes.iter().map(|byte| format!("{byte:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[12..16],
-        &hex[16..20],
-        &hex[20..32]
-    )
+    crate::api::uuid_v4(rand::random())
 }
 
 /// Whole milliseconds of a duration, saturating.

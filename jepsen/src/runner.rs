@@ -585,30 +585,16 @@ async fn sample_digests(cluster: &Cluster, history: &History) {
 
 /// `YYYYMMDDTHHMMSSZ` of now, for the default run directory.
 fn timestamp() -> String {
-    let seconds = SystemTime::now()
+    let epoch_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_secs());
-    let days = i64::try_from(seconds / 86_400).unwrap_or(0);
-    let rest = seconds % 86_400;
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z - era * 146_097;
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}{month:02}{day:02}T{:02}{:02}{:02}Z",
-        rest / 3_600,
-        rest % 3_600 / 60,
-        rest % 60
-    )
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_secs()).unwrap_or(0) * 1_000
+        });
+    // `2026-11-30T02:48:59.000Z` without its separators and milliseconds.
+    let rfc3339 = baton_client::api::rfc3339(epoch_ms);
+    let compact: String = rfc3339[..19]
+        .chars()
+        .filter(|c| *c != '-' && *c != ':')
+        .collect();
+    format!("{compact}Z")
 }

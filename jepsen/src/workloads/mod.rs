@@ -451,16 +451,7 @@ impl ProtectedResource {
 
 /// A fresh idempotency key (UUIDv4-shaped), from the worker's seeded generator.
 pub fn idempotency_key(rng: &mut StdRng) -> String {
-    let bits: u128 = rng.random();
-    let hex = format!("{bits:032x}");
-    format!(
-        "{}-{}-4{}-8{}-{}",
-        &hex[0..8],
-        &hex[8..12],
-        &hex[13..16],
-        &hex[17..20],
-        &hex[20..32]
-    )
+    baton_client::api::uuid_v4(rng.random())
 }
 
 /// The node a worker is bound to: workers are spread over the nodes.

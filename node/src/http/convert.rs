@@ -1,7 +1,7 @@
 //! Hand-written conversions from the machine's log types to the client's wire types
 //! (STYLE rule 3), and the informational RFC 3339 times.
 
-use baton_api as api;
+use baton_api::{self as api, rfc3339};
 use baton_raft_store::machine::{
     Event, EventKind, Grant, LeaseMode, LeaseView, Name, Page, SessionId, SessionView, TaskClaimed,
     TaskState, TaskView,
@@ -115,39 +115,6 @@ pub fn session_info(
             .collect(),
         next_cursor: leases.next_cursor.clone(),
     }
-}
-
-/// Milliseconds since the Unix epoch as `2026-11-30T02:48:59.123Z`.
-pub fn rfc3339(epoch_ms: i64) -> String {
-    let days = epoch_ms.div_euclid(86_400_000);
-    let ms_of_day = epoch_ms.rem_euclid(86_400_000);
-    let (year, month, day) = civil_from_days(days);
-    let (hour, minute, second, millis) = (
-        ms_of_day / 3_600_000,
-        ms_of_day / 60_000 % 60,
-        ms_of_day / 1_000 % 60,
-        ms_of_day % 1_000,
-    );
-    format!("{year:04}-{month:02}-{day:02}T{hour:02}:{minute:02}:{second:02}.{millis:03}Z")
-}
-
-/// The proleptic Gregorian date of a day count since 1970-01-01 (Howard Hinnant's algorithm).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let day_of_era = z.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
-    (year, month, day)
 }
 
 /// A JSON text stored by the machine, back as a JSON value (it was validated on the way in).
@@ -296,14 +263,6 @@ pub fn event(event: &Event) -> api::Event {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn formats_rfc3339_in_utc() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
-        assert_eq!(rfc3339(1_796_006_939_123), "2026-11-30T02:48:59.123Z");
-        assert_eq!(rfc3339(-1), "1969-12-31T23:59:59.999Z");
-    }
 
     #[test]
     fn past_cluster_times_map_back_onto_the_wall_clock() {
