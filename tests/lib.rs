@@ -134,7 +134,7 @@ impl Cluster {
         }
     }
 
-    /// Starts a one-node cluster with `batond dev` (the quick start of SPEC section 6). Its
+    /// Starts a one-node cluster with `batond dev` (the quick start of docs/cli.md). Its
     /// node is taken to have id 1, the only id a one-node cluster needs.
     pub async fn dev() -> Cluster {
         let mut attempt = 1;
@@ -636,7 +636,7 @@ impl Node {
 
     /// SIGTERM, then wait (polling) for the process to exit; returns its exit status. A node
     /// that has not exited within 10 s is SIGKILLed and the test fails: SIGTERM must shut
-    /// down cleanly (SPEC section 6).
+    /// down cleanly (docs/cli.md).
     pub async fn terminate(&self) -> ExitStatus {
         let pid = {
             let process = self.lock();
@@ -755,7 +755,7 @@ impl Node {
             .stdout(log.try_clone().expect("clone a log handle"))
             .stderr(log)
             .env("RUST_BACKTRACE", "1");
-        // batond reads every flag also from BATON_<FLAG> (SPEC section 6): keep the test
+        // batond reads every flag also from BATON_<FLAG> (docs/cli.md): keep the test
         // runner's environment from configuring the nodes.
         for (key, _) in std::env::vars_os() {
             if key.to_string_lossy().starts_with("BATON_") {
@@ -1209,7 +1209,7 @@ impl Reply {
         })
     }
 
-    /// Asserts an error answer as SPEC section 5 shapes it: this status, content type
+    /// Asserts an error answer as docs/api.md shapes it: this status, content type
     /// `application/problem+json`, this `code`, a non-empty `message`, and the two headers
     /// every response carries. Returns the parsed problem.
     pub fn expect_problem(&self, status: u16, code: api::ErrorCode) -> api::Problem {

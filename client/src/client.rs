@@ -1,4 +1,4 @@
-//! [`Client`]: one call per route of SPEC section 5, sent to a list of endpoints with bounded,
+//! [`Client`]: one call per route of docs/api.md, sent to a list of endpoints with bounded,
 //! safe retries.
 //!
 //! What lives here: endpoint choice (prefer the node last named in `Baton-Leader`, rotate when
@@ -58,7 +58,7 @@ const RETRY_AFTER_MAX: Duration = Duration::from_secs(2);
 /// that is safe: always when the request surely did not reach a leader (connection refused,
 /// `NO_LEADER`, `RESOURCE_EXHAUSTED`), and after a timeout or `OUTCOME_UNKNOWN` only because
 /// every mutation carries an `Idempotency-Key` made once for the operation and reused by each
-/// retry, so it is applied at most once (SPEC G8).
+/// retry, so it is applied at most once (docs/guarantees.md G8).
 ///
 /// ```no_run
 /// # async fn example() -> Result<(), baton_client::Error> {
@@ -85,7 +85,7 @@ struct Inner {
     endpoints: Vec<Endpoint>,
     namespace: Option<String>,
     holder: String,
-    /// Sent as `Authorization: Bearer <token>` (SPEC section 10).
+    /// Sent as `Authorization: Bearer <token>` (docs/api.md, "Security").
     token: Option<Token>,
     request_timeout: Duration,
     attempts_max: u32,
@@ -160,7 +160,7 @@ impl ClientBuilder {
         self
     }
 
-    /// The bearer token of every request (`Authorization: Bearer <token>`, SPEC section 10);
+    /// The bearer token of every request (`Authorization: Bearer <token>`, docs/api.md, "Security");
     /// none by default.
     pub fn token(mut self, token: impl Into<String>) -> ClientBuilder {
         self.token = Some(Token(token.into()));
@@ -185,14 +185,14 @@ impl ClientBuilder {
         self
     }
 
-    /// The monotonic clock lease guards measure their validity with (SPEC G7); the system's
+    /// The monotonic clock lease guards measure their validity with (docs/guarantees.md G7); the system's
     /// by default. Tests inject a skewed or manual one.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> ClientBuilder {
         self.clock = clock;
         self
     }
 
-    /// The assumed rate error of monotonic clocks (SPEC G6), default 0.01. Must match the
+    /// The assumed rate error of monotonic clocks (docs/guarantees.md G6), default 0.01. Must match the
     /// cluster's `clock_rate_error` or exceed it.
     pub fn clock_rate_error(mut self, rate_error: f64) -> ClientBuilder {
         self.clock_rate_error = rate_error;
@@ -612,7 +612,7 @@ impl Client {
     }
 
     /// `PUT /v1/kv/{key}` fenced by `guard`: applied only if the guard's fence is the live
-    /// fence of its resource, held by its session, when the write applies (SPEC G4).
+    /// fence of its resource, held by its session, when the write applies (docs/guarantees.md G4).
     ///
     /// # Errors
     ///
@@ -1447,7 +1447,7 @@ fn parse_endpoint(text: &str) -> Result<Endpoint> {
 /// # Errors
 ///
 /// [`Error::InvalidArgument`] for `.` and `..`: URL libraries remove such a segment even
-/// percent-encoded (WHATWG treats `%2E%2E` as `..`), and the server refuses it anyway (SPEC
+/// percent-encoded (WHATWG treats `%2E%2E` as `..`), and the server refuses it anyway (docs/api.md
 /// section 4, "Names").
 pub(crate) fn encode_name(name: &str) -> Result<String> {
     if is_dot_segment(name) {
@@ -1457,7 +1457,7 @@ pub(crate) fn encode_name(name: &str) -> Result<String> {
 }
 
 /// A resource path or kv key as URL path text, sent unchanged: each `/`-separated segment
-/// percent-encoded (SPEC section 4). A path with a `.` or `..` segment travels with its `/`s
+/// percent-encoded (docs/guarantees.md, "Semantics"). A path with a `.` or `..` segment travels with its `/`s
 /// encoded as `%2F`, as one URL segment, so that no URL library collapses it (the server
 /// decodes it back and refuses it, or stores it as the exact bytes); a path that is nothing
 /// but `.` or `..` is refused here, as the server would.

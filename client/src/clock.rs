@@ -1,4 +1,4 @@
-//! The local monotonic clock a lease guard measures its validity with (SPEC G7), and the G7
+//! The local monotonic clock a lease guard measures its validity with (docs/guarantees.md G7), and the G7
 //! arithmetic itself.
 //!
 //! The clock is a trait so that tests and the Jepsen clock nemesis can run a guard's clock
@@ -10,7 +10,7 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The rate error assumed between any two monotonic clocks (SPEC G6): 1%.
+/// The rate error assumed between any two monotonic clocks (docs/guarantees.md G6): 1%.
 pub const CLOCK_RATE_ERROR_DEFAULT: f64 = 0.01;
 
 /// A monotonic clock: the time elapsed since an arbitrary origin fixed when the clock was
@@ -133,7 +133,7 @@ pub(crate) fn rate_error_ppm(rate_error: f64) -> u64 {
     (rate_error * 1e6).ceil() as u64
 }
 
-/// `expires_in_ms` shrunk as SPEC G7 says: `(expires_in_ms - 1) * (1 - 2 * rate_error)`,
+/// `expires_in_ms` shrunk as docs/guarantees.md G7 says: `(expires_in_ms - 1) * (1 - 2 * rate_error)`,
 /// rounded down to the nanosecond (integer arithmetic, so never a rounding error upward).
 pub fn shrunk_validity(expires_in_ms: u64, rate_error: f64) -> Duration {
     let ppm = u128::from(rate_error_ppm(rate_error));
@@ -142,7 +142,7 @@ pub fn shrunk_validity(expires_in_ms: u64, rate_error: f64) -> Duration {
     Duration::from_nanos(u64::try_from(shrunk).unwrap_or(u64::MAX))
 }
 
-/// The local instant until which a holder may act (SPEC G7): `sent_at` (the local send time of
+/// The local instant until which a holder may act (docs/guarantees.md G7): `sent_at` (the local send time of
 /// the first attempt of the successful acquire or keepalive) plus [`shrunk_validity`].
 pub fn valid_until(sent_at: Duration, expires_in_ms: u64, rate_error: f64) -> Duration {
     sent_at.saturating_add(shrunk_validity(expires_in_ms, rate_error))

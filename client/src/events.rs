@@ -1,4 +1,4 @@
-//! The event stream (SPEC sections 4 and 5): one page of the changes after a revision
+//! The event stream (docs/guarantees.md and docs/api.md): one page of the changes after a revision
 //! ([`Client::events`]), and [`EventStream`], which follows them as they commit over
 //! server-sent events and reconnects by itself.
 //!

@@ -3,7 +3,7 @@
 //! An agent claims a resource with [`Client::acquire`] (or [`Session::acquire`]) and gets a
 //! [`LeaseGuard`]: the lease's fence token, a background keepalive, and a local answer to
 //! "may I still act as holder?" ([`LeaseGuard::is_valid`], [`LeaseGuard::lost`]) computed
-//! exactly as SPEC G7 allows, from the local monotonic clock alone. Writes to a protected
+//! exactly as docs/guarantees.md G7 allows, from the local monotonic clock alone. Writes to a protected
 //! resource carry the fence ([`Client::kv_put_fenced`], [`Client::check_fence`]), so a holder
 //! that lost its lease without noticing is refused.
 //!

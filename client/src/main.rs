@@ -1,4 +1,4 @@
-//! `baton`, the command line for agents (SPEC section 6). The commands live in `cli/`; this
+//! `baton`, the command line for agents (docs/cli.md). The commands live in `cli/`; this
 //! file only parses the arguments (clap exits 2 on a usage error), starts a runtime, and exits
 //! with the command's code.
 

@@ -1,9 +1,9 @@
-//! Work queues (SPEC sections 4 and 5): enqueue, claim-next, the [`TaskClaim`] handle that
+//! Work queues (docs/guarantees.md and docs/api.md): enqueue, claim-next, the [`TaskClaim`] handle that
 //! completes, fails or releases a claimed task with its fence, and [`Client::work`], a worker
 //! loop that claims, runs a closure while the claim is kept alive, and settles the task.
 //!
 //! A claim is a lease on the task held by a session: the session's background keepalive keeps
-//! it alive, and its validity is the session's (SPEC G7). Completing, failing and releasing
+//! it alive, and its validity is the session's (docs/guarantees.md G7). Completing, failing and releasing
 //! always carry the claim's fence and session, so a claimer that lost its claim without
 //! noticing is refused with `STALE_FENCE` and changes nothing (G4). What must never live here:
 //! HTTP details and retries (`client.rs`), keepalive and validity rules (`session.rs`).
@@ -503,7 +503,7 @@ impl TaskClaim {
         &self.claim
     }
 
-    /// True while the claimer may act on the claim (SPEC G7, through its session). Once
+    /// True while the claimer may act on the claim (docs/guarantees.md G7, through its session). Once
     /// false, it stays false.
     pub fn is_valid(&self) -> bool {
         self.session.lost_reason().is_none()

@@ -1,5 +1,5 @@
 //! [`Session`] and [`LeaseGuard`]: a session that keeps itself alive in the background, and
-//! leases whose validity is computed locally, exactly as SPEC G7 allows.
+//! leases whose validity is computed locally, exactly as docs/guarantees.md G7 allows.
 //!
 //! The rule: a holder may act until `t0 + (expires_in_ms - 1) * (1 - 2 * clock_rate_error)`,
 //! where `t0` is the local monotonic send time of the first attempt of the last successful
@@ -112,7 +112,7 @@ struct State {
     lost: Option<LostReason>,
 }
 
-/// A lease held by a [`Session`]: its fence, and whether the holder may still act on it (SPEC
+/// A lease held by a [`Session`]: its fence, and whether the holder may still act on it (docs/api.md
 /// G7), computed from the guard clock alone. Releasing it is explicit
 /// ([`LeaseGuard::release`]) or, best effort, on drop.
 ///
@@ -237,7 +237,7 @@ impl Session {
         self.shared.ttl
     }
 
-    /// True while the holder may act on the session's leases (SPEC G7).
+    /// True while the holder may act on the session's leases (docs/guarantees.md G7).
     pub fn is_valid(&self) -> bool {
         self.shared.lost_reason().is_none()
     }

@@ -1,7 +1,7 @@
 //! One client bound to one node, and the rule that turns an HTTP exchange into a history
 //! outcome: `ok`, `fail` (surely not applied) or `info` (unknown).
 //!
-//! Clients never follow the leader (SPEC section 7): a client bound to a minority node must
+//! Clients never follow the leader (docs/harness.md): a client bound to a minority node must
 //! see that node's answers, so stale reads cannot hide behind leader-following. That is why
 //! the workloads speak raw HTTP with the wire shapes of `baton_client::api` instead of the
 //! crate's `Client`, which retries across endpoints. The classification follows STYLE rule 8

@@ -1,4 +1,4 @@
-//! `baton-jepsen`: the fault-injection harness of SPEC section 7 (`test`) and the load tool
+//! `baton-jepsen`: the fault-injection harness of docs/harness.md (`test`) and the load tool
 //! the benchmarks in the issue notes come from (`bench`).
 //!
 //! `test` starts a three-node cluster of real `batond` processes (`cluster`), puts a
@@ -35,7 +35,7 @@ struct Cli {
 enum Command {
     /// Lease cycles (acquire, keepalive, release) per second at several concurrencies.
     Bench(bench::BenchArgs),
-    /// The fault-injection test of SPEC section 7.
+    /// The fault-injection test of docs/harness.md.
     Test(runner::TestArgs),
     /// Judge a stored history again (and time the checkers).
     Check(runner::CheckArgs),

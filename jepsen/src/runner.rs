@@ -1,6 +1,6 @@
 //! `baton-jepsen test`: start a cluster, run a workload and the nemesis until the time limit,
 //! heal, take the final reads, stop everything, check, and report. Exit 0 valid, 1 invalid,
-//! 2 unknown or harness failure (SPEC section 7).
+//! 2 unknown or harness failure (docs/harness.md).
 //!
 //! What must never live here: the workloads, faults or checks themselves; this module only
 //! puts them in order. Everything it starts is bounded by the time limit plus fixed grace

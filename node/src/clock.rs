@@ -1,7 +1,7 @@
 //! The node's clock: the only place `batond` reads time for stamping proposals.
 //!
 //! Stamps are derived from a monotonic clock (never the wall clock), so wall-clock offsets
-//! between nodes never enter a deadline (SPEC section 3). For the fault harness the clock can be
+//! between nodes never enter a deadline (docs/guarantees.md, "Time"). For the fault harness the clock can be
 //! driven: its rate can be changed while running, when the node was started with
 //! `--clock-control` (never in production use).
 

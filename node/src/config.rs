@@ -1,4 +1,4 @@
-//! `batond`'s command line (SPEC section 6): `batond dev` and `batond run`, every flag also read
+//! `batond`'s command line (docs/cli.md): `batond dev` and `batond run`, every flag also read
 //! from `BATON_<FLAG>`. Parsing ends here: the rest of the node takes a `NodeConfig`.
 
 use std::collections::BTreeMap;

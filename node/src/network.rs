@@ -360,7 +360,7 @@ async fn authenticate(
             .map(|value| digest(value.as_bytes()));
         let accepted = presented.is_some_and(|presented| constant_time_eq(&presented, &expected));
         if !accepted {
-            // The matched route pattern, never the raw path (SPEC section 5).
+            // The matched route pattern, never the raw path (docs/api.md).
             let route = request
                 .extensions()
                 .get::<MatchedPath>()

@@ -19,7 +19,7 @@ use crate::network::{peer_router, PeerNetwork};
 use crate::proposer::{Proposer, ProposerSettings};
 
 /// Runs the node until it is told to stop. An error means the node could not start, or
-/// openraft stopped on a fatal error (a storage error stops the node: SPEC G5, STYLE rule 4).
+/// openraft stopped on a fatal error (a storage error stops the node: docs/guarantees.md G5, STYLE rule 4).
 pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let tuning = &config.tuning;
     std::fs::create_dir_all(&config.data_dir)

@@ -1,4 +1,4 @@
-//! The agent runtime of SPEC section 11 against real `batond` processes: `baton task work`
+//! The agent runtime of docs/agents.md against real `batond` processes: `baton task work`
 //! settling tasks by its command's status, stopping it when a claim is lost, following the
 //! queue, and `baton hook claude-code` fed real Claude Code hook events. The snippets of
 //! `docs/agents.md` and the README are run as they are written.

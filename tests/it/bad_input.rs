@@ -1,4 +1,4 @@
-//! Bad requests, as a table: each one gets its status and problem code (SPEC sections 5 and
+//! Bad requests, as a table: each one gets its status and problem code (docs/api.md and
 //! 8), a `application/problem+json` body with a message, the two Baton headers, and leaves the
 //! state exactly as it was. Then the limits' edges are shown to be accepted, so that the
 //! refusals above are about the limits and not about something else.
@@ -419,7 +419,7 @@ async fn bad_requests_are_refused_with_their_code_and_change_nothing() {
             404,
             NotFound,
         ),
-        // The SPEC says errors are problem+json; an unknown route is an error like any other.
+        // docs/api.md says errors are problem+json; an unknown route is an error like any other.
         case(
             "an unknown route",
             Method::GET,

@@ -1,4 +1,4 @@
-//! The `baton` command line against real `batond` processes: every exit code of SPEC section 6
+//! The `baton` command line against real `batond` processes: every exit code of docs/cli.md
 //! in its real situation, the one-line error format, `--json` output that parses, and
 //! `baton run` holding a lease exactly as long as its command runs.
 //!

@@ -1,4 +1,4 @@
-//! The command line's sharp edges against real `batond` processes: names sent unchanged (SPEC
+//! The command line's sharp edges against real `batond` processes: names sent unchanged (docs/api.md
 //! section 4), a child that never outlives a SIGKILLed `baton run`, a closed stdout, every
 //! `--session` read from `BATON_SESSION`, lost-lease messages that name the real cause, and
 //! usage lines that show only what the caller typed or must type.

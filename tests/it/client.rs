@@ -1,5 +1,5 @@
 //! The `baton-client` library against real `batond` processes: lease guards that stay valid
-//! across renewals and know when they are lost (SPEC G7), retries that spread over nodes and
+//! across renewals and know when they are lost (docs/guarantees.md G7), retries that spread over nodes and
 //! never apply an operation twice (G8), and fenced calls that take a guard.
 //!
 //! Network faults come from [`Proxy`], a small TCP relay between the client and one node that

@@ -1,4 +1,4 @@
-//! The event stream (SPEC section 4 "Events", section 5 `GET /v1/events`), against real
+//! The event stream (docs/guarantees.md, "Semantics" "Events", section 5 `GET /v1/events`), against real
 //! three-node clusters: a reader that pages with `after` while writers change things,
 //! disconnects, and resumes from its last revision on another node after the leader is killed
 //! sees every event exactly once, in revision order, none missing; an SSE reader on a follower

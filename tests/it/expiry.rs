@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use baton_client::api::{ErrorCode, FenceCheckResponse, Grant, Lease, SessionInfo};
 use baton_tests::{json, poll_until, Cluster, Method, Node};
 
-/// The shortest TTL the limits allow (SPEC section 8).
+/// The shortest TTL the limits allow (docs/guarantees.md, "Limits").
 const TTL_MIN_MS: u64 = 1_000;
-/// The SPEC's default `clock_rate_error`.
+/// The default `clock_rate_error`.
 const CLOCK_RATE_ERROR: f64 = 0.01;
 /// How long after its deadline an expired lease must be acquirable: the deadline itself, a
 /// tick (100 ms in tests), a commit, and generous room for a loaded two-core machine.
@@ -213,7 +213,7 @@ async fn max_hold_caps_a_lease_even_while_keepalives_continue() {
         )
         .await
         .expect_json(201);
-    // SPEC 5 does not list max_hold_ms in the grant; when the server shows it, it is the one
+    // docs/api.md does not list max_hold_ms in the grant; when the server shows it, it is the one
     // asked for.
     if let Some(shown) = first.max_hold_ms {
         assert_eq!(shown, max_hold_ms);

@@ -1,4 +1,4 @@
-//! Any node answers any request (SPEC section 5): a follower forwards writes to the leader and
+//! Any node answers any request (docs/api.md): a follower forwards writes to the leader and
 //! names it in `Baton-Leader`; reads through any node see every acknowledged write (G1); and
 //! idempotent retries (G8) replay the first answer on any node, refuse a reused key with another
 //! request, and evaluate a refused request afresh.
@@ -137,7 +137,7 @@ async fn every_node_reads_what_any_node_acknowledged() {
     }
 }
 
-/// A follower whose leader is paused does not hang (SPEC section 5): within twice the election
+/// A follower whose leader is paused does not hang (docs/api.md): within twice the election
 /// timeout it gives up on the old leader; a read is re-sent to the new leader and answered; a
 /// write that may have reached the old leader is OUTCOME_UNKNOWN; nothing waits longer than
 /// `2 × election timeout + 1 s`, and an error names the same leader in its body and its header.

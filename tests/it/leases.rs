@@ -77,7 +77,7 @@ async fn a_lease_is_granted_denied_renewed_released_and_granted_again_with_a_hig
         "a denial leaks the session id: {denial}"
     );
 
-    // Re-acquiring with one's own session is LEASE_HELD too (SPEC section 4).
+    // Re-acquiring with one's own session is LEASE_HELD too (docs/guarantees.md, "Semantics").
     let again = acquire(
         &cluster,
         json!({"resource": resource, "session_id": session}),
@@ -511,7 +511,7 @@ async fn namespaces_are_isolated() {
     let cluster = Cluster::start(1).await;
     let api = cluster.api();
     let node = cluster.node(1);
-    let body = |holder: &str| json!({"resource": "shared/x", "holder": holder, "ttl_ms": TTL_MS});
+    let body = |holder: &str| json!({"resource": "common/x", "holder": holder, "ttl_ms": TTL_MS});
 
     let in_default = grant(&cluster, body("agent-a")).await;
     let reply = api
@@ -523,7 +523,7 @@ async fn namespaces_are_isolated() {
     let in_team_b: Grant = reply.expect_json(201);
     assert!(
         in_team_b.fence > in_default.fence,
-        "fences rise cluster-wide, across namespaces (SPEC section 1)"
+        "fences rise cluster-wide, across namespaces (docs/guarantees.md, "Vocabulary")"
     );
 
     let list_in = |namespace: &'static str| async move {

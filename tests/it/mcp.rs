@@ -1,6 +1,6 @@
 //! `baton mcp` spoken to as a real MCP client does: the rmcp client over the child's stdio,
 //! against a real `batond dev`. Each agent is its own `baton mcp` process with its own holder
-//! name and Baton session; the tests check what SPEC section 11 promises the model: eleven
+//! name and Baton session; the tests check what docs/agents.md promises the model: eleven
 //! tools with schemas, a denial that names the holder, everything freed when stdin closes, a
 //! fenced write refused once the claim was lost, Baton unreachable as a tool error the server
 //! recovers from, and bad arguments as MCP errors naming the argument.
@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 
 /// How long a test waits for a state before it calls it a failure.
 const STATE_TIMEOUT: Duration = Duration::from_secs(15);
-/// SPEC 11: closing stdin ends the session, which frees what it held at once.
+/// docs/agents.md: closing stdin ends the session, which frees what it held at once.
 const FREED_WITHIN: Duration = Duration::from_secs(1);
 
 /// One agent: a `baton mcp` child and the MCP client session over its stdio.

@@ -60,7 +60,7 @@ async fn wait_for_equal_digests(cluster: &Cluster, a: &Node, b: &Node) -> Digest
 #[tokio::test]
 async fn a_removed_follower_is_re_added_and_catches_up_to_the_same_state() {
     // Snapshot often, so that the removed node's missed entries are purged from the leader's
-    // log and catching it up needs a snapshot install. (A `batond run` flag beyond SPEC 6.)
+    // log and catching it up needs a snapshot install. (A `batond run` flag beyond docs/cli.md.)
     let mut config = ClusterConfig::new(3);
     config.extra_args = vec!["--snapshot-log-entries".to_owned(), "20".to_owned()];
     let cluster = Cluster::start_with(config).await;
@@ -69,7 +69,7 @@ async fn a_removed_follower_is_re_added_and_catches_up_to_the_same_state() {
     let followers = cluster.followers().await;
     let (removed, other) = (followers[0], followers[1]);
 
-    // Membership calls and writes retry NO_LEADER (definitely not applied, SPEC 5): the
+    // Membership calls and writes retry NO_LEADER (definitely not applied, docs/api.md): the
     // removed node, still running, may start an election that unsettles the leader.
     let (reply, _) = cluster
         .retry_until_acknowledged(&[leader, other], CATCH_UP_TIMEOUT, |node| {

@@ -1,6 +1,6 @@
-//! The server as a process (SPEC section 6): `batond dev` starts a one-node cluster that
+//! The server as a process (docs/cli.md): `batond dev` starts a one-node cluster that
 //! resumes from its data; SIGTERM shuts it down cleanly (exit status 0); the liveness and
-//! metrics routes answer; and no session id ever reaches a log or a metric (SPEC section 5:
+//! metrics routes answer; and no session id ever reaches a log or a metric (docs/api.md:
 //! logs and metric labels use the route pattern, never the raw path).
 
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Work queues with leased claims (SPEC section 4 "Work queues", issue 5 "Show it"), against
+//! Work queues with leased claims (docs/guarantees.md, "Semantics" "Work queues", issue 5 "Show it"), against
 //! real three-node clusters: one winner per claim race and a drain that completes every task
 //! exactly once; a stalled worker's claim lapses, is handed over with a higher fence and its
 //! late complete is `STALE_FENCE`; claims follow priority, FIFO, dependencies and delays;

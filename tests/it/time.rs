@@ -1,4 +1,4 @@
-//! Cluster time (G6, SPEC section 3) as clients see it in `Baton-Cluster-Time`: it never
+//! Cluster time (G6, docs/guarantees.md, "Time") as clients see it in `Baton-Cluster-Time`: it never
 //! decreases across sequential requests to different nodes, a leader kill and a restart
 //! included; it never gains on real time by more than the rate error; and with no writes the
 //! idle tick keeps it in pace with real time.
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use baton_tests::{json, poll_until, Cluster, Method, Node, Reply, Value};
 
-/// The SPEC's default `clock_rate_error`.
+/// The default `clock_rate_error`.
 const CLOCK_RATE_ERROR: f64 = 0.01;
 const RATE_SLACK_MS: f64 = 50.0;
 

@@ -1,4 +1,4 @@
-//! The HTTP/JSON wire types of Baton's v1 API (SPEC section 5): request bodies, query
+//! The HTTP/JSON wire types of Baton's v1 API (docs/api.md): request bodies, query
 //! strings, answers, events, the `application/problem+json` error body and its [`ErrorCode`]s.
 //! This module is the client contract, shared by the server, the client library, the `baton`
 //! command line and the Jepsen harness. What must never live here: log or state-machine types
@@ -8,7 +8,7 @@
 //! Conventions: request bodies and query strings refuse unknown fields, so a client typo is an
 //! `INVALID_ARGUMENT` rather than a silently ignored option; answers accept unknown fields, so
 //! an older client can talk to a newer server. Optional request fields are omitted when unset;
-//! optional answer fields the SPEC shows as `null` (`leader_id`, `next_cursor`, a kv `fence`,
+//! optional answer fields docs/api.md shows as `null` (`leader_id`, `next_cursor`, a kv `fence`,
 //! a fence check's `fence`) are always present. Times are cluster-time milliseconds
 //! (`*_ms`) or informational RFC 3339 UTC strings (`*_at`).
 
@@ -24,7 +24,7 @@ pub const HEADER_LEADER: &str = "Baton-Leader";
 pub const HEADER_CLUSTER_TIME: &str = "Baton-Cluster-Time";
 /// Request header: the namespace the request acts in; [`DEFAULT_NAMESPACE`] when absent.
 pub const HEADER_NAMESPACE: &str = "Baton-Namespace";
-/// Request header: makes a mutation apply at most once per namespace and key (SPEC G8).
+/// Request header: makes a mutation apply at most once per namespace and key (docs/guarantees.md G8).
 pub const HEADER_IDEMPOTENCY_KEY: &str = "Idempotency-Key";
 /// Response header: `true` when the answer is the recorded first answer of an idempotent retry.
 pub const HEADER_IDEMPOTENT_REPLAYED: &str = "Idempotent-Replayed";
@@ -79,7 +79,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
-    /// Every code, in SPEC order.
+    /// Every code, in the order docs/api.md lists them.
     pub const ALL: [ErrorCode; 13] = [
         ErrorCode::InvalidArgument,
         ErrorCode::Unauthenticated,
@@ -214,7 +214,7 @@ impl std::error::Error for Problem {}
 // Shared pieces
 // ---------------------------------------------------------------------------------------------
 
-/// A session id: a secret capability (SPEC section 1). Serialized as a plain JSON string; its
+/// A session id: a secret capability (docs/guarantees.md, "Vocabulary"). Serialized as a plain JSON string; its
 /// `Debug` is redacted so that logging a request body never leaks it. Read it with
 /// [`SessionId::as_str`] only where it must be sent or compared.
 #[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -330,7 +330,7 @@ pub struct CreateSessionResponse {
     pub holder: String,
     /// The TTL granted.
     pub ttl_ms: u64,
-    /// Deadline minus the cluster time the write was applied at (SPEC G7).
+    /// Deadline minus the cluster time the write was applied at (docs/guarantees.md G7).
     pub expires_in_ms: u64,
     /// Informational RFC 3339 UTC deadline.
     pub expires_at: String,
@@ -342,7 +342,7 @@ pub struct CreateSessionResponse {
 pub struct KeepaliveResponse {
     /// The renewed session.
     pub session_id: SessionId,
-    /// New deadline minus the cluster time the renewal was applied at (SPEC G7).
+    /// New deadline minus the cluster time the renewal was applied at (docs/guarantees.md G7).
     pub expires_in_ms: u64,
     /// Informational RFC 3339 UTC deadline.
     pub expires_at: String,
@@ -461,7 +461,7 @@ pub struct Grant {
     pub max_hold_ms: Option<u64>,
     /// Informational RFC 3339 UTC time of the grant.
     pub acquired_at: String,
-    /// Deadline minus the cluster time the grant was applied at (SPEC G7).
+    /// Deadline minus the cluster time the grant was applied at (docs/guarantees.md G7).
     pub expires_in_ms: u64,
     /// Informational RFC 3339 UTC deadline.
     pub expires_at: String,
@@ -815,7 +815,7 @@ pub struct ClaimResponse {
     pub attempt: u32,
     /// The session holding the claim (given, or created by this claim).
     pub session_id: SessionId,
-    /// Deadline minus the cluster time the claim was applied at (SPEC G7).
+    /// Deadline minus the cluster time the claim was applied at (docs/guarantees.md G7).
     pub expires_in_ms: u64,
     /// Informational RFC 3339 UTC deadline.
     pub expires_at: String,

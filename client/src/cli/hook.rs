@@ -1,4 +1,4 @@
-//! `baton hook claude-code` (SPEC section 11): a Claude Code hook that claims each file an
+//! `baton hook claude-code` (docs/agents.md): a Claude Code hook that claims each file an
 //! agent is about to edit, so that two agents never edit one file at once. The model never
 //! manages a lease: it sees its edit go through, or denied with who holds the file and for
 //! how long, and decides what to do.

@@ -1,4 +1,4 @@
-//! The `baton` command line of SPEC section 6: flags, subcommands, and the dispatch from one to
+//! The `baton` command line of docs/cli.md: flags, subcommands, and the dispatch from one to
 //! a client call. Global flags (`--endpoints`, `--holder`, `--namespace`, `--json`,
 //! `--timeout`) are accepted before or after the subcommand and read `BATON_*` variables.
 //! What must never live here: HTTP; every request goes through `baton_client::Client`.

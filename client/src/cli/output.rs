@@ -1,4 +1,4 @@
-//! What `baton` prints and how it exits: the exit codes of SPEC section 6, the one-line error
+//! What `baton` prints and how it exits: the exit codes of docs/cli.md, the one-line error
 //! format (`error[LEASE_HELD]: ...`, always the last line on stderr), and `--json` output.
 //! What must never live here: requests; this module only turns outcomes into text and codes.
 
@@ -87,7 +87,7 @@ impl From<Error> for Failure {
     }
 }
 
-/// The exit code of a client error (SPEC section 6).
+/// The exit code of a client error (docs/cli.md).
 pub fn exit_code(error: &Error) -> u8 {
     match error {
         Error::Held { .. } | Error::Lost { .. } | Error::StaleFence { .. } => EXIT_CONFLICT,
@@ -100,7 +100,7 @@ pub fn exit_code(error: &Error) -> u8 {
 }
 
 /// Writes one line on stdout. A closed stdout (`baton events | head -1`) ends the process
-/// quietly with status 0: the reader has what it wanted (SPEC section 6). Any other write
+/// quietly with status 0: the reader has what it wanted (docs/cli.md). Any other write
 /// error ends it with status 1.
 pub fn write_line(arguments: fmt::Arguments<'_>) {
     let mut stdout = std::io::stdout().lock();

@@ -1,5 +1,5 @@
 //! The child of `baton run` and `baton task work` never outlives them, even when they are
-//! SIGKILLed (SPEC section 6). What lives here: both halves of that promise and the watch over
+//! SIGKILLed (docs/cli.md). What lives here: both halves of that promise and the watch over
 //! a running command that both subcommands share. What must never live here: leases, claims
 //! and requests; callers hand in the future that resolves when their lease is lost.
 //!

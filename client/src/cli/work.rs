@@ -1,4 +1,4 @@
-//! `baton task work QUEUE [--ttl 5m] [--once] [--follow] -- CMD ARGS...` (SPEC section 11):
+//! `baton task work QUEUE [--ttl 5m] [--once] [--follow] -- CMD ARGS...` (docs/agents.md):
 //! claim the next task, run CMD for it with the task in its environment while the claim is
 //! kept alive, and settle the task by CMD's status: 0 completes it, anything else fails it
 //! with the reason `exit status N` (ready again while attempts remain). Repeat until the queue

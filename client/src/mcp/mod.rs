@@ -1,4 +1,4 @@
-//! `baton mcp` (SPEC section 11): a Model Context Protocol server over stdio that gives one
+//! `baton mcp` (docs/agents.md): a Model Context Protocol server over stdio that gives one
 //! agent Baton's claims, fenced store and work queues as eleven tools (`tools.rs`), backed by
 //! one Baton session per process (`agent.rs`). The session is made at the first claim, kept
 //! alive by the client crate every third of `--ttl`, and ended when stdin closes or on
@@ -48,7 +48,7 @@ pub struct McpArgs {
     /// runs, and everything it holds is freed this long after the server dies.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub ttl: Duration,
-    /// Bearer token for Baton (SPEC section 10).
+    /// Bearer token for Baton (docs/api.md, "Security").
     #[arg(long, env = "BATON_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
 }

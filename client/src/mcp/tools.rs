@@ -1,4 +1,4 @@
-//! The eleven tools of `baton mcp` (SPEC section 11) as the model sees them: their names,
+//! The eleven tools of `baton mcp` (docs/agents.md) as the model sees them: their names,
 //! descriptions and JSON input schemas (derived from the argument types below), and the one
 //! parser that turns a call's arguments into those types or an MCP error naming the argument.
 //! What must never live here: any call to Baton (that is `agent.rs`).

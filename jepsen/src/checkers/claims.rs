@@ -1,4 +1,4 @@
-//! Exclusive claims (SPEC G2 and G7 for tasks): no task is held by two live claims at the same
+//! Exclusive claims (docs/guarantees.md G2 and G7 for tasks): no task is held by two live claims at the same
 //! moment. A claim is a lease on its task, so its claimer may count it live (G7) from the
 //! claim's `ok` until `t0 + (expires_in_ms - 1) * (1 - 2 * clock_rate_error)`, `t0` being when
 //! the claim was first sent, and no longer than until the claimer itself sent the

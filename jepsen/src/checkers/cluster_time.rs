@@ -1,4 +1,4 @@
-//! Cluster time (SPEC G6) from `Baton-Cluster-Time`: it never decreases across operations
+//! Cluster time (docs/guarantees.md G6) from `Baton-Cluster-Time`: it never decreases across operations
 //! ordered in real time (one completed before the other was invoked), and between two such
 //! operations it grows at most `(1 + clock_rate_error)` times the harness clock.
 //!
@@ -9,7 +9,7 @@
 //! was invoked; B's time (any answer) was stamped before B completed; so
 //! `ct(B) - ct(A) <= (1 + e) * (complete(B) - invoke(A)) + slack`. A read cannot play A: it
 //! answers at the applied state's time, which may have been stamped before the read was sent
-//! (up to a tick and a commit earlier, SPEC section 3). The slack is
+//! (up to a tick and a commit earlier, docs/guarantees.md, "Time"). The slack is
 //! [`RATE_SLACK_MS`]: both readings are whole milliseconds truncated from the nodes' clocks
 //! (up to 1 ms each), and a leader's clock starts at the applied state's time, which was
 //! stamped at most one tick's worth of rounding earlier; 5 ms covers both with room, and is
@@ -20,7 +20,7 @@ use serde_json::{json, Value};
 use super::{ms, CheckResult};
 use crate::history::{pairs, Op, OpType, Pair};
 
-/// The rate error the cluster assumes (SPEC G6).
+/// The rate error the cluster assumes (docs/guarantees.md G6).
 pub const RATE_ERROR: f64 = 0.01;
 /// See the module doc.
 pub const RATE_SLACK_MS: f64 = 5.0;

@@ -1,4 +1,4 @@
-//! Replicas agree (SPEC section 7): after healing, the harness samples every node's
+//! Replicas agree (docs/harness.md): after healing, the harness samples every node's
 //! `/v1/debug/digest` many times (process `final`, f `digest`, one event per node with its
 //! samples `{applied_index: digest}`). At every applied index two nodes both reported, their
 //! digests must be equal. No common index at all is `unknown`.

@@ -1,4 +1,4 @@
-//! Fences rise (SPEC G3): every grant (lease acquire or task claim) gets a token greater than
+//! Fences rise (docs/guarantees.md G3): every grant (lease acquire or task claim) gets a token greater than
 //! every token granted before it, cluster-wide. From the history: no two distinct grants share
 //! a token, and a grant that was invoked after another one completed has a larger token. A
 //! retry with the same idempotency key is the same grant (its replay shows the same token), so

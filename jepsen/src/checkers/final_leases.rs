@@ -1,4 +1,4 @@
-//! The lease set after healing (SPEC G3, G5, G7): the harness lists every live lease on every
+//! The lease set after healing (docs/guarantees.md G3, G5, G7): the harness lists every live lease on every
 //! node (process `final`, f `final-leases`) and checks each listing against the history.
 //!
 //! - No phantom: every listed lease's fence was handed out for that resource by an acquire that

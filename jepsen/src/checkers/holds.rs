@@ -1,4 +1,4 @@
-//! Exclusion as the holders see it (SPEC G2 with G7): no two holders' guaranteed-hold
+//! Exclusion as the holders see it (docs/guarantees.md G2 with G7): no two holders' guaranteed-hold
 //! intervals overlap on a path both cover, subtree coverage understood. A hold is recorded by
 //! its holder (process `holds`) from the moment the grant came back to the end of its G7
 //! validity, cut short by its own release and stretched to its last accepted write (a holder

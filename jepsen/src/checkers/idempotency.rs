@@ -1,4 +1,4 @@
-//! Idempotency (SPEC G8): every mutation the workers send carries an `Idempotency-Key`, and an
+//! Idempotency (docs/guarantees.md G8): every mutation the workers send carries an `Idempotency-Key`, and an
 //! unknown one is sometimes retried with the same key on another node. Per key: at most one
 //! answer is an original (not `Idempotent-Replayed`), so it took effect at most once, and every
 //! successful answer has the same body fingerprint (and fence): replays are identical.

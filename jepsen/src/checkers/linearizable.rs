@@ -1,4 +1,4 @@
-//! Linearizability (SPEC G1) of the fenced key-value registers, key by key (a register's
+//! Linearizability (docs/guarantees.md G1) of the fenced key-value registers, key by key (a register's
 //! history is independent of the others', so the search is partitioned by key).
 //!
 //! The search is Wing and Gong's, with Lowe's memoization: from the set of operations already

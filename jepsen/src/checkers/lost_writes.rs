@@ -1,4 +1,4 @@
-//! Durability (SPEC G5) of the fenced registers: after healing the harness reads every
+//! Durability (docs/guarantees.md G5) of the fenced registers: after healing the harness reads every
 //! register on every node (process `final`, f `final-read`). Every node must return the same
 //! value; that value must have been written (ok or unknown), or be empty only if no write was
 //! acknowledged; and no acknowledged write may have been invoked after the write whose value

@@ -1,4 +1,4 @@
-//! Refusals mean "not applied" (SPEC section 5: `NO_LEADER` only ever means "surely not
+//! Refusals mean "not applied" (docs/api.md: `NO_LEADER` only ever means "surely not
 //! applied"; STYLE rule 8): a register write that failed, as one logical operation (every
 //! attempt with its idempotency key failed), must never become visible, neither to a client's
 //! read nor in the final reads after healing. Written values are unique per write, so a value

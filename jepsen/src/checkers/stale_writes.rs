@@ -1,4 +1,4 @@
-//! Fenced writes (SPEC G4) as the protected resources see them.
+//! Fenced writes (docs/guarantees.md G4) as the protected resources see them.
 //!
 //! The harness's protected resource (process `resource`): per path, the fences of accepted
 //! writes never go down in the order the resource accepted them (a stale-fenced write

@@ -1,4 +1,4 @@
-//! Work queues (SPEC section 4): no task completed twice, none lost. From the history: at most
+//! Work queues (docs/guarantees.md, "Semantics"): no task completed twice, none lost. From the history: at most
 //! one successful `complete` per task; no successful claim of a task after a `complete` of it
 //! had succeeded; and after healing (process `final`, f `final-tasks`, the listing of every
 //! queue used) every task whose enqueue succeeded is present, every task whose completion

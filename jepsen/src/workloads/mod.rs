@@ -355,7 +355,7 @@ impl Mode {
     }
 }
 
-/// True when a lease `(resource, mode)` covers `path` (SPEC G2).
+/// True when a lease `(resource, mode)` covers `path` (docs/guarantees.md G2).
 pub fn covers(resource: &str, mode: Mode, path: &str) -> bool {
     match mode {
         Mode::Exclusive => resource == path,
@@ -368,7 +368,7 @@ pub fn covers(resource: &str, mode: Mode, path: &str) -> bool {
     }
 }
 
-/// True when two leases conflict (SPEC G2): some path is covered by both.
+/// True when two leases conflict (docs/guarantees.md G2): some path is covered by both.
 pub fn overlapping(a: (&str, Mode), b: (&str, Mode)) -> bool {
     match (a.1, b.1) {
         (Mode::Exclusive, Mode::Exclusive) => a.0 == b.0,

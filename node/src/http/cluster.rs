@@ -1,5 +1,5 @@
 //! Node-local routes (`/v1/cluster`, `/v1/debug/*`, health, metrics) and the membership routes.
-//! Local routes describe the answering node and are never forwarded (SPEC G1 exemptions).
+//! Local routes describe the answering node and are never forwarded (docs/guarantees.md G1 exemptions).
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -1,5 +1,5 @@
 //! The one error type of the HTTP API and the one table from error code to status.
-//! Every refusal leaves as `application/problem+json` with a code of SPEC section 5.
+//! Every refusal leaves as `application/problem+json` with a code of docs/api.md.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -116,7 +116,7 @@ impl From<ProposeError> for ApiError {
     }
 }
 
-/// The status of each code (SPEC section 5). The only place that knows it.
+/// The status of each code (docs/api.md). The only place that knows it.
 pub fn status_of(code: ErrorCode) -> StatusCode {
     match code {
         ErrorCode::InvalidArgument => StatusCode::BAD_REQUEST,

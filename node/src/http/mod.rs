@@ -1,4 +1,4 @@
-//! The client HTTP API of SPEC section 5: routing, the shared `AppState`, and the middleware
+//! The client HTTP API of docs/api.md: routing, the shared `AppState`, and the middleware
 //! every answer passes through (forwarding to the leader, `Baton-Leader` and
 //! `Baton-Cluster-Time` headers, request metrics).
 //!
@@ -44,7 +44,7 @@ use crate::proposer::Proposer;
 pub use convert::Clocks;
 pub use error::ApiError;
 
-/// The largest request body accepted (SPEC section 8).
+/// The largest request body accepted (docs/guarantees.md, "Limits").
 pub const BODY_BYTES_MAX: usize = 1 << 20;
 
 /// What every handler shares. Cheap to clone.

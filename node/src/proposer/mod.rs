@@ -169,7 +169,7 @@ impl Proposer {
 /// `ForwardToLeader` both when it refuses the entry up front and when it deletes the entry from
 /// a deposed leader's log (a conflict, or a snapshot install that truncates after the committed
 /// index), and in the second case a new leader may already have committed and applied it. So
-/// every failure after the hand-over is `Unknown`, never `NotLeader` (SPEC: `NO_LEADER` means
+/// every failure after the hand-over is `Unknown`, never `NotLeader` (docs/api.md: `NO_LEADER` means
 /// surely not applied).
 fn entry_outcome<E>(
     outcome: Result<Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, Member>>, E>,

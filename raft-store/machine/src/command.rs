@@ -366,7 +366,7 @@ impl Rejection {
         Rejection::InvalidArgument(message.into())
     }
 
-    /// The stable code of SPEC section 5 for this refusal.
+    /// The stable code of docs/api.md for this refusal.
     pub fn code(&self) -> &'static str {
         match self {
             Rejection::InvalidArgument(_) => "INVALID_ARGUMENT",

@@ -4,7 +4,7 @@
 //! `Response` per command. Everything here is synchronous and pure: no I/O, no clock, no async,
 //! no openraft, sled or tokio types, and no iteration over hash maps (every collection is a
 //! `BTreeMap`/`BTreeSet`/`VecDeque`), so two replicas fed the same entries hold byte-identical
-//! state. Time enters only through the stamps (SPEC section 3): each entry is evaluated at
+//! state. Time enters only through the stamps (docs/guarantees.md, "Time"): each entry is evaluated at
 //! `max(stamp, cluster time)`. Expiry is a comparison of a deadline with that time; the `Sweep`
 //! command only cleans up what is already dead.
 //!

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use super::command::Rejection;
 
-/// The limits of SPEC section 8, plus the few internal bounds the machine needs.
+/// The limits of docs/guarantees.md, "Limits", plus the few internal bounds the machine needs.
 ///
 /// They are part of the replicated state (changed only through the `SetLimits` command), so
 /// every replica decides with the same numbers.

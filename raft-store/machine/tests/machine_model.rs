@@ -1,5 +1,5 @@
 //! A model test: a deliberately naive reference implementation of the lease and work-queue rules
-//! (SPEC G2, G3, G4, G8 and section 4) is fed the same random entries as the real machine, and
+//! (docs/guarantees.md G2, G3, G4, G8 and section 4) is fed the same random entries as the real machine, and
 //! their answers and observable state must agree after every entry.
 //!
 //! The model keeps plain `Vec`s and scans them linearly; its path logic splits strings into
@@ -7,7 +7,7 @@
 //! no index, no dependents list and no counters: claim-next scans every task for the best one
 //! that is ready now, "waiting on" is recounted from the dependencies, a claim lapses when a scan
 //! finds its session past its deadline, and the counts are a scan. Where the real machine's
-//! order of checks is a choice the SPEC leaves open (which validation comes first, which of
+//! order of checks is a choice the contract leaves open (which validation comes first, which of
 //! several live conflicts is reported, in which order simultaneous lapses emit their events),
 //! the model mirrors it and says so.
 
@@ -1640,7 +1640,7 @@ proptest! {
     }
 }
 
-/// The model's conflict rule against the table of SPEC G2, so the model itself is checked.
+/// The model's conflict rule against the table of docs/guarantees.md G2, so the model itself is checked.
 #[test]
 fn model_conflict_rule_follows_g2() {
     use LeaseMode::{Exclusive, Subtree};

@@ -910,7 +910,7 @@ fn decode_huge_length_child() {
     }
 }
 
-/// SPEC section 9: decoding bytes from disk or the network "returns an error on garbage, never a
+/// ARCHITECTURE.md: decoding bytes from disk or the network "returns an error on garbage, never a
 /// panic". A 23-byte batch whose namespace string claims a length of 2^40 bytes once made
 /// bincode allocate (`vec![0u8; len]`) before reading, and the allocation failure aborted the
 /// process. Run in a child process so such an abort fails this one test, not the whole binary.
