@@ -593,6 +593,24 @@ impl Cluster {
         Ok(body)
     }
 
+    /// One gauge from node `id`'s `/metrics` (a line `name value`).
+    pub async fn gauge(&self, id: u64, name: &str) -> anyhow::Result<u64> {
+        let url = format!("http://{}/metrics", self.node(id).api);
+        let text = self
+            .http
+            .get(url)
+            .timeout(CONTROL_TIMEOUT)
+            .send()
+            .await?
+            .text()
+            .await?;
+        let value = text
+            .lines()
+            .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+            .with_context(|| format!("node {id} shows no {name} in /metrics"))?;
+        Ok(value.trim().parse()?)
+    }
+
     /// Sends a JSON request to node `id` with a timeout; returns status and body.
     pub async fn call(
         &self,

@@ -48,6 +48,7 @@ impl Metrics {
         raft: &RaftMetrics<u64, Member>,
         sessions: usize,
         leases: usize,
+        batches_in_flight: usize,
     ) -> String {
         let mut text = String::new();
         let gauges = [
@@ -86,6 +87,11 @@ impl Metrics {
                 "baton_leases",
                 "Leases in the state machine, live or awaiting sweep.",
                 leases as u64,
+            ),
+            (
+                "baton_proposer_batches_in_flight",
+                "Log entries this node proposed and is still waiting to hear back about.",
+                batches_in_flight as u64,
             ),
         ];
         for (name, help, value) in gauges {

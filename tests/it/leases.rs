@@ -523,7 +523,7 @@ async fn namespaces_are_isolated() {
     let in_team_b: Grant = reply.expect_json(201);
     assert!(
         in_team_b.fence > in_default.fence,
-        "fences rise cluster-wide, across namespaces (docs/guarantees.md, "Vocabulary")"
+        "fences rise cluster-wide, across namespaces (docs/guarantees.md, Vocabulary)"
     );
 
     let list_in = |namespace: &'static str| async move {

@@ -15,6 +15,7 @@ pub mod holds;
 pub mod idempotency;
 pub mod linearizable;
 pub mod lost_writes;
+pub mod recovery;
 pub mod refused_writes;
 pub mod stale_writes;
 pub mod tasks;
@@ -151,6 +152,7 @@ pub fn check_all(
     });
     run("idempotency", true, &|| idempotency::check(history));
     run("digest", true, &|| digest::check(history));
+    run("recovery", true, &|| recovery::check(history));
     match workload {
         Workload::Lease | Workload::UnfencedLock => {
             run("holds", !beyond, &|| holds::check(history));

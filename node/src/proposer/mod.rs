@@ -78,6 +78,8 @@ pub struct Proposer {
     /// every entry that was in its log at takeover.
     ready_term: watch::Receiver<Option<u64>>,
     apply_timeout: Duration,
+    /// One permit per batch handed to openraft and not yet answered.
+    in_flight: Arc<Semaphore>,
 }
 
 #[derive(Debug)]
@@ -99,6 +101,7 @@ impl Proposer {
         let (sender, receiver) = mpsc::channel(QUEUE_MAX);
         let (ready, ready_term) = watch::channel(None);
         let apply_timeout = settings.apply_timeout;
+        let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
         let batcher = Batcher {
             ready,
             raft,
@@ -106,7 +109,7 @@ impl Proposer {
             clock,
             node_id,
             receiver,
-            in_flight: Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX)),
+            in_flight: in_flight.clone(),
             leader_time: LeaderTime::default(),
             settings,
         };
@@ -115,7 +118,13 @@ impl Proposer {
             sender,
             ready_term,
             apply_timeout,
+            in_flight,
         }
+    }
+
+    /// Batches handed to openraft whose answer the batcher still waits for.
+    pub fn batches_in_flight(&self) -> usize {
+        BATCHES_IN_FLIGHT_MAX - self.in_flight.available_permits()
     }
 
     /// Waits until this node, as leader of `term`, has applied every entry that was in its log
@@ -171,8 +180,11 @@ impl Proposer {
 /// index), and in the second case a new leader may already have committed and applied it. So
 /// every failure after the hand-over is `Unknown`, never `NotLeader` (docs/api.md: `NO_LEADER` means
 /// surely not applied).
-fn entry_outcome<E>(
-    outcome: Result<Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, Member>>, E>,
+fn entry_outcome(
+    outcome: Result<
+        Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, Member>>,
+        NoAnswer,
+    >,
     commands: usize,
 ) -> Result<Applied, ProposeError> {
     match outcome {
@@ -186,7 +198,36 @@ fn entry_outcome<E>(
                 .to_owned(),
         )),
         Ok(Err(other)) => Err(ProposeError::Unknown(other.to_string())),
-        Err(_) => Err(ProposeError::Unknown("raft dropped the request".to_owned())),
+        Err(NoAnswer::Dropped) => Err(ProposeError::Unknown("raft dropped the request".to_owned())),
+        Err(NoAnswer::TimedOut(timeout)) => Err(ProposeError::Unknown(format!(
+            "raft did not answer within {timeout:?}"
+        ))),
+    }
+}
+
+/// Why openraft's answer for an entry never came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NoAnswer {
+    Dropped,
+    TimedOut(Duration),
+}
+
+/// openraft's answer for an entry handed over, waited for at most `timeout`.
+///
+/// The bound is not a nicety: openraft 0.9 never answers an entry that a snapshot install
+/// replaces without truncating it (a deposed leader whose log ends before the snapshot's last
+/// index and that saw no conflicting append first: it neither applies nor deletes the entry).
+/// Each waiting batch holds one of `BATCHES_IN_FLIGHT_MAX` slots; waiting forever, a node that
+/// lost a few batches that way could never propose again, even once elected leader. After the
+/// bound the outcome is unknown, as it already is for the request that waits the same time.
+async fn answer_within<T>(
+    answer: impl std::future::Future<Output = Result<T, oneshot::error::RecvError>>,
+    timeout: Duration,
+) -> Result<T, NoAnswer> {
+    match tokio::time::timeout(timeout, answer).await {
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(_)) => Err(NoAnswer::Dropped),
+        Err(_) => Err(NoAnswer::TimedOut(timeout)),
     }
 }
 
@@ -299,8 +340,9 @@ impl Batcher {
                 return;
             }
         };
+        let timeout = self.settings.apply_timeout;
         tokio::spawn(async move {
-            let outcome = receiver.await;
+            let outcome = answer_within(receiver, timeout).await;
             drop(permit);
             match entry_outcome(outcome, replies.len()) {
                 Ok(Applied { time_ms, responses }) => {
@@ -405,7 +447,7 @@ mod tests {
             leader_id: Some(2),
             leader_node: None,
         });
-        let outcome = entry_outcome::<()>(Ok(Err(forward)), 1);
+        let outcome = entry_outcome(Ok(Err(forward)), 1);
         assert!(
             matches!(outcome, Err(ProposeError::Unknown(_))),
             "{outcome:?}"
@@ -415,19 +457,43 @@ mod tests {
     #[test]
     fn a_dropped_answer_or_a_response_count_mismatch_is_unknown() {
         assert!(matches!(
-            entry_outcome(Err(()), 1),
+            entry_outcome(Err(NoAnswer::Dropped), 1),
             Err(ProposeError::Unknown(_))
         ));
         assert!(matches!(
-            entry_outcome::<()>(Ok(Ok(written(2))), 3),
+            entry_outcome(Err(NoAnswer::TimedOut(Duration::from_secs(1))), 1),
+            Err(ProposeError::Unknown(_))
+        ));
+        assert!(matches!(
+            entry_outcome(Ok(Ok(written(2))), 3),
             Err(ProposeError::Unknown(_))
         ));
     }
 
     #[test]
     fn an_applied_entry_answers_every_waiter() {
-        let applied = entry_outcome::<()>(Ok(Ok(written(2))), 2).unwrap();
+        let applied = entry_outcome(Ok(Ok(written(2))), 2).unwrap();
         assert_eq!(applied.time_ms, 1_234);
         assert_eq!(applied.responses.len(), 2);
+    }
+
+    /// openraft keeps some answers forever (see `answer_within`); the wait for one ends at the
+    /// bound, which frees the batch's slot.
+    #[tokio::test]
+    async fn an_answer_that_never_comes_is_given_up_at_the_bound() {
+        const BOUND: Duration = Duration::from_millis(50);
+        let (kept_forever, answer) = oneshot::channel::<()>();
+        let outcome = answer_within(answer, BOUND).await;
+        assert_eq!(outcome, Err(NoAnswer::TimedOut(BOUND)));
+        drop(kept_forever);
+
+        let (dropped, answer) = oneshot::channel::<()>();
+        drop(dropped);
+        let outcome = answer_within(answer, BOUND).await;
+        assert_eq!(outcome, Err(NoAnswer::Dropped));
+
+        let (sender, answer) = oneshot::channel();
+        sender.send(7).unwrap();
+        assert_eq!(answer_within(answer, BOUND).await, Ok(7));
     }
 }
