@@ -20,8 +20,8 @@ use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::process::{Command, ExitStatus};
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde::de::DeserializeOwned;
@@ -320,7 +320,7 @@ impl Cluster {
                 "==== node {} ({}), last {LOG_TAIL_LINES} lines of {} ====\n{}",
                 node.id,
                 node.describe_state(),
-                node.log_path.display(),
+                node.log_path().display(),
                 node.log_tail(LOG_TAIL_LINES)
             );
         }
@@ -400,7 +400,7 @@ impl Cluster {
                         "node {} exited with {status} while waiting for readiness; \
                          last lines of {}:\n{}",
                         node.id,
-                        node.log_path.display(),
+                        node.log_path().display(),
                         node.log_tail(10)
                     ));
                 }
@@ -500,7 +500,7 @@ impl Cluster {
 
     fn lost_a_port_race(&self) -> bool {
         self.nodes.iter().any(|node| {
-            let log = fs::read_to_string(&node.log_path)
+            let log = fs::read_to_string(node.log_path())
                 .unwrap_or_default()
                 .to_lowercase();
             log.contains("address already in use")
@@ -516,7 +516,7 @@ impl Drop for Cluster {
             self.dump_logs();
         }
         for node in &self.nodes {
-            node.stop();
+            node.process.kill();
         }
         if std::env::var_os("BATON_TEST_KEEP_DIRS").is_some() {
             if let Some(directory) = self.directory.take() {
@@ -534,7 +534,8 @@ impl Drop for Cluster {
 // ---------------------------------------------------------------------------------------------
 
 /// One `batond` process of a [`Cluster`], with its ports, data dir and log file. Its fault
-/// methods take `&self`, so a test can hold several nodes of a cluster at once.
+/// methods take `&self`, so a test can hold several nodes of a cluster at once; they panic
+/// when the node is not in a state the fault applies to (the test is wrong then).
 #[derive(Debug)]
 pub struct Node {
     /// The node id given to `--id`.
@@ -542,16 +543,8 @@ pub struct Node {
     api_port: u16,
     peer_port: u16,
     data_dir: PathBuf,
-    log_path: PathBuf,
     args: Vec<OsString>,
-    process: Mutex<Process>,
-}
-
-#[derive(Debug, Default)]
-struct Process {
-    child: Option<Child>,
-    paused: bool,
-    starts: u32,
+    process: baton_kit::Process,
 }
 
 impl Node {
@@ -568,9 +561,8 @@ impl Node {
             api_port,
             peer_port,
             data_dir,
-            log_path,
             args,
-            process: Mutex::new(Process::default()),
+            process: baton_kit::Process::new(log_path),
         }
     }
 
@@ -596,70 +588,49 @@ impl Node {
 
     /// The file that receives the node's stdout and stderr, across restarts.
     pub fn log_path(&self) -> &Path {
-        &self.log_path
+        self.process.log_path()
     }
 
     /// True while the process runs (paused or not).
     pub fn is_running(&self) -> bool {
-        self.exit_status().is_none() && self.lock().child.is_some()
+        self.process.is_running()
     }
 
     /// True between [`Node::pause`] and [`Node::resume`].
     pub fn is_paused(&self) -> bool {
-        self.lock().paused
+        self.process.is_paused()
     }
 
     /// The exit status, when the process has exited without the harness stopping it.
     pub fn exit_status(&self) -> Option<ExitStatus> {
-        let mut process = self.lock();
-        let child = process.child.as_mut()?;
-        child.try_wait().expect("query a batond process")
+        self.process.exit_status()
     }
 
     /// SIGKILL (resuming it first if paused), then reap the process.
     pub fn kill(&self) {
-        let mut process = self.lock();
-        let paused = process.paused;
-        let child = process
-            .child
-            .as_mut()
-            .unwrap_or_else(|| panic!("kill: node {} is not running", self.id));
-        if paused {
-            // It may have exited meanwhile; SIGKILL below settles it either way.
-            let _ = try_send_signal(child.id(), "CONT");
-        }
-        child.kill().expect("SIGKILL a batond process");
-        child.wait().expect("reap a killed batond process");
-        process.child = None;
-        process.paused = false;
+        assert!(
+            self.process.pid().is_some(),
+            "kill: node {} is not running",
+            self.id
+        );
+        self.process.kill();
     }
 
     /// SIGTERM, then wait (polling) for the process to exit; returns its exit status. A node
     /// that has not exited within 10 s is SIGKILLed and the test fails: SIGTERM must shut
     /// down cleanly (docs/cli.md).
     pub async fn terminate(&self) -> ExitStatus {
-        let pid = {
-            let process = self.lock();
-            let child = process
-                .child
-                .as_ref()
-                .unwrap_or_else(|| panic!("terminate: node {} is not running", self.id));
-            assert!(!process.paused, "terminate: node {} is paused", self.id);
-            child.id()
-        };
-        send_signal(pid, "TERM");
+        assert!(!self.is_paused(), "terminate: node {} is paused", self.id);
+        if let Err(error) = self.process.signal("TERM") {
+            panic!("terminate: node {}: {error}", self.id);
+        }
         let deadline = Instant::now() + TERMINATE_TIMEOUT;
         loop {
-            {
-                let mut process = self.lock();
-                let child = process.child.as_mut().expect("the node's process");
-                if let Some(status) = child.try_wait().expect("query a batond process") {
-                    process.child = None;
-                    return status;
-                }
+            if let Some(status) = self.process.try_reap() {
+                return status;
             }
             if Instant::now() >= deadline {
-                self.kill();
+                self.process.kill();
                 panic!(
                     "node {} did not exit within {TERMINATE_TIMEOUT:?} of SIGTERM; log:\n{}",
                     self.id,
@@ -678,67 +649,49 @@ impl Node {
             "restart: node {} is still running",
             self.id
         );
-        self.lock().child = None;
+        self.process.kill();
         self.spawn();
     }
 
     /// SIGSTOP: the process stays alive but answers nothing, like a long GC pause.
     pub fn pause(&self) {
-        let mut process = self.lock();
-        let child = process
-            .child
-            .as_ref()
-            .unwrap_or_else(|| panic!("pause: node {} is not running", self.id));
-        assert!(!process.paused, "pause: node {} is already paused", self.id);
-        send_signal(child.id(), "STOP");
-        process.paused = true;
+        assert!(
+            !self.is_paused(),
+            "pause: node {} is already paused",
+            self.id
+        );
+        if let Err(error) = self.process.pause() {
+            panic!("pause: node {}: {error}", self.id);
+        }
     }
 
     /// SIGCONT after [`Node::pause`].
     pub fn resume(&self) {
-        let mut process = self.lock();
-        let child = process
-            .child
-            .as_ref()
-            .unwrap_or_else(|| panic!("resume: node {} is not running", self.id));
-        assert!(process.paused, "resume: node {} is not paused", self.id);
-        send_signal(child.id(), "CONT");
-        process.paused = false;
+        assert!(self.is_paused(), "resume: node {} is not paused", self.id);
+        if let Err(error) = self.process.resume() {
+            panic!("resume: node {}: {error}", self.id);
+        }
     }
 
     /// The last `lines` lines of the node's log.
     pub fn log_tail(&self, lines: usize) -> String {
-        match fs::read(&self.log_path) {
-            Ok(bytes) => {
-                let text = String::from_utf8_lossy(&bytes);
-                let all: Vec<&str> = text.lines().collect();
-                all[all.len().saturating_sub(lines)..].join("\n")
-            }
-            Err(error) => format!("(no log at {}: {error})", self.log_path.display()),
-        }
+        self.process.log_tail(lines).join("\n")
     }
 
     fn describe_state(&self) -> String {
         match self.exit_status() {
             Some(status) => format!("exited with {status}"),
             None if self.is_paused() => "paused".to_owned(),
-            None if self.lock().child.is_some() => "running".to_owned(),
+            None if self.process.pid().is_some() => "running".to_owned(),
             None => "stopped by the harness".to_owned(),
         }
     }
 
     fn spawn(&self) {
-        let mut process = self.lock();
-        process.starts += 1;
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.log_path)
-            .expect("open a node log");
-        writeln!(
-            log,
-            "---- harness: start #{} of node {}: {} {} ----",
-            process.starts,
+        let mut command = Command::new(batond_path());
+        command.args(&self.args);
+        let banner = format!(
+            "harness: node {}: {} {}",
             self.id,
             batond_path().display(),
             self.args
@@ -746,78 +699,10 @@ impl Node {
                 .map(|arg| arg.to_string_lossy())
                 .collect::<Vec<_>>()
                 .join(" ")
-        )
-        .expect("write a node log");
-        let mut command = Command::new(batond_path());
-        command
-            .args(&self.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone a log handle"))
-            .stderr(log)
-            .env("RUST_BACKTRACE", "1");
-        // batond reads every flag also from BATON_<FLAG> (docs/cli.md): keep the test
-        // runner's environment from configuring the nodes.
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("BATON_") {
-                command.env_remove(key);
-            }
+        );
+        if let Err(error) = self.process.start(command, &banner) {
+            panic!("spawn {}: {error}", batond_path().display());
         }
-        let child = command
-            .spawn()
-            .unwrap_or_else(|error| panic!("spawn {}: {error}", batond_path().display()));
-        process.child = Some(child);
-        process.paused = false;
-    }
-
-    /// Kills the process if the harness still owns it; used on drop, never panics.
-    fn stop(&self) {
-        let mut process = match self.process.lock() {
-            Ok(process) => process,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        let paused = process.paused;
-        if let Some(child) = process.child.as_mut() {
-            if paused {
-                let _ = try_send_signal(child.id(), "CONT");
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        process.child = None;
-        process.paused = false;
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Process> {
-        match self.process.lock() {
-            Ok(process) => process,
-            Err(poisoned) => poisoned.into_inner(),
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn send_signal(pid: u32, signal: &str) {
-    if let Err(error) = try_send_signal(pid, signal) {
-        panic!("{error}");
-    }
-}
-
-fn try_send_signal(pid: u32, signal: &str) -> Result<(), String> {
-    let status = Command::new("kill")
-        .arg(format!("-{signal}"))
-        .arg(pid.to_string())
-        .stderr(Stdio::null())
-        .status()
-        .map_err(|error| format!("run `kill -{signal} {pid}`: {error}"))?;
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("`kill -{signal} {pid}` failed: {status}"))
     }
 }
 

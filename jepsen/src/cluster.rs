@@ -10,11 +10,9 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
-use std::fs::{self, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -126,20 +124,9 @@ pub struct Node {
     pub id: u64,
     /// Where clients reach it directly (`--listen`).
     pub api: SocketAddr,
-    /// Its log file (stdout and stderr of every start).
-    pub log_path: PathBuf,
     args: Vec<OsString>,
-    process: Mutex<Process>,
-}
-
-#[derive(Debug, Default)]
-struct Process {
-    child: Option<Child>,
-    paused: bool,
-    starts: u32,
-    /// How the process ended when it was found to have exited by itself (kept across the
-    /// kill that reaps it, so that a crash is not mistaken for a kill).
-    crashed: Option<String>,
+    /// The process, its log (stdout and stderr of every start) and its faults.
+    process: baton_kit::Process,
 }
 
 /// What a restart waits for.
@@ -230,9 +217,8 @@ impl Cluster {
             nodes.push(Node {
                 id,
                 api,
-                log_path: config.run_dir.join(format!("n{id}.log")),
                 args,
-                process: Mutex::new(Process::default()),
+                process: baton_kit::Process::new(config.run_dir.join(format!("n{id}.log"))),
             });
         }
         let http = reqwest::Client::builder()
@@ -272,38 +258,17 @@ impl Cluster {
 
     /// True while the node's process runs (paused or not).
     pub fn is_running(&self, id: u64) -> bool {
-        let mut process = lock(&self.node(id).process);
-        match process.child.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
-            None => false,
-        }
+        self.node(id).process.is_running()
     }
 
     /// True between [`Cluster::pause`] and [`Cluster::resume`].
     pub fn is_paused(&self, id: u64) -> bool {
-        lock(&self.node(id).process).paused
+        self.node(id).process.is_paused()
     }
 
     /// SIGKILL (resuming first if paused), reaped at once.
     pub fn kill(&self, id: u64) {
-        let mut process = lock(&self.node(id).process);
-        let paused = process.paused;
-        let mut crashed = None;
-        if let Some(child) = process.child.as_mut() {
-            if let Ok(Some(status)) = child.try_wait() {
-                crashed = Some(status.to_string());
-            }
-            if paused {
-                signal(child.id(), "CONT");
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        process.child = None;
-        process.paused = false;
-        if process.crashed.is_none() {
-            process.crashed = crashed;
-        }
+        self.node(id).process.kill();
     }
 
     /// The first node found to have exited by itself (not by a kill of the harness), with the
@@ -314,16 +279,7 @@ impl Cluster {
             return None;
         }
         for node in &self.nodes {
-            let status = {
-                let mut process = lock(&node.process);
-                let exited = process
-                    .child
-                    .as_mut()
-                    .and_then(|child| child.try_wait().ok().flatten())
-                    .map(|status| status.to_string());
-                process.crashed.clone().or(exited)
-            };
-            if let Some(status) = status {
+            if let Some(status) = node.process.crashed() {
                 return Some(NodeFailure {
                     node: node.id,
                     fault: NodeFault::Crashed,
@@ -442,13 +398,9 @@ impl Cluster {
     }
 
     /// The exit status of node `id` if its process has exited by itself (it stays recorded
-    /// until the node is killed or restarted).
+    /// until the node is started again).
     fn exit_status(&self, id: u64) -> Option<std::process::ExitStatus> {
-        let mut process = lock(&self.node(id).process);
-        process
-            .child
-            .as_mut()
-            .and_then(|child| child.try_wait().ok().flatten())
+        self.node(id).process.exit_status()
     }
 
     /// Watches node `id`'s log from byte `from` (where its current start's lines begin) and
@@ -472,7 +424,7 @@ impl Cluster {
         let mut seen: Vec<u8> = Vec::new();
         let mut offset = from;
         loop {
-            if let Ok(mut file) = fs::File::open(&self.node(id).log_path) {
+            if let Ok(mut file) = fs::File::open(self.node(id).process.log_path()) {
                 if file.seek(SeekFrom::Start(offset)).is_ok() {
                     let mut fresh = Vec::new();
                     if file.read_to_end(&mut fresh).is_ok() {
@@ -481,7 +433,7 @@ impl Cluster {
                     }
                 }
             }
-            if let Some(at) = find(&seen, needle.as_bytes()) {
+            if let Some(at) = baton_kit::find(&seen, needle.as_bytes()) {
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }
@@ -502,7 +454,7 @@ impl Cluster {
             if self.exit_status(id).is_some() || !self.is_running(id) {
                 return LogKill::Exited;
             }
-            if find(&seen, give_up_on.as_bytes()).is_some() {
+            if baton_kit::find(&seen, give_up_on.as_bytes()).is_some() {
                 return LogKill::Passed;
             }
             if started.elapsed() >= timeout {
@@ -514,52 +466,27 @@ impl Cluster {
 
     /// True when node `id`'s log from byte `from` on contains `needle`.
     pub fn log_contains(&self, id: u64, from: u64, needle: &str) -> bool {
-        fs::read(&self.node(id).log_path).is_ok_and(|bytes| {
-            let from = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
-            find(&bytes[from..], needle.as_bytes()).is_some()
-        })
+        self.node(id).process.log_contains(from, needle)
     }
 
     /// The size of node `id`'s log file: where the next start's lines begin.
     pub fn log_len(&self, id: u64) -> u64 {
-        fs::metadata(&self.node(id).log_path).map_or(0, |meta| meta.len())
+        self.node(id).process.log_len()
     }
 
     /// The last lines of node `id`'s log.
     pub fn log_tail(&self, id: u64) -> Vec<String> {
-        let path = &self.node(id).log_path;
-        let Ok(bytes) = fs::read(path) else {
-            return vec![format!("(no log at {})", path.display())];
-        };
-        let start = bytes.len().saturating_sub(16 * 1024);
-        let text = String::from_utf8_lossy(&bytes[start..]);
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..]
-            .iter()
-            .map(|line| (*line).to_owned())
-            .collect()
+        self.node(id).process.log_tail(LOG_TAIL_LINES)
     }
 
-    /// SIGSTOP.
+    /// SIGSTOP (nothing when the node is not running).
     pub fn pause(&self, id: u64) {
-        let mut process = lock(&self.node(id).process);
-        if let Some(child) = process.child.as_ref() {
-            if !process.paused {
-                signal(child.id(), "STOP");
-                process.paused = true;
-            }
-        }
+        let _ = self.node(id).process.pause();
     }
 
-    /// SIGCONT.
+    /// SIGCONT (nothing when the node is not running).
     pub fn resume(&self, id: u64) {
-        let mut process = lock(&self.node(id).process);
-        if let Some(child) = process.child.as_ref() {
-            if process.paused {
-                signal(child.id(), "CONT");
-            }
-        }
-        process.paused = false;
+        let _ = self.node(id).process.resume();
     }
 
     /// Resumes and SIGKILLs every node, then releases the network. Never panics; safe to call
@@ -577,7 +504,7 @@ impl Cluster {
     pub fn starts(&self) -> BTreeMap<u64, u32> {
         self.nodes
             .iter()
-            .map(|node| (node.id, lock(&node.process).starts))
+            .map(|node| (node.id, node.process.starts()))
             .collect()
     }
 
@@ -691,38 +618,23 @@ impl Cluster {
     }
 
     fn spawn(&self, node: &Node) -> anyhow::Result<()> {
-        let mut process = lock(&node.process);
-        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+        let stopped = || self.stopped.load(std::sync::atomic::Ordering::SeqCst);
+        if stopped() {
             bail!("the cluster is stopped");
         }
-        process.starts += 1;
-        let mut log = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&node.log_path)?;
-        writeln!(
-            log,
-            "---- baton-jepsen: start #{} of node {} ----",
-            process.starts, node.id
-        )?;
         let mut command = self.net.command(node.id, &self.config.batond);
-        command
-            .args(&node.args)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .env("RUST_BACKTRACE", "1");
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("BATON_") {
-                command.env_remove(key);
-            }
-        }
-        let child = command
-            .spawn()
+        command.args(&node.args);
+        let pid = node
+            .process
+            .start(command, &format!("baton-jepsen: node {}", node.id))
             .with_context(|| format!("spawn {}", self.config.batond.display()))?;
-        lock(&self.pids).insert(node.id, child.id());
-        process.child = Some(child);
-        process.paused = false;
+        lock(&self.pids).insert(node.id, pid);
+        // `stop_all` may have run between the check above and the start: it killed nothing
+        // then, so this start must not outlive it.
+        if stopped() {
+            node.process.kill();
+            bail!("the cluster is stopped");
+        }
         Ok(())
     }
 }
@@ -753,12 +665,6 @@ fn load_average() -> String {
         .unwrap_or_else(|| "?".to_owned())
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
-}
-
 /// Finds the `batond` binary: the flag, `BATOND_BIN`, next to this executable, or `PATH`.
 pub fn find_batond(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(path) = flag {
@@ -786,14 +692,6 @@ pub fn find_batond(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
     bail!("no batond binary: pass --batond PATH (build it with `cargo build --release -p baton-node`)")
 }
 
-fn signal(pid: u32, name: &str) {
-    let _ = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .stderr(Stdio::null())
-        .status();
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
@@ -803,14 +701,6 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn find_locates_a_line_anywhere_in_the_bytes() {
-        let log = b"INFO serving\nINFO installing snapshot snapshot={1-2-3}\n";
-        assert_eq!(find(log, b"installing snapshot"), Some(18));
-        assert_eq!(find(log, b"snapshot installed"), None);
-        assert_eq!(find(b"", b"x"), None);
-    }
 
     #[test]
     fn a_node_failure_says_whose_fault_it_is_and_quotes_the_log() {

@@ -1,0 +1,340 @@
+//! One `batond` process across its restarts, for the integration tests (`tests/`) and the
+//! fault harness (`jepsen/`): how it is started (its log file, its environment), the faults
+//! applied to it (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), how its end is told apart from a crash,
+//! and reading its log. Where the process runs (ports, a network namespace) and what waits for
+//! it to be ready belong to the caller, which builds the [`Command`].
+//!
+//! Nothing here panics on a process that is gone: each call says what it found, and the
+//! caller decides whether that fails a test or stops a run.
+
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Mutex, MutexGuard};
+
+/// One `batond` process and its log file, which every start appends to.
+#[derive(Debug)]
+pub struct Process {
+    log_path: PathBuf,
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    child: Option<Child>,
+    paused: bool,
+    starts: u32,
+    /// How a start ended when it was found to have exited by itself, kept across the kill that
+    /// reaps it and across later starts, so that a crash is never mistaken for a kill nor
+    /// covered up by a restart.
+    crashed: Option<ExitStatus>,
+}
+
+impl Process {
+    /// A process not started yet, logging to `log_path`.
+    pub fn new(log_path: PathBuf) -> Process {
+        Process {
+            log_path,
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The file that receives the process's stdout and stderr, across restarts.
+    pub fn log_path(&self) -> &Path {
+        &self.log_path
+    }
+
+    /// Starts `command` (a `batond` command line), its output appended to the log after a
+    /// line `---- {banner}: start #N ----`. The caller's `BATON_*` variables are removed so
+    /// that only the command line configures the node (batond reads every flag from
+    /// `BATON_<FLAG>` too). Returns the pid.
+    pub fn start(&self, mut command: Command, banner: &str) -> std::io::Result<u32> {
+        let mut state = self.lock();
+        state.starts += 1;
+        let mut log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log_path)?;
+        writeln!(log, "---- {banner}: start #{} ----", state.starts)?;
+        command
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .env("RUST_BACKTRACE", "1");
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("BATON_") {
+                command.env_remove(key);
+            }
+        }
+        let child = command.spawn()?;
+        let pid = child.id();
+        state.child = Some(child);
+        state.paused = false;
+        Ok(pid)
+    }
+
+    /// How many times the process was started.
+    pub fn starts(&self) -> u32 {
+        self.lock().starts
+    }
+
+    /// The pid of the current start, if it has not been reaped.
+    pub fn pid(&self) -> Option<u32> {
+        self.lock().child.as_ref().map(Child::id)
+    }
+
+    /// True while the process runs (paused or not).
+    pub fn is_running(&self) -> bool {
+        let mut state = self.lock();
+        state
+            .child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(None)))
+    }
+
+    /// True between [`Process::pause`] and [`Process::resume`].
+    pub fn is_paused(&self) -> bool {
+        self.lock().paused
+    }
+
+    /// How the current start ended, if it exited by itself and was not reaped yet.
+    pub fn exit_status(&self) -> Option<ExitStatus> {
+        let mut state = self.lock();
+        state
+            .child
+            .as_mut()
+            .and_then(|child| child.try_wait().ok().flatten())
+    }
+
+    /// How the first start that exited by itself ended (not by [`Process::kill`] nor after
+    /// [`Process::signal`] and [`Process::try_reap`]), whatever ran since.
+    pub fn crashed(&self) -> Option<ExitStatus> {
+        let exited = self.exit_status();
+        self.lock().crashed.or(exited)
+    }
+
+    /// Takes the process back once it has exited (after a SIGTERM, say): its status, or
+    /// `None` while it still runs or when nothing runs.
+    pub fn try_reap(&self) -> Option<ExitStatus> {
+        let mut state = self.lock();
+        let status = state.child.as_mut()?.try_wait().ok().flatten()?;
+        state.child = None;
+        state.paused = false;
+        Some(status)
+    }
+
+    /// SIGKILL (SIGCONT first if paused) and reap. A process that had already exited by
+    /// itself is recorded as crashed (see [`Process::exit_status`]). Safe on a process that
+    /// is not running.
+    pub fn kill(&self) {
+        let mut state = self.lock();
+        let paused = state.paused;
+        if let Some(mut child) = state.child.take() {
+            if let Ok(Some(status)) = child.try_wait() {
+                state.crashed.get_or_insert(status);
+            }
+            if paused {
+                // It may have exited meanwhile; SIGKILL settles it either way.
+                let _ = signal(child.id(), "CONT");
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        state.paused = false;
+    }
+
+    /// SIGSTOP: the process stays alive but answers nothing, like a long GC pause.
+    pub fn pause(&self) -> Result<(), String> {
+        let mut state = self.lock();
+        let pid = state.child.as_ref().map(Child::id).ok_or("not running")?;
+        if !state.paused {
+            signal(pid, "STOP")?;
+            state.paused = true;
+        }
+        Ok(())
+    }
+
+    /// SIGCONT after [`Process::pause`].
+    pub fn resume(&self) -> Result<(), String> {
+        let mut state = self.lock();
+        let pid = state.child.as_ref().map(Child::id).ok_or("not running")?;
+        if state.paused {
+            signal(pid, "CONT")?;
+            state.paused = false;
+        }
+        Ok(())
+    }
+
+    /// Sends signal `name` (`TERM`, `HUP`, ...) to the running process.
+    pub fn signal(&self, name: &str) -> Result<(), String> {
+        let pid = self.pid().ok_or("not running")?;
+        signal(pid, name)
+    }
+
+    /// The size of the log: where the next start's lines begin.
+    pub fn log_len(&self) -> u64 {
+        fs::metadata(&self.log_path).map_or(0, |meta| meta.len())
+    }
+
+    /// True when the log, from byte `from` on, contains `needle`.
+    pub fn log_contains(&self, from: u64, needle: &str) -> bool {
+        fs::read(&self.log_path).is_ok_and(|bytes| {
+            let from = usize::try_from(from).unwrap_or(usize::MAX).min(bytes.len());
+            find(&bytes[from..], needle.as_bytes()).is_some()
+        })
+    }
+
+    /// The last `lines` lines of the log (from its last 64 KiB).
+    pub fn log_tail(&self, lines: usize) -> Vec<String> {
+        let Ok(bytes) = fs::read(&self.log_path) else {
+            return vec![format!("(no log at {})", self.log_path.display())];
+        };
+        let start = bytes.len().saturating_sub(64 * 1024);
+        let text = String::from_utf8_lossy(&bytes[start..]);
+        let all: Vec<&str> = text.lines().collect();
+        all[all.len().saturating_sub(lines)..]
+            .iter()
+            .map(|line| (*line).to_owned())
+            .collect()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `kill -NAME pid`.
+pub fn signal(pid: u32, name: &str) -> Result<(), String> {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|error| format!("run `kill -{name} {pid}`: {error}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`kill -{name} {pid}` failed: {status}"))
+    }
+}
+
+/// Where `needle` first occurs in `haystack`.
+pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack
+        .windows(needle.len())
+        .position(|window| window == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sleeper(dir: &Path) -> (Process, Command) {
+        let process = Process::new(dir.join("sleep.log"));
+        let mut command = Command::new("sh");
+        command.args(["-c", "echo up; exec sleep 30"]);
+        (process, command)
+    }
+
+    fn wait_until(mut condition: impl FnMut() -> bool) {
+        for _ in 0..500 {
+            if condition() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        panic!("condition not met within 5 s");
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("baton-kit-{name}-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn find_locates_a_line_anywhere_in_the_bytes() {
+        let log = b"INFO serving\nINFO installing snapshot snapshot={1-2-3}\n";
+        assert_eq!(find(log, b"installing snapshot"), Some(18));
+        assert_eq!(find(log, b"snapshot installed"), None);
+        assert_eq!(find(b"", b"x"), None);
+        assert_eq!(find(b"abc", b""), Some(0));
+    }
+
+    #[test]
+    fn a_killed_process_is_not_a_crash_and_restarts_append_to_the_log() {
+        let dir = temp_dir("kill");
+        let (process, command) = sleeper(&dir);
+        process.start(command, "test").unwrap();
+        wait_until(|| process.log_contains(0, "up"));
+        assert!(process.is_running());
+        process.pause().unwrap();
+        assert!(process.is_paused());
+        process.kill();
+        assert!(!process.is_running() && !process.is_paused());
+        assert_eq!(process.crashed(), None, "a kill is not a crash");
+
+        let (_, command) = sleeper(&dir);
+        let from = process.log_len();
+        process.start(command, "test").unwrap();
+        assert_eq!(process.starts(), 2);
+        wait_until(|| process.log_contains(from, "up"));
+        assert!(process
+            .log_tail(10)
+            .iter()
+            .any(|line| line == "---- test: start #2 ----"));
+        drop(process);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn an_exit_by_itself_stays_recorded_across_the_kill_and_the_restart() {
+        let dir = temp_dir("crash");
+        let process = Process::new(dir.join("crash.log"));
+        let mut command = Command::new("sh");
+        command.args(["-c", "exit 3"]);
+        process.start(command, "test").unwrap();
+        wait_until(|| process.exit_status().is_some());
+        process.kill();
+        assert_eq!(process.exit_status(), None, "reaped");
+        assert!(process.pause().is_err(), "nothing runs to pause");
+        let (_, command) = sleeper(&dir);
+        process.start(command, "test").unwrap();
+        assert_eq!(process.crashed().and_then(|status| status.code()), Some(3));
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_terminated_process_is_reaped_with_its_status() {
+        let dir = temp_dir("term");
+        let (process, command) = sleeper(&dir);
+        process.start(command, "test").unwrap();
+        assert_eq!(process.try_reap(), None, "still running");
+        process.signal("TERM").unwrap();
+        let mut status = None;
+        wait_until(|| {
+            status = process.try_reap();
+            status.is_some()
+        });
+        assert!(!status.unwrap().success());
+        assert!(!process.is_running());
+        assert_eq!(
+            process.crashed(),
+            None,
+            "a terminated process did not crash"
+        );
+        fs::remove_dir_all(dir).unwrap();
+    }
+}
