@@ -344,6 +344,12 @@ impl Batcher {
         tokio::spawn(async move {
             let outcome = answer_within(receiver, timeout).await;
             drop(permit);
+            if let Err(NoAnswer::TimedOut(timeout)) = outcome {
+                tracing::warn!(
+                    ?timeout,
+                    "openraft gave no answer for a batch in time; its outcome is unknown"
+                );
+            }
             match entry_outcome(outcome, replies.len()) {
                 Ok(Applied { time_ms, responses }) => {
                     for (reply, response) in replies.into_iter().zip(responses) {
