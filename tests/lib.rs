@@ -3,7 +3,7 @@
 //! injects process faults (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart on the same data dir).
 //!
 //! What lives here: process management ([`Cluster`], [`Node`]), an HTTP helper that keeps
-//! every answer's status, headers and JSON body ([`Api`], [`Call`], [`Reply`]), and
+//! every answer's status, headers and JSON body ([`Api`], [`Call`], [`HttpReply`]), and
 //! [`poll_until`]. What must never live here: a mock or an in-process stand-in of our own
 //! server (STYLE rule 12), and sleeps that wait for a state: the harness polls with a deadline.
 //!
@@ -258,7 +258,7 @@ impl Cluster {
         nodes: &[&Node],
         timeout: Duration,
         request: impl Fn(&Node) -> Call,
-    ) -> (Reply, Duration) {
+    ) -> (HttpReply, Duration) {
         assert!(!nodes.is_empty(), "no node to send to");
         let started = Instant::now();
         let mut attempt = 0;
@@ -844,7 +844,7 @@ pub fn idempotency_key() -> String {
 // HTTP
 // ---------------------------------------------------------------------------------------------
 
-/// A thin HTTP helper over `reqwest`: every call returns a [`Reply`] with the status, the
+/// A thin HTTP helper over `reqwest`: every call returns a [`HttpReply`] with the status, the
 /// headers and the body parsed as JSON. Connections are not pooled, so a restarted node is
 /// never reached through a dead connection.
 #[derive(Debug, Clone)]
@@ -884,22 +884,22 @@ impl Api {
     }
 
     /// `GET path`; panics on a transport error.
-    pub async fn get(&self, node: &Node, path: &str) -> Reply {
+    pub async fn get(&self, node: &Node, path: &str) -> HttpReply {
         self.call(Method::GET, node, path).send().await
     }
 
     /// `POST path` with a JSON body; panics on a transport error.
-    pub async fn post(&self, node: &Node, path: &str, body: &Value) -> Reply {
+    pub async fn post(&self, node: &Node, path: &str, body: &Value) -> HttpReply {
         self.call(Method::POST, node, path).json(body).send().await
     }
 
     /// `PUT path` with a JSON body; panics on a transport error.
-    pub async fn put(&self, node: &Node, path: &str, body: &Value) -> Reply {
+    pub async fn put(&self, node: &Node, path: &str, body: &Value) -> HttpReply {
         self.call(Method::PUT, node, path).json(body).send().await
     }
 
     /// `DELETE path` without a body; panics on a transport error.
-    pub async fn delete(&self, node: &Node, path: &str) -> Reply {
+    pub async fn delete(&self, node: &Node, path: &str) -> HttpReply {
         self.call(Method::DELETE, node, path).send().await
     }
 }
@@ -951,7 +951,7 @@ impl Call {
     }
 
     /// Sends the request; `Err` describes a transport failure (refused, reset, timeout).
-    pub async fn try_send(self) -> Result<Reply, String> {
+    pub async fn try_send(self) -> Result<HttpReply, String> {
         let request = format!("{} {}", self.method, self.url);
         let mut builder = self.client.request(self.method, &self.url);
         for (name, value) in &self.headers {
@@ -981,7 +981,7 @@ impl Call {
         } else {
             serde_json::from_str(&text).unwrap_or_else(|_| Value::String(text.clone()))
         };
-        Ok(Reply {
+        Ok(HttpReply {
             request,
             status,
             headers,
@@ -991,7 +991,7 @@ impl Call {
     }
 
     /// Sends the request; panics on a transport failure.
-    pub async fn send(self) -> Reply {
+    pub async fn send(self) -> HttpReply {
         match self.try_send().await {
             Ok(reply) => reply,
             Err(error) => panic!("request failed: {error}"),
@@ -1002,7 +1002,7 @@ impl Call {
 /// An HTTP answer: status, headers, and the body as JSON (`Null` when empty, a JSON string
 /// holding the text when it is not JSON).
 #[derive(Debug, Clone)]
-pub struct Reply {
+pub struct HttpReply {
     /// `METHOD url` of the request, for messages.
     pub request: String,
     /// The HTTP status.
@@ -1015,7 +1015,7 @@ pub struct Reply {
     pub text: String,
 }
 
-impl fmt::Display for Reply {
+impl fmt::Display for HttpReply {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             formatter,
@@ -1030,7 +1030,7 @@ impl fmt::Display for Reply {
     }
 }
 
-impl Reply {
+impl HttpReply {
     /// A response header as text.
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|value| value.to_str().ok())
@@ -1074,7 +1074,7 @@ impl Reply {
     }
 
     /// Asserts the status, showing the whole answer when it differs.
-    pub fn expect_status(&self, status: u16) -> &Reply {
+    pub fn expect_status(&self, status: u16) -> &HttpReply {
         assert_eq!(self.status, status, "unexpected status: {self}");
         self
     }
@@ -1116,7 +1116,7 @@ impl Reply {
     }
 
     /// Asserts the `Baton-Leader` and `Baton-Cluster-Time` headers every response carries.
-    pub fn expect_baton_headers(&self) -> &Reply {
+    pub fn expect_baton_headers(&self) -> &HttpReply {
         assert!(
             self.header(api::HEADER_LEADER).is_some(),
             "no Baton-Leader header: {self}"

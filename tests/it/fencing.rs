@@ -6,12 +6,12 @@
 use std::time::Duration;
 
 use baton_client::api::{ErrorCode, FenceRef, Grant, KvEntry, KvPutResponse};
-use baton_tests::{json, poll_until, Cluster, Method, Node, Reply, Value};
+use baton_tests::{json, poll_until, Cluster, HttpReply, Method, Node, Value};
 
 const RESOURCE: &str = "storage/file-17";
 const KEY: &str = "storage/file-17/contents";
 
-async fn put(cluster: &Cluster, node: &Node, body: Value) -> Reply {
+async fn put(cluster: &Cluster, node: &Node, body: Value) -> HttpReply {
     cluster
         .api()
         .put(node, &format!("/v1/kv/{KEY}"), &body)
@@ -31,7 +31,7 @@ async fn read(cluster: &Cluster, node: &Node) -> KvEntry {
         .expect_json(200)
 }
 
-fn expect_stale(reply: &Reply, live_fence: u64) {
+fn expect_stale(reply: &HttpReply, live_fence: u64) {
     let problem = reply.expect_problem(409, ErrorCode::StaleFence);
     assert_eq!(
         problem.current_fence,

@@ -6,11 +6,11 @@ use baton_client::api::{
     CreateSessionResponse, EndSessionResponse, ErrorCode, FenceCheckResponse, Grant,
     KeepaliveResponse, Lease, LeaseList, LeaseMode, SessionInfo,
 };
-use baton_tests::{is_session_id, json, mentions_number, Cluster, Method, Reply, Value};
+use baton_tests::{is_session_id, json, mentions_number, Cluster, HttpReply, Method, Value};
 
 const TTL_MS: u64 = 30_000;
 
-async fn acquire(cluster: &Cluster, body: Value) -> Reply {
+async fn acquire(cluster: &Cluster, body: Value) -> HttpReply {
     cluster
         .api()
         .post(cluster.node(1), "/v1/leases", &body)

@@ -64,19 +64,19 @@ impl Agent {
     }
 
     /// Calls a tool; panics on an MCP error.
-    async fn call(&self, tool: &str, arguments: Value) -> Answer {
+    async fn call(&self, tool: &str, arguments: Value) -> ToolResult {
         match self.try_call(tool, arguments.clone()).await {
             Ok(answer) => answer,
             Err(error) => panic!("{tool} {arguments}: MCP error {error}"),
         }
     }
 
-    async fn try_call(&self, tool: &str, arguments: Value) -> Result<Answer, ServiceError> {
+    async fn try_call(&self, tool: &str, arguments: Value) -> Result<ToolResult, ServiceError> {
         let Value::Object(arguments) = arguments else {
             panic!("arguments must be an object");
         };
         let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        self.client.call_tool(params).await.map(Answer::from)
+        self.client.call_tool(params).await.map(ToolResult::from)
     }
 
     /// The MCP error message of a call that must fail.
@@ -104,14 +104,14 @@ impl Agent {
 
 /// A tool result: its one text line, `structuredContent`, and `isError`.
 #[derive(Debug)]
-struct Answer {
+struct ToolResult {
     text: String,
     structured: Value,
     is_error: bool,
 }
 
-impl From<CallToolResult> for Answer {
-    fn from(result: CallToolResult) -> Answer {
+impl From<CallToolResult> for ToolResult {
+    fn from(result: CallToolResult) -> ToolResult {
         let text = result
             .content
             .iter()
@@ -119,7 +119,7 @@ impl From<CallToolResult> for Answer {
             .map(|text| text.text.clone())
             .collect::<Vec<_>>()
             .join("\n");
-        Answer {
+        ToolResult {
             text,
             structured: result.structured_content.unwrap_or(Value::Null),
             is_error: result.is_error.unwrap_or(false),
@@ -230,7 +230,7 @@ async fn two_agents_race_for_a_path_one_wins_the_other_is_told_who_and_closing_s
     let path = "repo/src/auth.rs";
     let claim = json!({"resource": path, "reason": "fix the login bug"});
     let (from_a, from_b) = tokio::join!(a.call("claim", claim.clone()), b.call("claim", claim));
-    let granted = |answer: &Answer| answer.structured["granted"] == true;
+    let granted = |answer: &ToolResult| answer.structured["granted"] == true;
     assert!(
         granted(&from_a) != granted(&from_b),
         "exactly one is granted: {from_a:?} {from_b:?}"
@@ -577,7 +577,7 @@ async fn demo_two_agents_share_a_repo() {
         Agent::start(&cluster, "agent-b", &[])
     );
     let mut transcript = Vec::new();
-    let mut step = async |agent: &Agent, tool: &str, arguments: Value| -> Answer {
+    let mut step = async |agent: &Agent, tool: &str, arguments: Value| -> ToolResult {
         let answer = agent.call(tool, arguments.clone()).await;
         transcript.push(format!(
             "{} → {tool} {arguments}\n    {}{}",

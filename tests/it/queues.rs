@@ -12,7 +12,9 @@ use baton_client::api::{
     ClaimResponse, CreateSessionResponse, ErrorCode, EventKind, EventsPage, QueueCounts, QueueInfo,
     Task, TaskList, TaskState,
 };
-use baton_tests::{idempotency_key, json, poll_until, Api, Cluster, Method, Node, Reply, Value};
+use baton_tests::{
+    idempotency_key, json, poll_until, Api, Cluster, HttpReply, Method, Node, Value,
+};
 use futures_util::future::join_all;
 use futures_util::{stream, StreamExt};
 
@@ -59,7 +61,7 @@ async fn eight_clients_racing_for_one_task_have_exactly_one_winner_every_round()
             async move { claim(api, &nodes[client % nodes.len()], queue, &body).await }
         }))
         .await;
-        let winners: Vec<&Reply> = replies.iter().filter(|reply| reply.status == 200).collect();
+        let winners: Vec<&HttpReply> = replies.iter().filter(|reply| reply.status == 200).collect();
         let empty = replies.iter().filter(|reply| reply.status == 204).count();
         assert!(
             winners.len() == 1 && empty == CONTENDERS - 1,
@@ -790,7 +792,7 @@ struct Worker<'a> {
 }
 
 impl Worker<'_> {
-    async fn claim(&self) -> Reply {
+    async fn claim(&self) -> HttpReply {
         claim(
             self.api,
             self.node,
@@ -816,7 +818,7 @@ impl Worker<'_> {
 
     /// `complete`, `fail` or `release` with this worker's session and the claim's fence, plus
     /// the fields of `extra`.
-    async fn action(&self, claimed: &ClaimResponse, verb: &str, extra: Value) -> Reply {
+    async fn action(&self, claimed: &ClaimResponse, verb: &str, extra: Value) -> HttpReply {
         let mut body = json!({"session_id": self.session, "fence": claimed.fence});
         if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
             body.extend(extra);
@@ -867,12 +869,12 @@ async fn drain_worker(api: &Api, node: &Node, queue: &str, worker: usize) -> Vec
     }
 }
 
-async fn enqueue(api: &Api, node: &Node, queue: &str, body: &Value) -> Reply {
+async fn enqueue(api: &Api, node: &Node, queue: &str, body: &Value) -> HttpReply {
     api.post(node, &format!("/v1/queues/{queue}/tasks"), body)
         .await
 }
 
-async fn claim(api: &Api, node: &Node, queue: &str, body: &Value) -> Reply {
+async fn claim(api: &Api, node: &Node, queue: &str, body: &Value) -> HttpReply {
     api.post(node, &format!("/v1/queues/{queue}/claim"), body)
         .await
 }
@@ -884,7 +886,7 @@ async fn task_action(
     id: &str,
     verb: &str,
     body: &Value,
-) -> Reply {
+) -> HttpReply {
     api.post(node, &format!("/v1/queues/{queue}/tasks/{id}/{verb}"), body)
         .await
 }
@@ -896,7 +898,7 @@ async fn complete(
     id: &str,
     session: &str,
     fence: u64,
-) -> Reply {
+) -> HttpReply {
     task_action(
         api,
         node,
@@ -993,7 +995,7 @@ async fn task_events(api: &Api, node: &Node, id: &str) -> Vec<(String, Option<u6
     }
 }
 
-fn describe(replies: &[Reply]) -> String {
+fn describe(replies: &[HttpReply]) -> String {
     replies
         .iter()
         .map(ToString::to_string)

@@ -12,7 +12,7 @@
 
 use std::time::{Duration, Instant};
 
-use baton_tests::{json, poll_until, Cluster, Method, Node, Reply, Value};
+use baton_tests::{json, poll_until, Cluster, HttpReply, Method, Node, Value};
 
 /// The default `clock_rate_error`.
 const CLOCK_RATE_ERROR: f64 = 0.01;
@@ -30,7 +30,7 @@ impl Observations {
     /// Records a decided answer (2xx or 4xx) and checks G6 against every earlier one.
     /// Answers of 5xx (`NO_LEADER`, `OUTCOME_UNKNOWN`) decided nothing at any cluster time, so
     /// their header is not held to the order.
-    fn record(&mut self, reply: &Reply, sent: Instant, received: Instant, is_write: bool) {
+    fn record(&mut self, reply: &HttpReply, sent: Instant, received: Instant, is_write: bool) {
         if reply.status >= 500 {
             return;
         }

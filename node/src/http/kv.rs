@@ -6,7 +6,7 @@ use axum::http::StatusCode;
 use baton_api::{
     self as api, FencedBy, KvDeleteRequest, KvDeleteResponse, KvPutRequest, KvPutResponse,
 };
-use baton_raft_store::machine::{FenceClaim, Op, Reply, ResourcePath, SessionId};
+use baton_raft_store::machine::{Op, Reply, ResourceFence, ResourcePath, SessionId};
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, IdempotencyKey, Ns};
@@ -15,15 +15,15 @@ use super::{Answer, AppState};
 fn fence_claim(
     app: &AppState,
     fenced_by: Result<Option<FencedBy<'_>>, String>,
-) -> Result<Option<FenceClaim>, ApiError> {
+) -> Result<Option<ResourceFence>, ApiError> {
     let Some(fenced_by) = fenced_by.map_err(ApiError::invalid)? else {
         return Ok(None);
     };
-    Ok(Some(FenceClaim {
+    Ok(Some(ResourceFence {
         resource: app
             .with_limits(|limits| ResourcePath::parse(&fenced_by.fence.resource, limits))
             .map_err(ApiError::from_rejection)?,
-        token: fenced_by.fence.token,
+        fence: fenced_by.fence.token,
         session_id: SessionId::parse(fenced_by.session_id.as_str())
             .map_err(ApiError::from_rejection)?,
     }))

@@ -8,7 +8,7 @@ use baton_api::{
     ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, QueueCounts,
     QueueInfo, TaskList, TaskReleaseRequest,
 };
-use baton_raft_store::machine::{Name, Op, Reply, SessionId, TaskClaim};
+use baton_raft_store::machine::{Name, Op, Reply, SessionId, TaskFence};
 
 use super::convert;
 use super::error::ApiError;
@@ -20,9 +20,9 @@ fn parse_name(app: &AppState, what: &str, text: &str) -> Result<Name, ApiError> 
         .map_err(ApiError::from_rejection)
 }
 
-fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskClaim, ApiError> {
+fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence, ApiError> {
     let session_id = SessionId::parse(session_id.as_str()).map_err(ApiError::from_rejection)?;
-    Ok(TaskClaim { session_id, fence })
+    Ok(TaskFence { session_id, fence })
 }
 
 fn json_text(value: &serde_json::Value) -> Result<String, ApiError> {
@@ -130,7 +130,7 @@ struct TaskTarget {
     queue: Name,
     task_id: Name,
     tag: Option<baton_raft_store::machine::IdempotencyTag>,
-    claim: TaskClaim,
+    claim: TaskFence,
 }
 
 impl TaskTarget {

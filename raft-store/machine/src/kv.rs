@@ -1,7 +1,7 @@
 //! The fenced key-value store (G4): JSON values under paths, each write optionally proven by
 //! the fence of a live lease and the session that holds it.
 
-use super::command::{EventKind, FenceClaim, KvView, Rejection, Reply};
+use super::command::{EventKind, KvView, Rejection, Reply, ResourceFence};
 use super::{KvEntry, Machine, Namespace, ResourcePath};
 
 impl Machine {
@@ -10,7 +10,7 @@ impl Machine {
         namespace: &Namespace,
         key: &ResourcePath,
         value: &str,
-        fence: Option<&FenceClaim>,
+        fence: Option<&ResourceFence>,
     ) -> Result<Reply, Rejection> {
         ResourcePath::parse(key.as_str(), &self.limits)?;
         if value.len() > self.limits.kv_value_bytes_max {
@@ -34,10 +34,10 @@ impl Machine {
                 "namespace {namespace} already has {keys} keys, the most allowed; delete some first"
             )));
         }
-        let fence = fence.map(|claim| (claim.resource.clone(), claim.token));
+        let fence = fence.map(|claim| (claim.resource.clone(), claim.fence));
         let event = EventKind::KvWritten {
             key: key.clone(),
-            fence: fence.as_ref().map(|(_, token)| *token),
+            fence: fence.as_ref().map(|(_, fence)| *fence),
         };
         let revision = self
             .events
@@ -59,7 +59,7 @@ impl Machine {
         &mut self,
         namespace: &Namespace,
         key: &ResourcePath,
-        fence: Option<&FenceClaim>,
+        fence: Option<&ResourceFence>,
     ) -> Result<Reply, Rejection> {
         ResourcePath::parse(key.as_str(), &self.limits)?;
         self.check_fence(namespace, fence)?;
@@ -100,7 +100,7 @@ impl Machine {
     fn check_fence(
         &self,
         namespace: &Namespace,
-        fence: Option<&FenceClaim>,
+        fence: Option<&ResourceFence>,
     ) -> Result<(), Rejection> {
         let Some(claim) = fence else { return Ok(()) };
         ResourcePath::parse(claim.resource.as_str(), &self.limits)?;
@@ -113,25 +113,25 @@ impl Machine {
             ))
         });
         match live {
-            Some((session_id, view)) if view.fence == claim.token && session_id == claim.session_id => Ok(()),
-            Some((_, view)) if view.fence == claim.token => Err(Rejection::StaleFence {
+            Some((session_id, view)) if view.fence == claim.fence && session_id == claim.session_id => Ok(()),
+            Some((_, view)) if view.fence == claim.fence => Err(Rejection::StaleFence {
                 message: format!(
                     "fence {} is the live fence of {}, but it belongs to {}'s session, not the one given: the write was refused",
-                    claim.token, claim.resource, view.holder
+                    claim.fence, claim.resource, view.holder
                 ),
                 current_fence: Some(view.fence),
             }),
             Some((_, view)) => Err(Rejection::StaleFence {
                 message: format!(
                     "fence {} is not the live fence of {} (live fence {}, held by {}): the write was refused",
-                    claim.token, claim.resource, view.fence, view.holder
+                    claim.fence, claim.resource, view.fence, view.holder
                 ),
                 current_fence: Some(view.fence),
             }),
             None => Err(Rejection::StaleFence {
                 message: format!(
                     "{} has no live lease, so fence {} is stale: the write was refused",
-                    claim.resource, claim.token
+                    claim.resource, claim.fence
                 ),
                 current_fence: None,
             }),

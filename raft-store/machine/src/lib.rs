@@ -30,9 +30,9 @@ use serde::{Deserialize, Serialize};
 
 pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecError};
 pub use command::{
-    Batch, Command, Event, EventKind, FenceClaim, FenceStatus, Grant, IdempotencyTag, KvView,
-    LeaseView, NewSession, Op, Owner, Page, Recorded, Rejection, Reply, Response, SessionView,
-    TaskClaim, TaskClaimed, TaskCounts, TaskState, TaskView,
+    Batch, Command, Event, EventKind, FenceStatus, Grant, IdempotencyTag, KvView, LeaseView,
+    NewSession, Op, Owner, Page, Recorded, Rejection, Reply, ResourceFence, Response, SessionView,
+    TaskClaimed, TaskCounts, TaskFence, TaskState, TaskView,
 };
 pub use types::{
     validate_idempotency_key, Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId,

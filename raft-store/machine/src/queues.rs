@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::command::{
-    EventKind, NewSession, Owner, Rejection, Reply, TaskClaim, TaskClaimed, TaskCounts, TaskState,
+    EventKind, NewSession, Owner, Rejection, Reply, TaskClaimed, TaskCounts, TaskFence, TaskState,
     TaskView,
 };
 use super::{Machine, Name, Namespace, SessionId};
@@ -406,7 +406,7 @@ impl Machine {
         namespace: &Namespace,
         queue: &Name,
         task_id: &Name,
-        claim: TaskClaim,
+        claim: TaskFence,
         result: Option<&str>,
     ) -> Result<Reply, Rejection> {
         if let Some(result) = result {
@@ -439,7 +439,7 @@ impl Machine {
         namespace: &Namespace,
         queue: &Name,
         task_id: &Name,
-        claim: TaskClaim,
+        claim: TaskFence,
         reason: &str,
         retry: bool,
     ) -> Result<Reply, Rejection> {
@@ -477,7 +477,7 @@ impl Machine {
         namespace: &Namespace,
         queue: &Name,
         task_id: &Name,
-        claim: TaskClaim,
+        claim: TaskFence,
         note: Option<&str>,
     ) -> Result<Reply, Rejection> {
         if let Some(note) = note {
@@ -709,7 +709,7 @@ impl Machine {
         namespace: &Namespace,
         queue: &Name,
         task_id: &Name,
-        claim: TaskClaim,
+        claim: TaskFence,
     ) -> Result<(), Rejection> {
         Name::parse("queue", queue.as_str(), &self.limits)?;
         Name::parse("task id", task_id.as_str(), &self.limits)?;

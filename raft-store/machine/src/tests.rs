@@ -87,15 +87,15 @@ fn end(session: u128) -> Op {
     }
 }
 
-fn fence(session: u128, resource: &str, token: u64) -> Option<FenceClaim> {
-    Some(FenceClaim {
+fn fence(session: u128, resource: &str, fence: u64) -> Option<ResourceFence> {
+    Some(ResourceFence {
         resource: path(resource),
-        token,
+        fence,
         session_id: SessionId(session),
     })
 }
 
-fn put(key: &str, value: &str, fence: Option<FenceClaim>) -> Op {
+fn put(key: &str, value: &str, fence: Option<ResourceFence>) -> Op {
     Op::KvPut {
         key: path(key),
         value: value.to_owned(),
@@ -103,7 +103,7 @@ fn put(key: &str, value: &str, fence: Option<FenceClaim>) -> Op {
     }
 }
 
-fn delete(key: &str, fence: Option<FenceClaim>) -> Op {
+fn delete(key: &str, fence: Option<ResourceFence>) -> Op {
     Op::KvDelete {
         key: path(key),
         fence,
@@ -1187,8 +1187,8 @@ fn claim(session: u128) -> Op {
     }
 }
 
-fn task_claim(session: u128, fence: u64) -> TaskClaim {
-    TaskClaim {
+fn task_claim(session: u128, fence: u64) -> TaskFence {
+    TaskFence {
         session_id: SessionId(session),
         fence,
     }

@@ -14,9 +14,9 @@
 mod common;
 
 use baton_machine::{
-    Batch, Command, Event, EventKind, FenceClaim, Grant, IdempotencyTag, Labels, LeaseMode,
-    LeaseView, Limits, Machine, Name, Namespace, NewSession, Op, Owner, Reply, ResourcePath,
-    Response, SessionId, SessionView, TaskClaim, TaskClaimed, TaskCounts, TaskState, TaskView,
+    Batch, Command, Event, EventKind, Grant, IdempotencyTag, Labels, LeaseMode, LeaseView, Limits,
+    Machine, Name, Namespace, NewSession, Op, Owner, Reply, ResourceFence, ResourcePath, Response,
+    SessionId, SessionView, TaskClaimed, TaskCounts, TaskFence, TaskState, TaskView,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -455,7 +455,7 @@ impl Model {
                     namespace,
                     EventKind::KvWritten {
                         key: key.clone(),
-                        fence: fence.as_ref().map(|claim| claim.token),
+                        fence: fence.as_ref().map(|claim| claim.fence),
                     },
                 );
                 match existing {
@@ -759,7 +759,7 @@ impl Model {
         namespace: &Namespace,
         queue: &Name,
         task_id: &Name,
-        claim: &TaskClaim,
+        claim: &TaskFence,
     ) -> Result<usize, Refusal> {
         self.check_name(queue)?;
         self.check_name(task_id)?;
@@ -1010,7 +1010,7 @@ impl Model {
     fn check_fence(
         &self,
         namespace: &Namespace,
-        claim: Option<&FenceClaim>,
+        claim: Option<&ResourceFence>,
     ) -> Result<(), Refusal> {
         let Some(claim) = claim else { return Ok(()) };
         self.check_path(&claim.resource)?;
@@ -1021,7 +1021,7 @@ impl Model {
             None => Err(Refusal::StaleFence(None)),
             Some(index) => {
                 let lease = &self.leases[index];
-                if lease.fence == claim.token && lease.session == claim.session_id {
+                if lease.fence == claim.fence && lease.session == claim.session_id {
                     Ok(())
                 } else {
                     Err(Refusal::StaleFence(Some(lease.fence)))
@@ -1701,7 +1701,7 @@ fn comparison_catches_a_wrong_model() {
 /// passes against the faithful model and is caught against each mutant.
 #[test]
 fn comparison_catches_a_wrong_queue_model() {
-    use baton_machine::TaskClaim;
+    use baton_machine::TaskFence;
 
     let limits = Limits {
         leases_per_session_max: 2,
@@ -1752,7 +1752,7 @@ fn comparison_catches_a_wrong_queue_model() {
         on(Op::ReleaseTask {
             queue: common::name("q1"),
             task_id: common::name(id),
-            claim: TaskClaim {
+            claim: TaskFence {
                 session_id: SessionId(1),
                 fence,
             },

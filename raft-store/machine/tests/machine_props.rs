@@ -636,9 +636,9 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             on(Op::KvPut {
                 key: common::path("x/y"),
                 value: "\"v\"".to_owned(),
-                fence: Some(baton_machine::FenceClaim {
+                fence: Some(baton_machine::ResourceFence {
                     resource: common::path("x"),
-                    token: 2,
+                    fence: 2,
                     session_id: baton_machine::SessionId(1),
                 }),
             }),
@@ -690,7 +690,7 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             on(Op::Complete {
                 queue: common::name("q1"),
                 task_id: common::name("t0"),
-                claim: baton_machine::TaskClaim {
+                claim: baton_machine::TaskFence {
                     session_id: baton_machine::SessionId(1),
                     fence: 3,
                 },
@@ -699,7 +699,7 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             on(Op::Fail {
                 queue: common::name("q1"),
                 task_id: common::name("t0"),
-                claim: baton_machine::TaskClaim {
+                claim: baton_machine::TaskFence {
                     session_id: baton_machine::SessionId(1),
                     fence: 3,
                 },
@@ -709,7 +709,7 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             on(Op::ReleaseTask {
                 queue: common::name("q1"),
                 task_id: common::name("t0"),
-                claim: baton_machine::TaskClaim {
+                claim: baton_machine::TaskFence {
                     session_id: baton_machine::SessionId(1),
                     fence: 3,
                 },

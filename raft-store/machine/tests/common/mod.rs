@@ -21,8 +21,8 @@
 use std::collections::BTreeMap;
 
 use baton_machine::{
-    Batch, Command, FenceClaim, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Name,
-    Namespace, NewSession, Op, Owner, Reply, ResourcePath, Response, SessionId, TaskClaim,
+    Batch, Command, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Name, Namespace,
+    NewSession, Op, Owner, Reply, ResourceFence, ResourcePath, Response, SessionId, TaskFence,
     TaskState,
 };
 use proptest::prelude::*;
@@ -508,7 +508,7 @@ impl AbstractCommand {
 }
 
 impl AbstractFence {
-    fn materialize(&self, machine: &Machine, namespace: &Namespace) -> FenceClaim {
+    fn materialize(&self, machine: &Machine, namespace: &Namespace) -> ResourceFence {
         let counter = machine.fence_counter();
         let live = machine
             .lease(namespace, &self.resource)
@@ -533,9 +533,9 @@ impl AbstractFence {
                 })
                 .unwrap_or(SessionId(1)),
         };
-        FenceClaim {
+        ResourceFence {
             resource: self.resource.clone(),
-            token,
+            fence: token,
             session_id,
         }
     }
@@ -607,7 +607,7 @@ impl AbstractTaskClaim {
         namespace: &Namespace,
         queue: &Name,
         task_id: &Name,
-    ) -> TaskClaim {
+    ) -> TaskFence {
         let counter = machine.fence_counter();
         let live = machine
             .task(namespace, queue, task_id)
@@ -623,7 +623,7 @@ impl AbstractTaskClaim {
                 .and_then(|fence| claimers.claimer(namespace, fence))
                 .unwrap_or(SessionId(1)),
         };
-        TaskClaim { session_id, fence }
+        TaskFence { session_id, fence }
     }
 }
 
