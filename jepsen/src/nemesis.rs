@@ -562,9 +562,13 @@ impl Nemesis {
                 if voter {
                     return true;
                 }
-                let body = json!({"id": node,
-                                  "api_addr": self.cluster.net.advertised_api_addr(node),
-                                  "peer_addr": self.cluster.net.advertised_peer_addr(node)});
+                let body = serde_json::to_value(baton_client::api::AddMemberRequest {
+                    id: node,
+                    api_addr: self.cluster.net.advertised_api_addr(node).to_string(),
+                    peer_addr: self.cluster.net.advertised_peer_addr(node).to_string(),
+                    voter: true,
+                })
+                .expect("a wire type always serializes");
                 let _ = self
                     .cluster
                     .call(

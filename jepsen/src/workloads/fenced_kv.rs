@@ -21,7 +21,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::lease::answer_digest;
-use super::{home_node, idempotency_key, other_node, pause_for, Context, Worker};
+use super::{home_node, idempotency_key, other_node, pause_for, requests, Context, Mode, Worker};
 use crate::http::Outcome;
 
 /// Registers written at once.
@@ -109,8 +109,12 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
         // Drawn even when unused, so every worker's random sequence keeps its shape.
         let idem = idempotency_key(&mut rng);
         let idem = retries.then_some(idem);
-        let body = json!({"resource": resource, "holder": format!("kv{worker_id}"),
-                          "ttl_ms": WRITER_TTL_MS});
+        let body = requests::acquire(
+            &resource,
+            &format!("kv{worker_id}"),
+            WRITER_TTL_MS,
+            Mode::Exclusive,
+        );
         let outcome = worker
             .op(
                 "acquire",
@@ -143,9 +147,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
             }
             written += 1;
             let value = (worker_id as u64) * 1_000_000_000 + written;
-            let write = json!({"value": value,
-                               "fence": {"resource": resource, "token": fence},
-                               "session_id": session});
+            let write = requests::kv_put(Value::from(value), Some((&resource, fence, &session)));
             let idem = idempotency_key(&mut rng);
             let idem = retries.then_some(idem);
             let mut outcome = put(
@@ -197,7 +199,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
                     json!({"fence": fence, "idempotency_key": idem}),
                     Method::POST,
                     &path,
-                    Some(&json!({"resource": resource})),
+                    Some(&requests::release(&resource)),
                     idem.as_deref(),
                     |_, _| Value::Null,
                 )
@@ -233,7 +235,7 @@ async fn put_unfenced(worker: &mut Worker, key: &str, value: u64) -> Outcome {
             json!({"value": value, "fence": null, "idempotency_key": null}),
             Method::PUT,
             &path,
-            Some(&json!({"value": value})),
+            Some(&requests::kv_put(Value::from(value), None)),
             None,
             |answer, replayed| {
                 json!({"value": value, "revision": answer["revision"], "replayed": replayed,

@@ -16,8 +16,8 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::{
-    g7_valid_until, home_node, idempotency_key, other_node, pause_for, Context, Mode, Worker,
-    HOLDS, TTL_MS,
+    g7_valid_until, home_node, idempotency_key, other_node, pause_for, requests, Context, Mode,
+    Worker, HOLDS, TTL_MS,
 };
 use crate::history::{OpType, Process};
 use crate::http::Outcome;
@@ -92,8 +92,7 @@ async fn worker_loop(
         let (relative, mode) = TREE[rng.random_range(0..TREE.len())];
         let resource = join(&format!("t{generation}"), relative);
         let key = idempotency_key(&mut rng);
-        let body = json!({"resource": resource, "holder": format!("w{worker_id}"),
-                          "ttl_ms": TTL_MS, "mode": mode.as_str()});
+        let body = requests::acquire(&resource, &format!("w{worker_id}"), TTL_MS, mode);
         let sent_at = clock.now();
         worker.rebind(home);
         let mut outcome = acquire(&mut worker, &resource, mode, &body, &key).await;
@@ -164,7 +163,7 @@ async fn worker_loop(
                         json!({"lease": lease_id, "fence": fence}),
                         Method::POST,
                         &path,
-                        Some(&json!({"resource": resource})),
+                        Some(&requests::release(&resource)),
                         Some(&idempotency_key(&mut rng)),
                         |_, _| Value::Null,
                     )

@@ -14,7 +14,7 @@ use reqwest::Method;
 use serde_json::json;
 
 use super::lease::answer_digest;
-use super::{idempotency_key, other_node, pause_for, Context, Worker};
+use super::{idempotency_key, other_node, pause_for, requests, Context, Mode, Worker};
 use crate::http::Outcome;
 
 /// TTL of the long leases: far longer than the faults, the healing and the final reads.
@@ -55,7 +55,7 @@ pub async fn run(ctx: Context) {
                     json!({"fence": fence, "idempotency_key": idem}),
                     Method::POST,
                     &path,
-                    Some(&json!({"resource": resource})),
+                    Some(&requests::release(&resource)),
                     Some(&idem),
                     |_, _| serde_json::Value::Null,
                 )
@@ -64,7 +64,7 @@ pub async fn run(ctx: Context) {
         }
         let resource = format!("{PREFIX}{}-{acquired}", ctx.seed);
         let idem = idempotency_key(&mut rng);
-        let body = json!({"resource": resource, "holder": "long", "ttl_ms": LONG_TTL_MS});
+        let body = requests::acquire(&resource, "long", LONG_TTL_MS, Mode::Exclusive);
         worker.rebind(home);
         let mut outcome = acquire(&mut worker, &resource, &body, &idem).await;
         if matches!(outcome, Outcome::Info { .. }) && !ctx.done() {

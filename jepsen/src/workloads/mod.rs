@@ -11,6 +11,7 @@ pub mod fenced_kv;
 pub mod lease;
 pub mod long_leases;
 pub mod queue;
+pub mod requests;
 pub mod unfenced_lock;
 
 use std::collections::BTreeMap;

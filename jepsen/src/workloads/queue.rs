@@ -12,7 +12,7 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::lease::answer_digest;
-use super::{home_node, idempotency_key, other_node, pause_for, Context, Worker, TTL_MS};
+use super::{home_node, idempotency_key, other_node, pause_for, requests, Context, Worker, TTL_MS};
 use crate::http::Outcome;
 
 /// Operations one queue takes before the workers move to a fresh queue.
@@ -51,7 +51,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, operations: Arc<AtomicU64>)
             enqueued += 1;
             let id = format!("w{worker_id}-{enqueued}");
             let idem = idempotency_key(&mut rng);
-            let body = json!({"id": id, "payload": {"n": enqueued}, "max_attempts": 20});
+            let body = requests::enqueue(&id, json!({"n": enqueued}), 20);
             let path = format!("/v1/queues/{queue}/tasks");
             let mut attempts = 0;
             loop {
@@ -84,7 +84,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, operations: Arc<AtomicU64>)
         }
         let path = format!("/v1/queues/{queue}/claim");
         let idem = idempotency_key(&mut rng);
-        let body = json!({"holder": format!("q{worker_id}"), "ttl_ms": TTL_MS});
+        let body = requests::claim(&format!("q{worker_id}"), TTL_MS);
         let outcome = worker
             .op(
                 "claim",
@@ -127,7 +127,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, operations: Arc<AtomicU64>)
             continue; // walk away: the claim lapses and the task is claimed again
         }
         let path = format!("/v1/queues/{queue}/tasks/{task}/complete");
-        let body = json!({"session_id": session, "fence": fence, "result": {"by": worker_id}});
+        let body = requests::complete(&session, fence, json!({"by": worker_id}));
         let idem = idempotency_key(&mut rng);
         worker
             .op(

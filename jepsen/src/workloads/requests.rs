@@ -1,0 +1,105 @@
+//! The request bodies the workloads send, built from the wire types of `baton_client::api` so
+//! that a renamed or retyped field fails to compile here instead of becoming a 400 in a run.
+//! Each returns the JSON the harness sends and records.
+
+use baton_client::api::{
+    AcquireRequest, ClaimRequest, CompleteRequest, EnqueueRequest, FenceRef, KvPutRequest,
+    LeaseMode, ReleaseRequest, SessionId,
+};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::Mode;
+
+/// `POST /v1/leases` for a new session of `holder` with `ttl_ms`.
+pub fn acquire(resource: &str, holder: &str, ttl_ms: u64, mode: Mode) -> Value {
+    wire(&AcquireRequest {
+        resource: resource.to_owned(),
+        session_id: None,
+        holder: Some(holder.to_owned()),
+        ttl_ms: Some(ttl_ms),
+        mode: match mode {
+            Mode::Exclusive => LeaseMode::Exclusive,
+            Mode::Subtree => LeaseMode::Subtree,
+        },
+        max_hold_ms: None,
+        labels: Default::default(),
+        reason: None,
+    })
+}
+
+/// `POST /v1/sessions/{id}/release`.
+pub fn release(resource: &str) -> Value {
+    wire(&ReleaseRequest {
+        resource: resource.to_owned(),
+    })
+}
+
+/// `PUT /v1/kv/{key}`, fenced by `fence` of `resource` held by `session` when given.
+pub fn kv_put(value: Value, fenced_by: Option<(&str, u64, &str)>) -> Value {
+    wire(&KvPutRequest {
+        value,
+        fence: fenced_by.map(|(resource, token, _)| FenceRef {
+            resource: resource.to_owned(),
+            token,
+        }),
+        session_id: fenced_by.map(|(_, _, session)| SessionId::new(session)),
+    })
+}
+
+/// `POST /v1/queues/{queue}/tasks`.
+pub fn enqueue(id: &str, payload: Value, max_attempts: u32) -> Value {
+    wire(&EnqueueRequest {
+        id: Some(id.to_owned()),
+        payload,
+        priority: 0,
+        depends_on: Vec::new(),
+        max_attempts: Some(max_attempts),
+        not_before_ms: None,
+    })
+}
+
+/// `POST /v1/queues/{queue}/claim` for a new session of `holder` with `ttl_ms`.
+pub fn claim(holder: &str, ttl_ms: u64) -> Value {
+    wire(&ClaimRequest {
+        session_id: None,
+        holder: Some(holder.to_owned()),
+        ttl_ms: Some(ttl_ms),
+    })
+}
+
+/// `POST /v1/queues/{queue}/tasks/{id}/complete`.
+pub fn complete(session: &str, fence: u64, result: Value) -> Value {
+    wire(&CompleteRequest {
+        session_id: SessionId::new(session),
+        fence,
+        result: Some(result),
+    })
+}
+
+fn wire(request: &impl Serialize) -> Value {
+    serde_json::to_value(request).expect("a wire type always serializes")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn bodies_have_the_wire_shape() {
+        assert_eq!(
+            acquire("a/b", "w1", 800, Mode::Subtree),
+            json!({"resource": "a/b", "holder": "w1", "ttl_ms": 800, "mode": "subtree"})
+        );
+        assert_eq!(
+            kv_put(json!(7), Some(("r", 3, "s1"))),
+            json!({"value": 7, "fence": {"resource": "r", "token": 3}, "session_id": "s1"})
+        );
+        assert_eq!(kv_put(json!(7), None), json!({"value": 7}));
+        assert_eq!(
+            complete("s1", 4, json!({"by": 2})),
+            json!({"session_id": "s1", "fence": 4, "result": {"by": 2}})
+        );
+    }
+}
