@@ -45,8 +45,12 @@ pub struct Global {
     /// http://127.0.0.1:7420].
     #[arg(long, global = true, value_delimiter = ',')]
     pub endpoints: Vec<String>,
-    /// Holder name of sessions created here [env: BATON_HOLDER] [default: user@host].
-    #[arg(long, global = true)]
+    /// Holder name of sessions created here (`BATON_HOLDER`; by default `user@host`).
+    #[arg(
+        long,
+        global = true,
+        help = "Holder name of sessions created here [env: BATON_HOLDER] [default: user@host]"
+    )]
     pub holder: Option<String>,
     /// Namespace [env: BATON_NAMESPACE] [default: default].
     #[arg(long, global = true)]
