@@ -37,6 +37,15 @@ async fn main() -> std::process::ExitCode {
         LogFormat::Human => subscriber.init(),
         LogFormat::Json => subscriber.json().init(),
     }
+    // A panic is a broken invariant (an impossible reply, a machine assertion): stop the whole
+    // node at once rather than let one task die while the rest serves on from a state no
+    // longer trusted. The other nodes take over; a restart rebuilds from the snapshot and log.
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |panic| {
+        report(panic);
+        tracing::error!("batond stopped: {panic}");
+        std::process::abort();
+    }));
     match server::run(config).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(error) => {

@@ -69,7 +69,7 @@ pub async fn put(
                 revision: *revision,
             },
         )),
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 
@@ -137,6 +137,6 @@ pub async fn delete(
                 revision: Some(*revision),
             },
         )),
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }

@@ -58,7 +58,7 @@ pub async fn create_session(
             StatusCode::CREATED,
             &convert::created_session(view, written.clocks),
         )),
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 
@@ -92,7 +92,7 @@ pub async fn keepalive(
                 expires_at: written.clocks.expires_at(*expires_in_ms),
             },
         )),
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 
@@ -131,7 +131,7 @@ pub async fn release(
                 released: resource.to_string(),
             },
         )),
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 
@@ -153,7 +153,7 @@ pub async fn end_session(
                 released: released.iter().map(ToString::to_string).collect(),
             },
         )),
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 
@@ -205,7 +205,7 @@ pub async fn acquire(
         Reply::Granted(grant) => {
             Ok(written.answer(StatusCode::CREATED, &convert::grant(grant, written.clocks)))
         }
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 

@@ -274,9 +274,13 @@ impl Written {
         Answer::new(status, body, self.cluster_time_ms).replayed(self.replayed)
     }
 
-    /// A reply of an unexpected kind: a bug, reported as INTERNAL.
-    pub fn unexpected(&self) -> ApiError {
-        ApiError::internal(format!("unexpected reply {:?}", self.reply))
+    /// A reply of another kind than the operation's: the machine broke its contract. Never an
+    /// API error: the node stops (see `main`), loudly, and the others serve on.
+    pub fn impossible(&self) -> ! {
+        panic!(
+            "invariant broken: the machine answered an operation with {:?}",
+            self.reply
+        )
     }
 }
 

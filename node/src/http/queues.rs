@@ -69,7 +69,7 @@ pub async fn enqueue(
     let written = app.write(&namespace, tag, op, size_bytes).await?;
     match &written.reply {
         Reply::TaskEnqueued(task) => Ok(written.answer(StatusCode::CREATED, &convert::task(task))),
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 
@@ -105,7 +105,7 @@ pub async fn claim(
             );
             Ok(response)
         }
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 
@@ -120,7 +120,7 @@ async fn update(
     let written = app.write(namespace, tag, op, size_bytes).await?;
     match &written.reply {
         Reply::TaskUpdated(task) => Ok(written.answer(StatusCode::OK, &convert::task(task))),
-        _ => Err(written.unexpected()),
+        _ => written.impossible(),
     }
 }
 

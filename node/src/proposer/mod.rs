@@ -189,10 +189,11 @@ fn entry_outcome(
 ) -> Result<Applied, ProposeError> {
     match outcome {
         Ok(Ok(written)) if written.data.responses.len() == commands => Ok(written.data),
-        Ok(Ok(written)) => Err(ProposeError::Unknown(format!(
-            "applied {} responses for {commands} commands",
+        Ok(Ok(written)) => panic!(
+            "invariant broken: entry {} applied with {} responses for {commands} commands",
+            written.log_id,
             written.data.responses.len(),
-        ))),
+        ),
         Ok(Err(ClientWriteError::ForwardToLeader(_))) => Err(ProposeError::Unknown(
             "this node stopped being the leader before the write was known to be committed"
                 .to_owned(),
@@ -461,7 +462,7 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_answer_or_a_response_count_mismatch_is_unknown() {
+    fn a_dropped_or_missing_answer_is_unknown() {
         assert!(matches!(
             entry_outcome(Err(NoAnswer::Dropped), 1),
             Err(ProposeError::Unknown(_))
@@ -470,10 +471,12 @@ mod tests {
             entry_outcome(Err(NoAnswer::TimedOut(Duration::from_secs(1))), 1),
             Err(ProposeError::Unknown(_))
         ));
-        assert!(matches!(
-            entry_outcome(Ok(Ok(written(2))), 3),
-            Err(ProposeError::Unknown(_))
-        ));
+    }
+
+    #[test]
+    #[should_panic(expected = "invariant broken")]
+    fn a_response_count_mismatch_is_a_broken_invariant() {
+        let _ = entry_outcome(Ok(Ok(written(2))), 3);
     }
 
     #[test]
