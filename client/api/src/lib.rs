@@ -17,6 +17,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use utoipa::{IntoParams, ToSchema};
 
 /// Response header: the id of the node the answering node believes is leader.
 pub const HEADER_LEADER: &str = "Baton-Leader";
@@ -47,7 +48,7 @@ pub type Labels = BTreeMap<String, String>;
 /// The machine-readable error code of a [`Problem`], serialized as `"LEASE_HELD"` etc.
 ///
 /// Statuses are the server's business; this enum only says what the caller may assume.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {
     /// The request is malformed or out of limits: fix it.
@@ -167,7 +168,7 @@ impl fmt::Display for ErrorCode {
 
 /// The `application/problem+json` error body: `{code, message, held_by?, current_fence?,
 /// leader?, retry_after_ms?}`. Unknown fields (e.g. RFC 9457 `type`/`title`) are tolerated.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Problem {
     /// What the caller may assume and do next.
     pub code: ErrorCode,
@@ -217,7 +218,7 @@ impl std::error::Error for Problem {}
 /// A session id: a secret capability (docs/guarantees.md, "Vocabulary"). Serialized as a plain JSON string; its
 /// `Debug` is redacted so that logging a request body never leaks it. Read it with
 /// [`SessionId::as_str`] only where it must be sent or compared.
-#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(transparent)]
 pub struct SessionId(String);
 
@@ -257,7 +258,7 @@ impl From<&str> for SessionId {
 }
 
 /// A lease's kind: `exclusive` (that path) or `subtree` (that path and everything under it).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LeaseMode {
     /// The path alone. The default.
@@ -270,7 +271,7 @@ pub enum LeaseMode {
 /// A fence as carried by a fenced kv write and shown by a kv read: `{resource, token}`.
 /// It refuses unknown fields because it is part of request bodies; it is also a closed,
 /// two-field shape in answers.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FenceRef {
     /// The leased resource whose fence guards the write.
@@ -309,7 +310,7 @@ pub struct FencedBy<'a> {
 // ---------------------------------------------------------------------------------------------
 
 /// `POST /v1/sessions` body: `{holder, ttl_ms, labels?}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSessionRequest {
     /// The agent's public name.
@@ -322,7 +323,7 @@ pub struct CreateSessionRequest {
 }
 
 /// `POST /v1/sessions` answer (201): `{session_id, holder, ttl_ms, expires_in_ms, expires_at}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct CreateSessionResponse {
     /// The new session's secret id.
     pub session_id: SessionId,
@@ -338,7 +339,7 @@ pub struct CreateSessionResponse {
 
 /// `POST /v1/sessions/{id}/keepalive` answer: `{session_id, expires_in_ms, expires_at}`.
 /// The request has no body.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct KeepaliveResponse {
     /// The renewed session.
     pub session_id: SessionId,
@@ -349,7 +350,7 @@ pub struct KeepaliveResponse {
 }
 
 /// `POST /v1/sessions/{id}/release` body: `{resource}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
     /// The resource to release; it is acquirable at once afterwards.
@@ -357,14 +358,14 @@ pub struct ReleaseRequest {
 }
 
 /// `POST /v1/sessions/{id}/release` answer: `{released: resource}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReleaseResponse {
     /// The resource that was freed.
     pub released: String,
 }
 
 /// `GET /v1/sessions/{id}` answer: the session and its leases.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct SessionInfo {
     /// The session's id (the caller sent it in the path).
     pub session_id: SessionId,
@@ -388,7 +389,7 @@ pub struct SessionInfo {
 }
 
 /// `DELETE /v1/sessions/{id}` answer: `{released: [resource...]}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct EndSessionResponse {
     /// Every resource the ended session held.
     pub released: Vec<String>,
@@ -400,7 +401,7 @@ pub struct EndSessionResponse {
 
 /// `POST /v1/leases` body: `resource`, either `session_id` or `holder` + `ttl_ms` (checked by
 /// [`AcquireRequest::owner`]), and optional `mode`, `max_hold_ms`, `labels`, `reason`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireRequest {
     /// The path to claim.
@@ -441,7 +442,7 @@ impl AcquireRequest {
 }
 
 /// `POST /v1/leases` answer (201): the lease plus the `session_id` holding it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Grant {
     /// The claimed path.
     pub resource: String,
@@ -487,7 +488,7 @@ impl Grant {
 
 /// The public lease object (`GET /v1/leases/{*resource}`, lists, session gets): `{resource,
 /// fence, holder, mode, labels, acquired_at, expires_in_ms, expires_at}`. Never a session id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Lease {
     /// The claimed path.
     pub resource: String,
@@ -517,7 +518,7 @@ pub struct Lease {
 
 /// The lease in the way of a `LEASE_HELD` refusal: `{holder, resource, mode, fence, labels,
 /// acquired_at, expires_in_ms, expires_at}`. It has no session id field, by construction.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct HeldBy {
     /// The holder name.
     pub holder: String,
@@ -554,8 +555,9 @@ impl From<Lease> for HeldBy {
 }
 
 /// `GET /v1/sessions/{id}?limit=&cursor=` query: a page of the session's leases.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
     /// Page size; at most the list page limit (default 1,000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -566,8 +568,9 @@ pub struct PageQuery {
 }
 
 /// `GET /v1/leases?prefix=&limit=&cursor=` query.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListLeasesQuery {
     /// Only leases whose resource starts with this path prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -581,7 +584,7 @@ pub struct ListLeasesQuery {
 }
 
 /// `GET /v1/leases` answer: `{leases, next_cursor}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct LeaseList {
     /// One page of live leases, in resource order.
     pub leases: Vec<Lease>,
@@ -590,7 +593,7 @@ pub struct LeaseList {
 }
 
 /// `POST /v1/fence/check` body: `{resource, fence}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FenceCheckRequest {
     /// The resource to check.
@@ -600,7 +603,7 @@ pub struct FenceCheckRequest {
 }
 
 /// `POST /v1/fence/check` answer: `{current, fence}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct FenceCheckResponse {
     /// Whether the token is the live fence of the resource.
     pub current: bool,
@@ -614,7 +617,7 @@ pub struct FenceCheckResponse {
 
 /// `PUT /v1/kv/{*key}` body: `{value, fence?, session_id?}`; `fence` and `session_id` come
 /// both or neither (checked by [`KvPutRequest::fenced_by`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KvPutRequest {
     /// The JSON value to store.
@@ -636,14 +639,14 @@ impl KvPutRequest {
 }
 
 /// `PUT /v1/kv/{*key}` answer: `{revision}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct KvPutResponse {
     /// The revision of this write.
     pub revision: u64,
 }
 
 /// `GET /v1/kv/{*key}` answer: `{key, value, revision, fence}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct KvEntry {
     /// The key.
     pub key: String,
@@ -657,7 +660,7 @@ pub struct KvEntry {
 
 /// `DELETE /v1/kv/{*key}` body: `{fence?, session_id?}`, both or neither (checked by
 /// [`KvDeleteRequest::fenced_by`]). An absent body means an unconditional delete.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct KvDeleteRequest {
     /// The fence the deleter holds.
@@ -676,7 +679,7 @@ impl KvDeleteRequest {
 }
 
 /// `DELETE /v1/kv/{*key}` answer: `{deleted, revision}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct KvDeleteResponse {
     /// Whether the key existed.
     pub deleted: bool,
@@ -689,7 +692,7 @@ pub struct KvDeleteResponse {
 // ---------------------------------------------------------------------------------------------
 
 /// A task's state: `ready`, `claimed`, `done` or `dead`. Also the `state=` list filter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
     /// Claim-next could take it now (a lapsed claim counts as ready at once).
@@ -706,7 +709,7 @@ pub enum TaskState {
 
 /// `POST /v1/queues/{queue}/tasks` body: `{id?, payload, priority?, depends_on?, max_attempts?,
 /// not_before_ms?}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
     /// The task id, unique within its queue; generated when absent.
@@ -730,7 +733,7 @@ pub struct EnqueueRequest {
 }
 
 /// The task object (enqueue answer (201), claim answer, complete/fail/release answers, lists).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Task {
     /// Unique within its queue.
     pub id: String,
@@ -778,7 +781,7 @@ pub struct Task {
 
 /// `POST /v1/queues/{queue}/claim` body: `{session_id}` or `{holder, ttl_ms}` (checked by
 /// [`ClaimRequest::owner`]).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
     /// An existing session to hold the claim; excludes `holder` and `ttl_ms`.
@@ -805,7 +808,7 @@ impl ClaimRequest {
 
 /// `POST /v1/queues/{queue}/claim` answer (200; an empty queue is 204 with no body):
 /// `{task, fence, attempt, session_id, expires_in_ms, expires_at}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ClaimResponse {
     /// The claimed task.
     pub task: Task,
@@ -823,7 +826,7 @@ pub struct ClaimResponse {
 
 /// `POST /v1/queues/{queue}/tasks/{id}/complete` body: `{session_id, fence, result?}`.
 /// Answer: the [`Task`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompleteRequest {
     /// The session holding the claim.
@@ -837,7 +840,7 @@ pub struct CompleteRequest {
 
 /// `POST /v1/queues/{queue}/tasks/{id}/fail` body: `{session_id, fence, reason, retry?}`.
 /// Answer: the [`Task`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FailRequest {
     /// The session holding the claim.
@@ -853,7 +856,7 @@ pub struct FailRequest {
 
 /// `POST /v1/queues/{queue}/tasks/{id}/release` body: `{session_id, fence, note?}`; no
 /// attempt is counted. Answer: the [`Task`].
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TaskReleaseRequest {
     /// The session holding the claim.
@@ -866,7 +869,7 @@ pub struct TaskReleaseRequest {
 }
 
 /// Task counts by state: `{ready, claimed, done, dead}`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct QueueCounts {
     /// Tasks claim-next could take now.
     pub ready: u64,
@@ -881,7 +884,7 @@ pub struct QueueCounts {
 }
 
 /// `GET /v1/queues/{queue}` answer: `{queue, counts}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct QueueInfo {
     /// The queue's name.
     pub queue: String,
@@ -890,8 +893,9 @@ pub struct QueueInfo {
 }
 
 /// `GET /v1/queues/{queue}/tasks?state=&limit=&cursor=` query.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct ListTasksQuery {
     /// Only tasks in this state.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -905,7 +909,7 @@ pub struct ListTasksQuery {
 }
 
 /// `GET /v1/queues/{queue}/tasks` answer: `{tasks, next_cursor}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TaskList {
     /// One page of tasks.
     pub tasks: Vec<Task>,
@@ -918,8 +922,9 @@ pub struct TaskList {
 // ---------------------------------------------------------------------------------------------
 
 /// `GET /v1/events?after=&limit=` query.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub struct EventsQuery {
     /// Only events with a revision greater than this; from the start when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -930,7 +935,7 @@ pub struct EventsQuery {
 }
 
 /// `GET /v1/events` answer: `{events, next}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct EventsPage {
     /// Events in revision order.
     pub events: Vec<Event>,
@@ -943,7 +948,7 @@ pub struct EventsPage {
 ///
 /// `kind` is nested rather than flattened so its own fields (a kv write's `revision`) never
 /// collide with the event's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Event {
     /// The event's revision; strictly increasing.
     pub revision: u64,
@@ -958,7 +963,7 @@ pub struct Event {
 /// What changed, tagged by `type` (`granted`, `released`, `expired`, `kv_written`,
 /// `kv_deleted`, `task_enqueued`, `task_claimed`, `task_completed`, `task_failed`,
 /// `task_released`, `task_dead`). Never carries a session id.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
     /// A lease was granted.
@@ -1021,7 +1026,7 @@ pub enum EventKind {
 }
 
 /// The fields of every `task_*` event: `{queue, task_id, fence?, attempt?}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct TaskChange {
     /// The queue's name.
     pub queue: String,
@@ -1043,7 +1048,7 @@ pub struct TaskChange {
 // ---------------------------------------------------------------------------------------------
 
 /// One cluster member: `{id, api_addr, peer_addr, voter}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Member {
     /// The node id given to `--id`.
     pub id: u64,
@@ -1057,7 +1062,7 @@ pub struct Member {
 
 /// `GET /v1/cluster` answer, as seen by the answering node: `{node_id, leader_id, term,
 /// commit_index, members}`. Also the answer to member add and remove.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ClusterStatus {
     /// The answering node's id.
     pub node_id: u64,
@@ -1073,7 +1078,7 @@ pub struct ClusterStatus {
 
 /// `POST /v1/cluster/members` body: `{id, api_addr, peer_addr, voter?}`; adds a learner and,
 /// when `voter` (default), promotes it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AddMemberRequest {
     /// The new node's id.
@@ -1088,7 +1093,7 @@ pub struct AddMemberRequest {
 }
 
 /// `GET /v1/debug/digest` answer: `{node_id, applied_index, cluster_time_ms, digest}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct Digest {
     /// The answering node's id.
     pub node_id: u64,

@@ -44,6 +44,15 @@ fn cluster_status(app: &AppState) -> ClusterStatus {
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/cluster",
+    tag = "cluster",
+    summary = "How this node sees the cluster",
+    responses(
+        (status = 200, description = "This node's view", body = baton_api::ClusterStatus)
+    )
+)]
 pub async fn status(State(app): State<AppState>) -> Answer {
     Answer::local(StatusCode::OK, &cluster_status(&app))
 }
@@ -69,6 +78,18 @@ fn membership_error(error: RaftError<u64, ClientWriteError<u64, Member>>) -> Api
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/cluster/members",
+    tag = "cluster",
+    summary = "Add a node: a learner, then a voter unless `voter` is false",
+    request_body = baton_api::AddMemberRequest,
+    responses(
+        (status = 200, description = "The new membership", body = baton_api::ClusterStatus),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn add_member(
     State(app): State<AppState>,
     body: ApiJson<AddMemberRequest>,
@@ -127,6 +148,20 @@ fn refuse_address_conflicts(app: &AppState, id: u64, member: &Member) -> Result<
     Ok(())
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/cluster/members/{id}",
+    tag = "cluster",
+    summary = "Remove a node",
+    params(
+        ("id" = u64, Path, description = "The node id")
+    ),
+    responses(
+        (status = 200, description = "The new membership", body = baton_api::ClusterStatus),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn remove_member(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<u64>,
@@ -155,6 +190,17 @@ pub async fn remove_member(
     Ok(Answer::local(StatusCode::OK, &cluster_status(&app)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/debug/digest",
+    tag = "debug",
+    summary = "A digest of this node's applied state",
+    responses(
+        (status = 200, description = "The digest at its applied index", body = baton_api::Digest),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn digest(State(app): State<AppState>) -> Result<Answer, ApiError> {
     use sha2::Digest as _;
     let (snapshot, applied_index, cluster_time_ms) = app
@@ -180,13 +226,25 @@ pub async fn digest(State(app): State<AppState>) -> Result<Answer, ApiError> {
 }
 
 /// Test-only clock control (`--clock-control`): the monotonic rate and the wall-clock offset.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClockRequest {
     rate: Option<f64>,
     wall_offset_ms: Option<i64>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/debug/clock",
+    tag = "debug",
+    summary = "Test only: change this node's clock (needs --clock-control)",
+    request_body = ClockRequest,
+    responses(
+        (status = 200, description = "Changed", body = Object),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn set_clock(
     State(app): State<AppState>,
     body: ApiJson<ClockRequest>,
@@ -213,10 +271,30 @@ pub async fn set_clock(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "health",
+    summary = "The process serves",
+    responses(
+        (status = 200, description = "Serving", body = Object)
+    )
+)]
 pub async fn healthz() -> Answer {
     Answer::local(StatusCode::OK, &BTreeMap::from([("status", "ok")]))
 }
 
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "health",
+    summary = "This node knows a leader and has caught up",
+    responses(
+        (status = 200, description = "Ready", body = Object),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn readyz(State(app): State<AppState>) -> Result<Answer, ApiError> {
     let ready = {
         let metrics = app.raft.metrics();
@@ -239,6 +317,15 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Answer, ApiError> {
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "health",
+    summary = "Prometheus metrics of this node",
+    responses(
+        (status = 200, description = "Metrics in the Prometheus text format", body = String, content_type = "text/plain")
+    )
+)]
 pub async fn metrics(State(app): State<AppState>) -> Response {
     let (sessions, leases) = app
         .machine

@@ -29,6 +29,23 @@ fn fence_claim(
     }))
 }
 
+#[utoipa::path(
+    put,
+    path = "/v1/kv/{key}",
+    tag = "kv",
+    summary = "Write a value, unconditionally or fenced",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("key" = String, Path, description = "The key (a path)")
+    ),
+    request_body = baton_api::KvPutRequest,
+    responses(
+        (status = 200, description = "Written", body = baton_api::KvPutResponse),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn put(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -73,6 +90,21 @@ pub async fn put(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/kv/{key}",
+    tag = "kv",
+    summary = "Read a value, its revision and the fence that wrote it",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("key" = String, Path, description = "The key (a path)")
+    ),
+    responses(
+        (status = 200, description = "The entry", body = baton_api::KvEntry),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn get(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -99,6 +131,23 @@ pub async fn get(
     Ok(Answer::new(StatusCode::OK, &answer, clocks.cluster_ms))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/kv/{key}",
+    tag = "kv",
+    summary = "Delete a value, unconditionally or fenced",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("key" = String, Path, description = "The key (a path)")
+    ),
+    request_body = baton_api::KvDeleteRequest,
+    responses(
+        (status = 200, description = "Deleted", body = baton_api::KvDeleteResponse),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn delete(
     State(app): State<AppState>,
     Ns(namespace): Ns,

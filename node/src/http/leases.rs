@@ -29,6 +29,22 @@ fn parse_path(app: &AppState, text: &str) -> Result<ResourcePath, ApiError> {
         .map_err(ApiError::from_rejection)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions",
+    tag = "sessions",
+    summary = "Create a session",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)")
+    ),
+    request_body = baton_api::CreateSessionRequest,
+    responses(
+        (status = 201, description = "The new session, with its secret id", body = baton_api::CreateSessionResponse),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn create_session(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -62,6 +78,22 @@ pub async fn create_session(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/keepalive",
+    tag = "sessions",
+    summary = "Renew a session and every lease it holds",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("id" = String, Path, description = "The session id")
+    ),
+    responses(
+        (status = 200, description = "Renewed", body = baton_api::KeepaliveResponse),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn keepalive(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -96,6 +128,23 @@ pub async fn keepalive(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/sessions/{id}/release",
+    tag = "sessions",
+    summary = "Release one lease of a session",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("id" = String, Path, description = "The session id")
+    ),
+    request_body = baton_api::ReleaseRequest,
+    responses(
+        (status = 200, description = "Released", body = baton_api::ReleaseResponse),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn release(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -135,6 +184,22 @@ pub async fn release(
     }
 }
 
+#[utoipa::path(
+    delete,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    summary = "End a session, releasing everything it holds",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("id" = String, Path, description = "The session id")
+    ),
+    responses(
+        (status = 200, description = "Ended", body = baton_api::EndSessionResponse),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn end_session(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -157,6 +222,22 @@ pub async fn end_session(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/sessions/{id}",
+    tag = "sessions",
+    summary = "A session and a page of its leases",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("id" = String, Path, description = "The session id"),
+        baton_api::PageQuery
+    ),
+    responses(
+        (status = 200, description = "The session", body = baton_api::SessionInfo),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn get_session(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -177,6 +258,22 @@ pub async fn get_session(
     ))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/leases",
+    tag = "leases",
+    summary = "Acquire a lease in one conditional write",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)")
+    ),
+    request_body = baton_api::AcquireRequest,
+    responses(
+        (status = 201, description = "Granted, with its fence", body = baton_api::Grant),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn acquire(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -209,6 +306,21 @@ pub async fn acquire(
     }
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/leases/{resource}",
+    tag = "leases",
+    summary = "The live lease on a path, or the subtree lease covering it",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("resource" = String, Path, description = "The path (its segments joined by /)")
+    ),
+    responses(
+        (status = 200, description = "The lease", body = baton_api::Lease),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn get_lease(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -228,6 +340,21 @@ pub async fn get_lease(
     Ok(Answer::new(StatusCode::OK, &answer, clocks.cluster_ms))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/leases",
+    tag = "leases",
+    summary = "Live leases, optionally under a prefix",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        baton_api::ListLeasesQuery
+    ),
+    responses(
+        (status = 200, description = "A page of leases", body = baton_api::LeaseList),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn list_leases(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -249,6 +376,21 @@ pub async fn list_leases(
     Ok(Answer::new(StatusCode::OK, &list, clocks.cluster_ms))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/fence/check",
+    tag = "leases",
+    summary = "Whether a token is the live fence of a resource",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent")
+    ),
+    request_body = baton_api::FenceCheckRequest,
+    responses(
+        (status = 200, description = "The verdict", body = baton_api::FenceCheckResponse),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn fence_check(
     State(app): State<AppState>,
     Ns(namespace): Ns,

@@ -15,6 +15,7 @@ mod extract;
 mod forward;
 mod kv;
 mod leases;
+mod openapi;
 mod queues;
 
 use std::ops::Deref;
@@ -380,6 +381,7 @@ pub fn router(app: AppState) -> Router {
         ));
     let local_routes = Router::new()
         .route("/v1/cluster", get(cluster::status))
+        .route("/v1/openapi.json", get(openapi::openapi))
         .route("/v1/debug/digest", get(cluster::digest))
         .route("/v1/debug/clock", post(cluster::set_clock))
         .route("/healthz", get(cluster::healthz))

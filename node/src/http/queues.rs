@@ -29,6 +29,23 @@ fn json_text(value: &serde_json::Value) -> Result<String, ApiError> {
     serde_json::to_string(value).map_err(ApiError::internal)
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/tasks",
+    tag = "queues",
+    summary = "Add a task",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("queue" = String, Path, description = "The queue")
+    ),
+    request_body = baton_api::EnqueueRequest,
+    responses(
+        (status = 201, description = "The task", body = baton_api::Task),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn enqueue(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -73,6 +90,24 @@ pub async fn enqueue(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/claim",
+    tag = "queues",
+    summary = "Claim the best ready task",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("queue" = String, Path, description = "The queue")
+    ),
+    request_body = baton_api::ClaimRequest,
+    responses(
+        (status = 200, description = "Claimed, with its fence", body = baton_api::ClaimResponse),
+        (status = 204, description = "No task is ready; nothing changed"),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn claim(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -160,6 +195,24 @@ impl TaskTarget {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/tasks/{id}/complete",
+    tag = "queues",
+    summary = "Complete a claimed task",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("queue" = String, Path, description = "The queue"),
+        ("id" = String, Path, description = "The task id")
+    ),
+    request_body = baton_api::CompleteRequest,
+    responses(
+        (status = 200, description = "The task", body = baton_api::Task),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn complete(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -199,6 +252,24 @@ pub async fn complete(
     .await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/tasks/{id}/fail",
+    tag = "queues",
+    summary = "Fail this attempt of a claimed task",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("queue" = String, Path, description = "The queue"),
+        ("id" = String, Path, description = "The task id")
+    ),
+    request_body = baton_api::FailRequest,
+    responses(
+        (status = 200, description = "The task", body = baton_api::Task),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn fail(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -231,6 +302,24 @@ pub async fn fail(
     update(&app, &namespace, tag, op, request.reason.len() + 256).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v1/queues/{queue}/tasks/{id}/release",
+    tag = "queues",
+    summary = "Give a claimed task back without counting an attempt",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
+        ("queue" = String, Path, description = "The queue"),
+        ("id" = String, Path, description = "The task id")
+    ),
+    request_body = baton_api::TaskReleaseRequest,
+    responses(
+        (status = 200, description = "The task", body = baton_api::Task),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn release(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -263,6 +352,21 @@ pub async fn release(
     update(&app, &namespace, tag, op, size_bytes).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}",
+    tag = "queues",
+    summary = "A queue's task counts by state",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("queue" = String, Path, description = "The queue")
+    ),
+    responses(
+        (status = 200, description = "The counts", body = baton_api::QueueInfo),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn counts(
     State(app): State<AppState>,
     Ns(namespace): Ns,
@@ -285,6 +389,22 @@ pub async fn counts(
     Ok(Answer::new(StatusCode::OK, &info, clocks.cluster_ms))
 }
 
+#[utoipa::path(
+    get,
+    path = "/v1/queues/{queue}/tasks",
+    tag = "queues",
+    summary = "A page of a queue's tasks",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        ("queue" = String, Path, description = "The queue"),
+        baton_api::ListTasksQuery
+    ),
+    responses(
+        (status = 200, description = "A page of tasks", body = baton_api::TaskList),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
 pub async fn list(
     State(app): State<AppState>,
     Ns(namespace): Ns,
