@@ -30,7 +30,6 @@ use crate::api::{
 };
 use crate::clock::{rate_error_ppm, Clock, SystemClock, CLOCK_RATE_ERROR_DEFAULT};
 use crate::error::{Error, Result};
-use crate::session::LeaseGuard;
 
 /// Default per-request timeout.
 pub const REQUEST_TIMEOUT_DEFAULT: Duration = Duration::from_secs(5);
@@ -495,32 +494,6 @@ impl Client {
         .await
     }
 
-    /// [`Client::acquire_raw`], retrying while `LEASE_HELD` for up to `wait` (a pause that
-    /// grows, with jitter, and is cut short when the holder's lease is due to expire).
-    ///
-    /// # Errors
-    ///
-    /// As [`Client::acquire_raw`]; [`Error::Held`] once `wait` ran out.
-    pub async fn acquire_raw_waiting(
-        &self,
-        request: &AcquireRequest,
-        wait: Option<Duration>,
-    ) -> Result<Answer<Grant>> {
-        crate::session::acquire_waiting(self, request, wait).await
-    }
-
-    /// Acquires `resource` with a new session created in the same write (holder and TTL from
-    /// this client and `options`), and returns a guard that keeps the session alive and
-    /// ends it when released or dropped. A refused acquire creates no session.
-    ///
-    /// # Errors
-    ///
-    /// [`Error::Held`] when a conflicting lease is live (after `options.wait` ran out, if set);
-    /// [`Error::InvalidArgument`] for a bad path or TTL; transport errors as for every call.
-    pub async fn acquire(&self, resource: &str, options: AcquireOptions) -> Result<LeaseGuard> {
-        crate::session::acquire_with_new_session(self, resource, options).await
-    }
-
     /// `GET /v1/leases/{resource}`: the live lease on exactly that path.
     ///
     /// # Errors
@@ -569,16 +542,6 @@ impl Client {
             .await
     }
 
-    /// Whether the guard's fence is still the live fence of its resource, as the cluster sees
-    /// it now.
-    ///
-    /// # Errors
-    ///
-    /// As [`Client::fence_check`].
-    pub async fn check_fence(&self, guard: &LeaseGuard) -> Result<FenceCheckResponse> {
-        self.fence_check(guard.resource(), guard.fence()).await
-    }
-
     // -----------------------------------------------------------------------------------------
     // Fenced key-value store
     // -----------------------------------------------------------------------------------------
@@ -611,31 +574,6 @@ impl Client {
         .await
     }
 
-    /// `PUT /v1/kv/{key}` fenced by `guard`: applied only if the guard's fence is the live
-    /// fence of its resource, held by its session, when the write applies (docs/guarantees.md G4).
-    ///
-    /// # Errors
-    ///
-    /// [`Error::StaleFence`] when the fence is no longer live; [`Error::Lost`] without sending
-    /// anything when the guard already knows it is no longer valid.
-    pub async fn kv_put_fenced(
-        &self,
-        guard: &LeaseGuard,
-        key: &str,
-        value: Value,
-    ) -> Result<KvPutResponse> {
-        guard.ensure_valid()?;
-        self.kv_put_request(
-            key,
-            &KvPutRequest {
-                value,
-                fence: Some(guard.fence_ref()),
-                session_id: Some(guard.session_id().clone()),
-            },
-        )
-        .await
-    }
-
     /// `PUT /v1/kv/{key}` with any body (for callers holding a fence without a guard).
     ///
     /// # Errors
@@ -654,27 +592,6 @@ impl Client {
     pub async fn kv_delete(&self, key: &str) -> Result<KvDeleteResponse> {
         self.kv_delete_request(key, &KvDeleteRequest::default())
             .await
-    }
-
-    /// `DELETE /v1/kv/{key}` fenced by `guard`.
-    ///
-    /// # Errors
-    ///
-    /// As [`Client::kv_put_fenced`].
-    pub async fn kv_delete_fenced(
-        &self,
-        guard: &LeaseGuard,
-        key: &str,
-    ) -> Result<KvDeleteResponse> {
-        guard.ensure_valid()?;
-        self.kv_delete_request(
-            key,
-            &KvDeleteRequest {
-                fence: Some(guard.fence_ref()),
-                session_id: Some(guard.session_id().clone()),
-            },
-        )
-        .await
     }
 
     /// `DELETE /v1/kv/{key}` with any body.

@@ -8,16 +8,24 @@
 //! session is lost for good: a late keepalive never revives it, because the holder may already
 //! have stopped acting on it. What must never live here: HTTP details and retries (that is
 //! `client.rs`), and any notion of validity taken from the server's wall clock.
+//!
+//! The `Client` calls that hand out or take a guard (`acquire`, `acquire_raw_waiting`,
+//! `check_fence`, the fenced kv writes) are defined here too, so that `client.rs` depends on
+//! nothing in this file.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+use serde_json::Value;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::api::{AcquireRequest, FenceRef, Grant, LeaseMode, SessionId};
+use crate::api::{
+    AcquireRequest, FenceCheckResponse, FenceRef, Grant, KvDeleteRequest, KvDeleteResponse,
+    KvPutRequest, KvPutResponse, LeaseMode, SessionId,
+};
 use crate::client::{millis, AcquireOptions, Answer, Budget, Client};
 use crate::clock::valid_until;
 use crate::error::{Error, Result};
@@ -696,6 +704,92 @@ fn acquire_request(resource: &str, options: &AcquireOptions, owner: Owner<'_>) -
         max_hold_ms: options.max_hold.map(millis),
         labels: options.labels.clone(),
         reason: options.reason.clone(),
+    }
+}
+
+/// The calls that take or hand out a [`LeaseGuard`]: they live with the guard, so that the
+/// client's transport knows nothing of sessions.
+impl Client {
+    /// [`Client::acquire_raw`], retrying while `LEASE_HELD` for up to `wait` (a pause that
+    /// grows, with jitter, and is cut short when the holder's lease is due to expire).
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::acquire_raw`]; [`Error::Held`] once `wait` ran out.
+    pub async fn acquire_raw_waiting(
+        &self,
+        request: &AcquireRequest,
+        wait: Option<Duration>,
+    ) -> Result<Answer<Grant>> {
+        acquire_waiting(self, request, wait).await
+    }
+
+    /// Acquires `resource` with a new session created in the same write (holder and TTL from
+    /// this client and `options`), and returns a guard that keeps the session alive and
+    /// ends it when released or dropped. A refused acquire creates no session.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Held`] when a conflicting lease is live (after `options.wait` ran out, if set);
+    /// [`Error::InvalidArgument`] for a bad path or TTL; transport errors as for every call.
+    pub async fn acquire(&self, resource: &str, options: AcquireOptions) -> Result<LeaseGuard> {
+        acquire_with_new_session(self, resource, options).await
+    }
+
+    /// Whether the guard's fence is still the live fence of its resource, as the cluster sees
+    /// it now.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::fence_check`].
+    pub async fn check_fence(&self, guard: &LeaseGuard) -> Result<FenceCheckResponse> {
+        self.fence_check(guard.resource(), guard.fence()).await
+    }
+
+    /// `PUT /v1/kv/{key}` fenced by `guard`: applied only if the guard's fence is the live
+    /// fence of its resource, held by its session, when the write applies (docs/guarantees.md G4).
+    ///
+    /// # Errors
+    ///
+    /// [`Error::StaleFence`] when the fence is no longer live; [`Error::Lost`] without sending
+    /// anything when the guard already knows it is no longer valid.
+    pub async fn kv_put_fenced(
+        &self,
+        guard: &LeaseGuard,
+        key: &str,
+        value: Value,
+    ) -> Result<KvPutResponse> {
+        guard.ensure_valid()?;
+        self.kv_put_request(
+            key,
+            &KvPutRequest {
+                value,
+                fence: Some(guard.fence_ref()),
+                session_id: Some(guard.session_id().clone()),
+            },
+        )
+        .await
+    }
+
+    /// `DELETE /v1/kv/{key}` fenced by `guard`.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::kv_put_fenced`].
+    pub async fn kv_delete_fenced(
+        &self,
+        guard: &LeaseGuard,
+        key: &str,
+    ) -> Result<KvDeleteResponse> {
+        guard.ensure_valid()?;
+        self.kv_delete_request(
+            key,
+            &KvDeleteRequest {
+                fence: Some(guard.fence_ref()),
+                session_id: Some(guard.session_id().clone()),
+            },
+        )
+        .await
     }
 }
 

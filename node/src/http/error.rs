@@ -4,7 +4,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use baton_api::{ErrorCode, HeldBy, Problem, HEADER_CLUSTER_TIME, PROBLEM_CONTENT_TYPE};
-use baton_raft_store::machine::Rejection;
+use baton_raft_store::machine::{Invalid, Rejection};
 
 use crate::proposer::ProposeError;
 
@@ -71,9 +71,9 @@ impl ApiError {
         )
     }
 
-    /// A refusal found while parsing a request, before anything was proposed.
-    pub fn from_rejection(rejection: Rejection) -> ApiError {
-        ApiError::rejected(rejection, None, None)
+    /// Input refused while parsing a request, before anything was proposed.
+    pub fn from_invalid(invalid: Invalid) -> ApiError {
+        ApiError::invalid(invalid.0)
     }
 
     /// A refusal decided by the state machine at `cluster_time_ms`. `held_by` is the denial's

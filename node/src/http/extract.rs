@@ -29,7 +29,7 @@ impl FromRequestParts<AppState> for Ns {
             .map_err(|_| ApiError::invalid(format!("{HEADER_NAMESPACE} must be ASCII")))?;
         app.with_limits(|limits| Namespace::parse(text, limits))
             .map(Ns)
-            .map_err(ApiError::from_rejection)
+            .map_err(ApiError::from_invalid)
     }
 }
 
@@ -51,7 +51,7 @@ impl FromRequestParts<AppState> for IdempotencyKey {
             ApiError::invalid(format!("{HEADER_IDEMPOTENCY_KEY} must be printable ASCII"))
         })?;
         app.with_limits(|limits| validate_idempotency_key(key, limits))
-            .map_err(ApiError::from_rejection)?;
+            .map_err(ApiError::from_invalid)?;
         Ok(IdempotencyKey(Some(key.to_owned())))
     }
 }

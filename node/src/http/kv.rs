@@ -22,10 +22,10 @@ fn fence_claim(
     Ok(Some(ResourceFence {
         resource: app
             .with_limits(|limits| ResourcePath::parse(&fenced_by.fence.resource, limits))
-            .map_err(ApiError::from_rejection)?,
+            .map_err(ApiError::from_invalid)?,
         fence: fenced_by.fence.token,
         session_id: SessionId::parse(fenced_by.session_id.as_str())
-            .map_err(ApiError::from_rejection)?,
+            .map_err(ApiError::from_invalid)?,
     }))
 }
 
@@ -55,7 +55,7 @@ pub async fn put(
 ) -> Result<Answer, ApiError> {
     let key_path = app
         .with_limits(|limits| ResourcePath::parse(&path, limits))
-        .map_err(ApiError::from_rejection)?;
+        .map_err(ApiError::from_invalid)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,
@@ -112,7 +112,7 @@ pub async fn get(
 ) -> Result<Answer, ApiError> {
     let key_path = app
         .with_limits(|limits| ResourcePath::parse(&path, limits))
-        .map_err(ApiError::from_rejection)?;
+        .map_err(ApiError::from_invalid)?;
     let (entry, clocks) = app
         .read(|machine| machine.kv_get(&namespace, &key_path))
         .await?;
@@ -157,7 +157,7 @@ pub async fn delete(
 ) -> Result<Answer, ApiError> {
     let key_path = app
         .with_limits(|limits| ResourcePath::parse(&path, limits))
-        .map_err(ApiError::from_rejection)?;
+        .map_err(ApiError::from_invalid)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,

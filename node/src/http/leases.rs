@@ -21,12 +21,12 @@ fn size_of(canonical: &[u8]) -> usize {
 }
 
 fn parse_session_id(text: &str) -> Result<SessionId, ApiError> {
-    SessionId::parse(text).map_err(ApiError::from_rejection)
+    SessionId::parse(text).map_err(ApiError::from_invalid)
 }
 
 fn parse_path(app: &AppState, text: &str) -> Result<ResourcePath, ApiError> {
     app.with_limits(|limits| ResourcePath::parse(text, limits))
-        .map_err(ApiError::from_rejection)
+        .map_err(ApiError::from_invalid)
 }
 
 #[utoipa::path(

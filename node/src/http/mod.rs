@@ -113,7 +113,7 @@ impl AppState {
     pub fn owner(&self, owner: Result<baton_api::Owner<'_>, String>) -> Result<Owner, ApiError> {
         match owner.map_err(ApiError::invalid)? {
             baton_api::Owner::Session(id) => Ok(Owner::Session(
-                SessionId::parse(id.as_str()).map_err(ApiError::from_rejection)?,
+                SessionId::parse(id.as_str()).map_err(ApiError::from_invalid)?,
             )),
             baton_api::Owner::NewSession { holder, ttl_ms } => Ok(Owner::NewSession(NewSession {
                 session_id: self.new_session_id(),

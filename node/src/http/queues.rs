@@ -17,11 +17,11 @@ use super::{Answer, AppState};
 
 fn parse_name(app: &AppState, what: &str, text: &str) -> Result<Name, ApiError> {
     app.with_limits(|limits| Name::parse(what, text, limits))
-        .map_err(ApiError::from_rejection)
+        .map_err(ApiError::from_invalid)
 }
 
 fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence, ApiError> {
-    let session_id = SessionId::parse(session_id.as_str()).map_err(ApiError::from_rejection)?;
+    let session_id = SessionId::parse(session_id.as_str()).map_err(ApiError::from_invalid)?;
     Ok(TaskFence { session_id, fence })
 }
 

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::types::{Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId};
+use super::types::{Invalid, Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId};
 
 /// One log entry's payload: the leader's cluster-time stamp and the commands it groups.
 ///
@@ -359,6 +359,12 @@ pub enum Rejection {
     PayloadTooLarge(String),
     IdempotencyKeyReused(String),
     ResourceExhausted(String),
+}
+
+impl From<Invalid> for Rejection {
+    fn from(invalid: Invalid) -> Rejection {
+        Rejection::InvalidArgument(invalid.0)
+    }
 }
 
 impl Rejection {

@@ -35,7 +35,8 @@ pub use command::{
     TaskClaimed, TaskCounts, TaskFence, TaskState, TaskView,
 };
 pub use types::{
-    validate_idempotency_key, Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId,
+    validate_idempotency_key, Invalid, Labels, LeaseMode, Limits, Name, Namespace, ResourcePath,
+    SessionId,
 };
 
 use events::EventLog;
@@ -328,8 +329,8 @@ impl Machine {
                 op,
             } => {
                 if let Some(tag) = idempotency {
-                    if let Err(rejection) = validate_idempotency_key(&tag.key, &self.limits) {
-                        return Response::fresh(Err(rejection));
+                    if let Err(invalid) = validate_idempotency_key(&tag.key, &self.limits) {
+                        return Response::fresh(Err(invalid.into()));
                     }
                     if let Some(replay) = self.idempotency.lookup(namespace, tag) {
                         return replay;

@@ -8,8 +8,6 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use super::command::Rejection;
-
 /// The limits of docs/guarantees.md, "Limits", plus the few internal bounds the machine needs.
 ///
 /// They are part of the replicated state (changed only through the `SetLimits` command), so
@@ -81,22 +79,39 @@ impl Default for Limits {
     }
 }
 
+/// Input that breaks a naming or range rule: refused as `INVALID_ARGUMENT` (the command layer
+/// turns it into a `Rejection`). Kept here so that the types need nothing from the commands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+impl Invalid {
+    pub fn new(message: impl Into<String>) -> Invalid {
+        Invalid(message.into())
+    }
+}
+
+impl fmt::Display for Invalid {
+    fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+        formatter.write_str(&self.0)
+    }
+}
+
 /// An isolated set of sessions, leases and keys. `[A-Za-z0-9._-]`, 1..=`namespace_bytes_max`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct Namespace(pub(crate) String);
 
 impl Namespace {
-    pub fn parse(text: &str, limits: &Limits) -> Result<Namespace, Rejection> {
+    pub fn parse(text: &str, limits: &Limits) -> Result<Namespace, Invalid> {
         let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         if text.is_empty() || text.len() > limits.namespace_bytes_max {
-            return Err(Rejection::invalid(format!(
+            return Err(Invalid::new(format!(
                 "namespace must be 1..={} bytes, got {}",
                 limits.namespace_bytes_max,
                 text.len()
             )));
         }
         if !text.chars().all(valid_char) {
-            return Err(Rejection::invalid(format!(
+            return Err(Invalid::new(format!(
                 "namespace {text:?} may only contain letters, digits, '.', '_' and '-'"
             )));
         }
@@ -128,9 +143,9 @@ impl fmt::Display for Namespace {
 pub struct ResourcePath(pub(crate) String);
 
 impl ResourcePath {
-    pub fn parse(text: &str, limits: &Limits) -> Result<ResourcePath, Rejection> {
+    pub fn parse(text: &str, limits: &Limits) -> Result<ResourcePath, Invalid> {
         if text.is_empty() || text.len() > limits.path_bytes_max {
-            return Err(Rejection::invalid(format!(
+            return Err(Invalid::new(format!(
                 "path must be 1..={} bytes, got {}",
                 limits.path_bytes_max,
                 text.len()
@@ -140,19 +155,19 @@ impl ResourcePath {
         let mut segments = 0;
         for segment in text.split('/') {
             if segment.is_empty() {
-                return Err(Rejection::invalid(format!(
+                return Err(Invalid::new(format!(
                     "path {text:?} has an empty segment: no leading, trailing or double '/'"
                 )));
             }
             if segment == "." || segment == ".." {
-                return Err(Rejection::invalid(format!(
+                return Err(Invalid::new(format!(
                     "path {text:?} has a {segment:?} segment: paths are compared as exact bytes, so name the file without '.' or '..'"
                 )));
             }
             segments += 1;
         }
         if segments > limits.path_segments_max {
-            return Err(Rejection::invalid(format!(
+            return Err(Invalid::new(format!(
                 "path {text:?} has {segments} segments, at most {} are allowed",
                 limits.path_segments_max
             )));
@@ -205,22 +220,22 @@ impl fmt::Display for ResourcePath {
 pub struct Name(pub(crate) String);
 
 impl Name {
-    pub fn parse(what: &str, text: &str, limits: &Limits) -> Result<Name, Rejection> {
+    pub fn parse(what: &str, text: &str, limits: &Limits) -> Result<Name, Invalid> {
         let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':');
         if text.is_empty() || text.len() > limits.name_chars_max {
-            return Err(Rejection::invalid(format!(
+            return Err(Invalid::new(format!(
                 "{what} must be 1..={} characters, got {}",
                 limits.name_chars_max,
                 text.len()
             )));
         }
         if !text.chars().all(valid_char) {
-            return Err(Rejection::invalid(format!(
+            return Err(Invalid::new(format!(
                 "{what} {text:?} may only contain letters, digits, '.', '_', ':' and '-'"
             )));
         }
         if text == "." || text == ".." {
-            return Err(Rejection::invalid(format!(
+            return Err(Invalid::new(format!(
                 "{what} may not be {text:?}: it names a path segment"
             )));
         }
@@ -250,14 +265,14 @@ pub struct SessionId(pub u128);
 
 impl SessionId {
     /// Parses the 32 lowercase hex digits that `Display` prints.
-    pub fn parse(text: &str) -> Result<SessionId, Rejection> {
+    pub fn parse(text: &str) -> Result<SessionId, Invalid> {
         let well_formed = text.len() == 32
             && text
                 .bytes()
                 .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         match u128::from_str_radix(text, 16) {
             Ok(value) if well_formed => Ok(SessionId(value)),
-            _ => Err(Rejection::invalid(
+            _ => Err(Invalid::new(
                 "session_id must be the 32 hex digits that session creation returned",
             )),
         }
@@ -289,9 +304,9 @@ impl LeaseMode {
 /// Free-form `key -> value` annotations, at most `labels_max`, each 1..=`label_chars_max`.
 pub type Labels = BTreeMap<String, String>;
 
-pub fn validate_labels(labels: &Labels, limits: &Limits) -> Result<(), Rejection> {
+pub fn validate_labels(labels: &Labels, limits: &Limits) -> Result<(), Invalid> {
     if labels.len() > limits.labels_max {
-        return Err(Rejection::invalid(format!(
+        return Err(Invalid::new(format!(
             "at most {} labels are allowed, got {}",
             limits.labels_max,
             labels.len()
@@ -304,13 +319,13 @@ pub fn validate_labels(labels: &Labels, limits: &Limits) -> Result<(), Rejection
     Ok(())
 }
 
-pub fn validate_holder(holder: &str, limits: &Limits) -> Result<(), Rejection> {
+pub fn validate_holder(holder: &str, limits: &Limits) -> Result<(), Invalid> {
     validate_chars("holder", holder, limits.holder_chars_max)
 }
 
-pub fn validate_ttl(ttl_ms: u64, limits: &Limits) -> Result<(), Rejection> {
+pub fn validate_ttl(ttl_ms: u64, limits: &Limits) -> Result<(), Invalid> {
     if ttl_ms < limits.ttl_ms_min || ttl_ms > limits.ttl_ms_max {
-        return Err(Rejection::invalid(format!(
+        return Err(Invalid::new(format!(
             "ttl_ms must be {}..={}, got {ttl_ms}",
             limits.ttl_ms_min, limits.ttl_ms_max
         )));
@@ -318,9 +333,9 @@ pub fn validate_ttl(ttl_ms: u64, limits: &Limits) -> Result<(), Rejection> {
     Ok(())
 }
 
-pub fn validate_max_hold(max_hold_ms: u64, limits: &Limits) -> Result<(), Rejection> {
+pub fn validate_max_hold(max_hold_ms: u64, limits: &Limits) -> Result<(), Invalid> {
     if max_hold_ms == 0 || max_hold_ms > limits.max_hold_ms_max {
-        return Err(Rejection::invalid(format!(
+        return Err(Invalid::new(format!(
             "max_hold_ms must be 1..={}, got {max_hold_ms}",
             limits.max_hold_ms_max
         )));
@@ -328,14 +343,14 @@ pub fn validate_max_hold(max_hold_ms: u64, limits: &Limits) -> Result<(), Reject
     Ok(())
 }
 
-pub fn validate_idempotency_key(key: &str, limits: &Limits) -> Result<(), Rejection> {
+pub fn validate_idempotency_key(key: &str, limits: &Limits) -> Result<(), Invalid> {
     let chars = key.chars().count();
     let printable = key.chars().all(|c| c.is_ascii_graphic());
     if chars < limits.idempotency_key_chars_min
         || chars > limits.idempotency_key_chars_max
         || !printable
     {
-        return Err(Rejection::invalid(format!(
+        return Err(Invalid::new(format!(
             "Idempotency-Key must be {}..={} printable ASCII characters (a UUIDv4 is the intended form)",
             limits.idempotency_key_chars_min, limits.idempotency_key_chars_max
         )));
@@ -343,10 +358,10 @@ pub fn validate_idempotency_key(key: &str, limits: &Limits) -> Result<(), Reject
     Ok(())
 }
 
-fn validate_chars(what: &str, text: &str, chars_max: usize) -> Result<(), Rejection> {
+fn validate_chars(what: &str, text: &str, chars_max: usize) -> Result<(), Invalid> {
     let chars = text.chars().count();
     if chars == 0 || chars > chars_max {
-        return Err(Rejection::invalid(format!(
+        return Err(Invalid::new(format!(
             "{what} must be 1..={chars_max} characters, got {chars}"
         )));
     }
@@ -355,9 +370,9 @@ fn validate_chars(what: &str, text: &str, chars_max: usize) -> Result<(), Reject
 
 /// No name holds a control character (U+0000..U+001F, U+007F): they hide in logs and
 /// terminals, so two names that look the same could differ.
-fn refuse_control_chars(what: &str, text: &str) -> Result<(), Rejection> {
+fn refuse_control_chars(what: &str, text: &str) -> Result<(), Invalid> {
     match text.chars().find(|c| c.is_ascii_control()) {
-        Some(control) => Err(Rejection::invalid(format!(
+        Some(control) => Err(Invalid::new(format!(
             "{what} {text:?} contains the control character {control:?}"
         ))),
         None => Ok(()),
