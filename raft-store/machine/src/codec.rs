@@ -9,7 +9,6 @@ use serde::{Deserialize, Serialize};
 
 use super::events::EventLog;
 use super::idempotency::IdempotencyTable;
-use super::queues::claims_by_session;
 use super::{Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
@@ -162,54 +161,5 @@ impl Machine {
             .check_invariants()
             .map_err(CodecError::Inconsistent)?;
         Ok(machine)
-    }
-
-    /// Recomputes what snapshots leave out: each session's lease set and the deadline indexes.
-    fn rebuild_indexes(&mut self) -> Result<(), String> {
-        for (namespace, state) in &mut self.namespaces {
-            for (session_id, session) in &state.sessions {
-                self.session_deadlines.insert((
-                    session.deadline_ms,
-                    namespace.clone(),
-                    *session_id,
-                ));
-            }
-            for (resource, lease) in &state.leases {
-                let session = state
-                    .sessions
-                    .get_mut(&lease.session_id)
-                    .ok_or_else(|| format!("lease on {resource} names a missing session"))?;
-                session.leases.insert(resource.clone());
-                if let Some(deadline_ms) = lease.max_hold_deadline_ms {
-                    self.max_hold_deadlines.insert((
-                        deadline_ms,
-                        namespace.clone(),
-                        resource.clone(),
-                    ));
-                }
-            }
-            for (queue, queue_state) in &mut state.queues {
-                queue_state.rebuild(self.time_ms);
-                for (ready_at_ms, sequence, task_id) in queue_state.delayed(self.time_ms) {
-                    self.delayed.insert((
-                        ready_at_ms,
-                        namespace.clone(),
-                        queue.clone(),
-                        sequence,
-                        task_id.clone(),
-                    ));
-                }
-            }
-            for (session_id, claims) in claims_by_session(&state.queues) {
-                let session = state
-                    .sessions
-                    .get_mut(&session_id)
-                    .ok_or_else(|| format!("a claim in {namespace} names a missing session"))?;
-                self.claim_deadlines
-                    .insert((session.deadline_ms, namespace.clone(), session_id));
-                session.claims.extend(claims);
-            }
-        }
-        Ok(())
     }
 }

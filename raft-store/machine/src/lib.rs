@@ -14,6 +14,7 @@ mod codec;
 mod command;
 mod events;
 mod idempotency;
+mod indexes;
 mod invariants;
 mod kv;
 mod leases;
