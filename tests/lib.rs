@@ -348,27 +348,18 @@ impl Cluster {
             .map(|&(id, api_port, peer_port)| {
                 let data_dir = directory.path().join(format!("node-{id}"));
                 fs::create_dir_all(&data_dir).expect("create a node's data dir");
-                let mut args: Vec<OsString> = vec![
-                    "run".into(),
-                    "--id".into(),
-                    id.to_string().into(),
-                    "--data-dir".into(),
-                    data_dir.clone().into(),
-                    "--listen".into(),
-                    format!("127.0.0.1:{api_port}").into(),
-                    "--peer-listen".into(),
-                    format!("127.0.0.1:{peer_port}").into(),
-                    "--initial-cluster".into(),
-                    initial_cluster.clone().into(),
-                    "--heartbeat-ms".into(),
-                    config.heartbeat_ms.to_string().into(),
-                    "--election-timeout-ms".into(),
-                    config.election_timeout_ms.to_string().into(),
-                    "--tick-ms".into(),
-                    config.tick_ms.to_string().into(),
-                    "--log-format".into(),
-                    "human".into(),
-                ];
+                let mut args = baton_kit::RunArgs {
+                    id,
+                    data_dir: data_dir.clone(),
+                    listen: format!("127.0.0.1:{api_port}"),
+                    peer_listen: format!("127.0.0.1:{peer_port}"),
+                    initial_cluster: initial_cluster.clone(),
+                    heartbeat_ms: config.heartbeat_ms,
+                    election_timeout_ms: config.election_timeout_ms,
+                    tick_ms: config.tick_ms,
+                }
+                .to_args();
+                args.extend(["--log-format".into(), "human".into()]);
                 args.extend(config.extra_args.iter().map(OsString::from));
                 Node::new(
                     id,

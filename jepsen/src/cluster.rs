@@ -188,25 +188,17 @@ impl Cluster {
             let (api, peer) = (net.api_addr(id), net.peer_listen_addr(id));
             let data_dir = config.run_dir.join(format!("n{id}"));
             fs::create_dir_all(&data_dir)?;
-            let mut args: Vec<OsString> = vec![
-                "run".into(),
-                "--id".into(),
-                id.to_string().into(),
-                "--data-dir".into(),
-                data_dir.into(),
-                "--listen".into(),
-                api.to_string().into(),
-                "--peer-listen".into(),
-                peer.to_string().into(),
-                "--initial-cluster".into(),
-                initial_cluster.clone().into(),
-                "--heartbeat-ms".into(),
-                config.heartbeat_ms.to_string().into(),
-                "--election-timeout-ms".into(),
-                config.election_timeout_ms.to_string().into(),
-                "--tick-ms".into(),
-                config.tick_ms.to_string().into(),
-            ];
+            let mut args = baton_kit::RunArgs {
+                id,
+                data_dir,
+                listen: api.to_string(),
+                peer_listen: peer.to_string(),
+                initial_cluster: initial_cluster.clone(),
+                heartbeat_ms: config.heartbeat_ms,
+                election_timeout_ms: config.election_timeout_ms,
+                tick_ms: config.tick_ms,
+            }
+            .to_args();
             if config.clock_control {
                 args.push("--clock-control".into());
             }

@@ -6,10 +6,11 @@ use axum::http::StatusCode;
 use baton_api::{
     self as api, FencedBy, KvDeleteRequest, KvDeleteResponse, KvPutRequest, KvPutResponse,
 };
-use baton_raft_store::machine::{Op, Reply, ResourceFence, ResourcePath, SessionId};
+use baton_raft_store::machine::{ResourceFence, ResourcePath, SessionId};
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, IdempotencyKey, Ns};
+use super::service::Mutation;
 use super::{Answer, AppState};
 
 fn fence_claim(
@@ -67,27 +68,18 @@ pub async fn put(
     let fence = fence_claim(&app, body.value.fenced_by())?;
     let value = serde_json::to_string(&body.value.value).map_err(ApiError::internal)?;
     let size_bytes = value.len() + 128;
-    let written = app
-        .write(
-            &namespace,
-            tag,
-            Op::KvPut {
-                key: key_path,
-                value,
-                fence,
-            },
-            size_bytes,
-        )
-        .await?;
-    match &written.reply {
-        Reply::KvWritten { revision } => Ok(written.answer(
-            StatusCode::OK,
-            &KvPutResponse {
-                revision: *revision,
-            },
-        )),
-        _ => written.impossible(),
-    }
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes,
+    };
+    let written = app.kv_put(mutation, key_path, value, fence).await?;
+    Ok(written.answer(
+        StatusCode::OK,
+        &KvPutResponse {
+            revision: written.value,
+        },
+    ))
 }
 
 #[utoipa::path(
@@ -167,25 +159,17 @@ pub async fn delete(
         &body.canonical,
     );
     let fence = fence_claim(&app, body.value.fenced_by())?;
-    let written = app
-        .write(
-            &namespace,
-            tag,
-            Op::KvDelete {
-                key: key_path,
-                fence,
-            },
-            256,
-        )
-        .await?;
-    match &written.reply {
-        Reply::KvDeleted { revision } => Ok(written.answer(
-            StatusCode::OK,
-            &KvDeleteResponse {
-                deleted: true,
-                revision: Some(*revision),
-            },
-        )),
-        _ => written.impossible(),
-    }
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes: 256,
+    };
+    let deleted = app.kv_delete(mutation, key_path, fence).await?;
+    Ok(deleted.answer(
+        StatusCode::OK,
+        &KvDeleteResponse {
+            deleted: true,
+            revision: Some(deleted.value),
+        },
+    ))
 }

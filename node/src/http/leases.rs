@@ -8,11 +8,12 @@ use baton_api::{
     FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, PageQuery, ReleaseRequest,
     ReleaseResponse,
 };
-use baton_raft_store::machine::{NewSession, Op, Reply, ResourcePath, SessionId};
+use baton_raft_store::machine::{NewSession, ResourcePath, SessionId};
 
 use super::convert;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
+use super::service::Mutation;
 use super::{Answer, AppState};
 
 /// A request's estimated share of a log entry, for bounding batches.
@@ -59,23 +60,23 @@ pub async fn create_session(
         &[],
         &body.canonical,
     );
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes: size_of(&body.canonical),
+    };
     let request = body.value;
-    let op = Op::CreateSession(NewSession {
+    let session = NewSession {
         session_id: app.new_session_id(),
         holder: request.holder,
         ttl_ms: request.ttl_ms,
         labels: request.labels,
-    });
-    let written = app
-        .write(&namespace, tag, op, size_of(&body.canonical))
-        .await?;
-    match &written.reply {
-        Reply::SessionCreated(view) => Ok(written.answer(
-            StatusCode::CREATED,
-            &convert::created_session(view, written.clocks),
-        )),
-        _ => written.impossible(),
-    }
+    };
+    let created = app.create_session(mutation, session).await?;
+    Ok(created.answer(
+        StatusCode::CREATED,
+        &convert::created_session(&created.value, created.clocks),
+    ))
 }
 
 #[utoipa::path(
@@ -109,23 +110,20 @@ pub async fn keepalive(
         &[&id],
         b"",
     );
-    let written = app
-        .write(&namespace, tag, Op::Keepalive { session_id }, 64)
-        .await?;
-    match &written.reply {
-        Reply::KeptAlive {
-            session_id,
-            expires_in_ms,
-        } => Ok(written.answer(
-            StatusCode::OK,
-            &KeepaliveResponse {
-                session_id: convert::session_id(*session_id),
-                expires_in_ms: *expires_in_ms,
-                expires_at: written.clocks.expires_at(*expires_in_ms),
-            },
-        )),
-        _ => written.impossible(),
-    }
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes: 64,
+    };
+    let renewed = app.keepalive(mutation, session_id).await?;
+    Ok(renewed.answer(
+        StatusCode::OK,
+        &KeepaliveResponse {
+            session_id: convert::session_id(session_id),
+            expires_in_ms: renewed.value,
+            expires_at: renewed.clocks.expires_at(renewed.value),
+        },
+    ))
 }
 
 #[utoipa::path(
@@ -162,26 +160,18 @@ pub async fn release(
         &[&id],
         &body.canonical,
     );
-    let written = app
-        .write(
-            &namespace,
-            tag,
-            Op::Release {
-                session_id,
-                resource,
-            },
-            size_of(&body.canonical),
-        )
-        .await?;
-    match &written.reply {
-        Reply::Released { resource, .. } => Ok(written.answer(
-            StatusCode::OK,
-            &ReleaseResponse {
-                released: resource.to_string(),
-            },
-        )),
-        _ => written.impossible(),
-    }
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes: size_of(&body.canonical),
+    };
+    let released = app.release(mutation, session_id, resource).await?;
+    Ok(released.answer(
+        StatusCode::OK,
+        &ReleaseResponse {
+            released: released.value.to_string(),
+        },
+    ))
 }
 
 #[utoipa::path(
@@ -208,18 +198,18 @@ pub async fn end_session(
 ) -> Result<Answer, ApiError> {
     let session_id = parse_session_id(&id)?;
     let tag = app.idempotency_tag(key, &namespace, "DELETE", "/v1/sessions/{id}", &[&id], b"");
-    let written = app
-        .write(&namespace, tag, Op::EndSession { session_id }, 64)
-        .await?;
-    match &written.reply {
-        Reply::SessionEnded { released } => Ok(written.answer(
-            StatusCode::OK,
-            &EndSessionResponse {
-                released: released.iter().map(ToString::to_string).collect(),
-            },
-        )),
-        _ => written.impossible(),
-    }
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes: 64,
+    };
+    let ended = app.end_session(mutation, session_id).await?;
+    Ok(ended.answer(
+        StatusCode::OK,
+        &EndSessionResponse {
+            released: ended.value.iter().map(ToString::to_string).collect(),
+        },
+    ))
 }
 
 #[utoipa::path(
@@ -288,22 +278,19 @@ pub async fn acquire(
     if let Some(reason) = &request.reason {
         labels.insert("reason".to_owned(), reason.clone());
     }
-    let op = Op::Acquire {
-        resource,
-        mode: convert::mode_from_wire(request.mode),
-        owner,
-        max_hold_ms: request.max_hold_ms,
-        labels,
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes: size_of(&body.canonical),
     };
-    let written = app
-        .write(&namespace, tag, op, size_of(&body.canonical))
+    let mode = convert::mode_from_wire(request.mode);
+    let granted = app
+        .acquire(mutation, resource, mode, owner, request.max_hold_ms, labels)
         .await?;
-    match &written.reply {
-        Reply::Granted(grant) => {
-            Ok(written.answer(StatusCode::CREATED, &convert::grant(grant, written.clocks)))
-        }
-        _ => written.impossible(),
-    }
+    Ok(granted.answer(
+        StatusCode::CREATED,
+        &convert::grant(&granted.value, granted.clocks),
+    ))
 }
 
 #[utoipa::path(

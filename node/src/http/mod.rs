@@ -17,6 +17,7 @@ mod kv;
 mod leases;
 mod openapi;
 mod queues;
+mod service;
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,7 +32,7 @@ use axum::routing::{delete, get, post};
 use axum::Router;
 use baton_api::{HEADER_CLUSTER_TIME, HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER};
 use baton_raft_store::machine::{
-    IdempotencyTag, Limits, Machine, Namespace, NewSession, Op, Owner, Rejection, Reply, SessionId,
+    IdempotencyTag, Limits, Machine, Namespace, NewSession, Owner, Rejection, SessionId,
 };
 use baton_raft_store::store::{MachineHandle, TypeConfig};
 use openraft::Raft;
@@ -146,46 +147,6 @@ impl AppState {
         }
     }
 
-    /// Replicates one operation and returns its reply with the clocks to render it.
-    ///
-    /// An idempotent request renders its `*_at` times with the wall clock recorded in its tag,
-    /// so the first answer and every replay have identical bodies on every node.
-    pub async fn write(
-        &self,
-        namespace: &Namespace,
-        idempotency: Option<IdempotencyTag>,
-        op: Op,
-        size_bytes: usize,
-    ) -> Result<Written, ApiError> {
-        let tag_wall_ms = idempotency.as_ref().map(|tag| tag.wall_ms);
-        let command = baton_raft_store::machine::Command::Namespaced {
-            namespace: namespace.clone(),
-            idempotency,
-            op,
-        };
-        let committed = self.proposer.propose(command, size_bytes).await?;
-        let clocks = match (committed.response.replayed, tag_wall_ms) {
-            (Some(recorded), _) => Clocks {
-                wall_ms: recorded.wall_ms,
-                cluster_ms: recorded.time_ms,
-            },
-            (None, Some(wall_ms)) => Clocks {
-                wall_ms,
-                cluster_ms: committed.time_ms,
-            },
-            (None, None) => self.clocks(committed.time_ms),
-        };
-        match committed.response.outcome {
-            Ok(reply) => Ok(Written {
-                reply,
-                clocks,
-                cluster_time_ms: committed.time_ms,
-                replayed: committed.response.replayed.is_some(),
-            }),
-            Err(rejection) => Err(self.refusal(rejection, self.clocks(committed.time_ms))),
-        }
-    }
-
     /// Runs `query` on the applied state after a read index: linearizable (G1).
     pub async fn read<T>(
         &self,
@@ -257,31 +218,6 @@ impl AppState {
             fingerprint: hasher.finalize().into(),
             wall_ms: self.clock.wall_ms(),
         })
-    }
-}
-
-/// A committed write: its reply, the clocks to render its body with, the cluster time of the
-/// entry that answered it, and whether it was a replay.
-#[derive(Debug)]
-pub struct Written {
-    pub reply: Reply,
-    pub clocks: Clocks,
-    pub cluster_time_ms: u64,
-    pub replayed: bool,
-}
-
-impl Written {
-    pub fn answer<T: Serialize>(&self, status: StatusCode, body: &T) -> Answer {
-        Answer::new(status, body, self.cluster_time_ms).replayed(self.replayed)
-    }
-
-    /// A reply of another kind than the operation's: the machine broke its contract. Never an
-    /// API error: the node stops (see `main`), loudly, and the others serve on.
-    pub fn impossible(&self) -> ! {
-        panic!(
-            "invariant broken: the machine answered an operation with {:?}",
-            self.reply
-        )
     }
 }
 

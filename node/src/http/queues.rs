@@ -8,11 +8,12 @@ use baton_api::{
     ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, QueueCounts,
     QueueInfo, TaskList, TaskReleaseRequest,
 };
-use baton_raft_store::machine::{Name, Op, Reply, SessionId, TaskFence};
+use baton_raft_store::machine::{IdempotencyTag, Name, Namespace, SessionId, TaskFence};
 
 use super::convert;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
+use super::service::{Mutation, NewTask, TaskEnd};
 use super::{Answer, AppState};
 
 fn parse_name(app: &AppState, what: &str, text: &str) -> Result<Name, ApiError> {
@@ -74,7 +75,7 @@ pub async fn enqueue(
         .collect::<Result<Vec<_>, _>>()?;
     let payload = json_text(&request.payload)?;
     let size_bytes = payload.len() + 256;
-    let op = Op::Enqueue {
+    let task = NewTask {
         queue,
         task_id,
         payload,
@@ -83,11 +84,13 @@ pub async fn enqueue(
         max_attempts: request.max_attempts.unwrap_or(3),
         delay_ms: request.not_before_ms.unwrap_or(0),
     };
-    let written = app.write(&namespace, tag, op, size_bytes).await?;
-    match &written.reply {
-        Reply::TaskEnqueued(task) => Ok(written.answer(StatusCode::CREATED, &convert::task(task))),
-        _ => written.impossible(),
-    }
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes,
+    };
+    let enqueued = app.enqueue(mutation, task).await?;
+    Ok(enqueued.answer(StatusCode::CREATED, &convert::task(&enqueued.value)))
 }
 
 #[utoipa::path(
@@ -125,38 +128,47 @@ pub async fn claim(
         &body.canonical,
     );
     let owner = app.owner(body.value.owner())?;
-    let written = app
-        .write(&namespace, tag, Op::Claim { queue, owner }, 256)
-        .await?;
-    match &written.reply {
-        Reply::TaskClaimed(claimed) => Ok(written
-            .answer(StatusCode::OK, &convert::claimed(claimed, written.clocks))
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes: 256,
+    };
+    let claimed = app.claim(mutation, queue, owner).await?;
+    match &claimed.value {
+        Some(task) => Ok(claimed
+            .answer(StatusCode::OK, &convert::claimed(task, claimed.clocks))
             .into_response()),
-        Reply::QueueEmpty => {
+        None => {
             let mut response = StatusCode::NO_CONTENT.into_response();
             response.headers_mut().insert(
                 baton_api::HEADER_CLUSTER_TIME,
-                axum::http::HeaderValue::from(written.cluster_time_ms),
+                axum::http::HeaderValue::from(claimed.cluster_time_ms),
             );
             Ok(response)
         }
-        _ => written.impossible(),
     }
 }
 
 /// The task routes share one shape: parse, propose, answer with the task.
-async fn update(
+async fn end_task(
     app: &AppState,
-    namespace: &baton_raft_store::machine::Namespace,
-    tag: Option<baton_raft_store::machine::IdempotencyTag>,
-    op: Op,
+    namespace: Namespace,
+    TaskTarget {
+        queue,
+        task_id,
+        tag,
+        claim,
+    }: TaskTarget,
+    end: TaskEnd,
     size_bytes: usize,
 ) -> Result<Answer, ApiError> {
-    let written = app.write(namespace, tag, op, size_bytes).await?;
-    match &written.reply {
-        Reply::TaskUpdated(task) => Ok(written.answer(StatusCode::OK, &convert::task(task))),
-        _ => written.impossible(),
-    }
+    let mutation = Mutation {
+        namespace,
+        tag,
+        size_bytes,
+    };
+    let ended = app.end_task(mutation, queue, task_id, claim, end).await?;
+    Ok(ended.answer(StatusCode::OK, &convert::task(&ended.value)))
 }
 
 /// The parts every task operation shares: the queue and task from the path, the idempotency
@@ -164,14 +176,14 @@ async fn update(
 struct TaskTarget {
     queue: Name,
     task_id: Name,
-    tag: Option<baton_raft_store::machine::IdempotencyTag>,
+    tag: Option<IdempotencyTag>,
     claim: TaskFence,
 }
 
 impl TaskTarget {
     fn parse<T>(
         app: &AppState,
-        namespace: &baton_raft_store::machine::Namespace,
+        namespace: &Namespace,
         key: Option<String>,
         (queue_text, id_text): (&str, &str),
         action: &str,
@@ -221,12 +233,7 @@ pub async fn complete(
     body: ApiJson<CompleteRequest>,
 ) -> Result<Answer, ApiError> {
     let request = &body.value;
-    let TaskTarget {
-        queue,
-        task_id,
-        tag,
-        claim,
-    } = TaskTarget::parse(
+    let target = TaskTarget::parse(
         &app,
         &namespace,
         key,
@@ -237,16 +244,11 @@ pub async fn complete(
     )?;
     let result = request.result.as_ref().map(json_text).transpose()?;
     let size_bytes = result.as_ref().map_or(0, String::len) + 256;
-    update(
+    end_task(
         &app,
-        &namespace,
-        tag,
-        Op::Complete {
-            queue,
-            task_id,
-            claim,
-            result,
-        },
+        namespace,
+        target,
+        TaskEnd::Complete { result },
         size_bytes,
     )
     .await
@@ -278,12 +280,7 @@ pub async fn fail(
     body: ApiJson<FailRequest>,
 ) -> Result<Answer, ApiError> {
     let request = &body.value;
-    let TaskTarget {
-        queue,
-        task_id,
-        tag,
-        claim,
-    } = TaskTarget::parse(
+    let target = TaskTarget::parse(
         &app,
         &namespace,
         key,
@@ -292,14 +289,11 @@ pub async fn fail(
         &body,
         (&request.session_id, request.fence),
     )?;
-    let op = Op::Fail {
-        queue,
-        task_id,
-        claim,
+    let end = TaskEnd::Fail {
         reason: request.reason.clone(),
         retry: request.retry,
     };
-    update(&app, &namespace, tag, op, request.reason.len() + 256).await
+    end_task(&app, namespace, target, end, request.reason.len() + 256).await
 }
 
 #[utoipa::path(
@@ -328,12 +322,7 @@ pub async fn release(
     body: ApiJson<TaskReleaseRequest>,
 ) -> Result<Answer, ApiError> {
     let request = &body.value;
-    let TaskTarget {
-        queue,
-        task_id,
-        tag,
-        claim,
-    } = TaskTarget::parse(
+    let target = TaskTarget::parse(
         &app,
         &namespace,
         key,
@@ -343,13 +332,10 @@ pub async fn release(
         (&request.session_id, request.fence),
     )?;
     let size_bytes = request.note.as_ref().map_or(0, String::len) + 256;
-    let op = Op::ReleaseTask {
-        queue,
-        task_id,
-        claim,
+    let end = TaskEnd::Release {
         note: request.note.clone(),
     };
-    update(&app, &namespace, tag, op, size_bytes).await
+    end_task(&app, namespace, target, end, size_bytes).await
 }
 
 #[utoipa::path(

@@ -2,16 +2,55 @@
 //! fault harness (`jepsen/`): how it is started (its log file, its environment), the faults
 //! applied to it (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), how its end is told apart from a crash,
 //! and reading its log. Where the process runs (ports, a network namespace) and what waits for
-//! it to be ready belong to the caller, which builds the [`Command`].
+//! it to be ready belong to the caller, which builds the [`Command`]; [`RunArgs`] is the
+//! `batond run` command line both callers start it with.
 //!
 //! Nothing here panics on a process that is gone: each call says what it found, and the
 //! caller decides whether that fails a test or stops a run.
 
+use std::ffi::OsString;
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard};
+
+/// The `batond run` command line of one member of a test cluster: its id, data directory,
+/// addresses, the whole cluster's `id=api@peer` list and the timing flags; more flags are
+/// appended to the result.
+#[derive(Debug, Clone)]
+pub struct RunArgs {
+    pub id: u64,
+    pub data_dir: PathBuf,
+    pub listen: String,
+    pub peer_listen: String,
+    pub initial_cluster: String,
+    pub heartbeat_ms: u64,
+    pub election_timeout_ms: u64,
+    pub tick_ms: u64,
+}
+
+impl RunArgs {
+    /// The arguments after the `batond` program name.
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec!["run".into(), "--id".into(), self.id.to_string().into()];
+        args.extend(["--data-dir".into(), self.data_dir.clone().into_os_string()]);
+        for (flag, value) in [
+            ("--listen", self.listen.clone()),
+            ("--peer-listen", self.peer_listen.clone()),
+            ("--initial-cluster", self.initial_cluster.clone()),
+            ("--heartbeat-ms", self.heartbeat_ms.to_string()),
+            (
+                "--election-timeout-ms",
+                self.election_timeout_ms.to_string(),
+            ),
+            ("--tick-ms", self.tick_ms.to_string()),
+        ] {
+            args.extend([flag.into(), value.into()]);
+        }
+        args
+    }
+}
 
 /// One `batond` process and its log file, which every start appends to.
 #[derive(Debug)]
@@ -240,6 +279,44 @@ pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn run_args_are_the_flags_batond_run_takes() {
+        let args = RunArgs {
+            id: 2,
+            data_dir: PathBuf::from("/tmp/n2"),
+            listen: "127.0.0.1:7420".to_owned(),
+            peer_listen: "127.0.0.1:7421".to_owned(),
+            initial_cluster: "2=127.0.0.1:7420@127.0.0.1:7421".to_owned(),
+            heartbeat_ms: 50,
+            election_timeout_ms: 300,
+            tick_ms: 10,
+        }
+        .to_args();
+        let text: Vec<&str> = args.iter().map(|arg| arg.to_str().unwrap()).collect();
+        assert_eq!(
+            text,
+            [
+                "run",
+                "--id",
+                "2",
+                "--data-dir",
+                "/tmp/n2",
+                "--listen",
+                "127.0.0.1:7420",
+                "--peer-listen",
+                "127.0.0.1:7421",
+                "--initial-cluster",
+                "2=127.0.0.1:7420@127.0.0.1:7421",
+                "--heartbeat-ms",
+                "50",
+                "--election-timeout-ms",
+                "300",
+                "--tick-ms",
+                "10"
+            ]
+        );
+    }
 
     fn sleeper(dir: &Path) -> (Process, Command) {
         let process = Process::new(dir.join("sleep.log"));

@@ -1,0 +1,300 @@
+//! The typed calls between the handlers and the proposer: one method per mutation, taking that
+//! operation's parts and returning that operation's result. Handlers never see the machine's
+//! `Reply`: which reply answers which operation is decided here, once, and a reply of another
+//! kind is a broken invariant that stops the node (see `main`), never an API error.
+//!
+//! What must never live here: HTTP (status codes, headers, wire types; that is the route
+//! files), parsing of requests (the route files and `extract.rs`), reads (`AppState::read`).
+
+use axum::http::StatusCode;
+use baton_raft_store::machine::{
+    Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op, Owner,
+    Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed, TaskFence, TaskView,
+};
+use serde::Serialize;
+
+use super::{Answer, ApiError, AppState, Clocks};
+
+/// Where a mutation acts, how a retry of it is recognised, and its share of a log entry.
+pub struct Mutation {
+    pub namespace: Namespace,
+    pub tag: Option<IdempotencyTag>,
+    pub size_bytes: usize,
+}
+
+/// A committed mutation's result, with the clocks to render it and how it was decided.
+#[derive(Debug)]
+pub struct Committed<T> {
+    pub value: T,
+    /// The clocks the answer's `*_at` times are rendered with (a replay's are the first
+    /// answer's).
+    pub clocks: Clocks,
+    /// The cluster time of the entry that answered it.
+    pub cluster_time_ms: u64,
+    /// Whether this is the recorded first answer of an idempotent retry.
+    pub replayed: bool,
+}
+
+impl<T> Committed<T> {
+    pub fn answer<B: Serialize>(&self, status: StatusCode, body: &B) -> Answer {
+        Answer::new(status, body, self.cluster_time_ms).replayed(self.replayed)
+    }
+}
+
+/// A new task's parts (`Op::Enqueue`).
+pub struct NewTask {
+    pub queue: Name,
+    pub task_id: Name,
+    pub payload: String,
+    pub priority: i32,
+    pub depends_on: Vec<Name>,
+    pub max_attempts: u32,
+    pub delay_ms: u64,
+}
+
+/// What ends a claimed task's attempt (`Op::Complete`, `Op::Fail`, `Op::ReleaseTask`).
+pub enum TaskEnd {
+    Complete { result: Option<String> },
+    Fail { reason: String, retry: bool },
+    Release { note: Option<String> },
+}
+
+impl AppState {
+    pub async fn create_session(
+        &self,
+        mutation: Mutation,
+        session: NewSession,
+    ) -> Result<Committed<SessionView>, ApiError> {
+        self.commit(mutation, Op::CreateSession(session), |reply| match reply {
+            Reply::SessionCreated(view) => Ok(view),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Renews a session and its leases; the result is the session's new `expires_in_ms`.
+    pub async fn keepalive(
+        &self,
+        mutation: Mutation,
+        session_id: SessionId,
+    ) -> Result<Committed<u64>, ApiError> {
+        self.commit(
+            mutation,
+            Op::Keepalive { session_id },
+            |reply| match reply {
+                Reply::KeptAlive { expires_in_ms, .. } => Ok(expires_in_ms),
+                other => Err(Box::new(other)),
+            },
+        )
+        .await
+    }
+
+    /// Releases one lease of a session; the result is the released path.
+    pub async fn release(
+        &self,
+        mutation: Mutation,
+        session_id: SessionId,
+        resource: ResourcePath,
+    ) -> Result<Committed<ResourcePath>, ApiError> {
+        let op = Op::Release {
+            session_id,
+            resource,
+        };
+        self.commit(mutation, op, |reply| match reply {
+            Reply::Released { resource, .. } => Ok(resource),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Ends a session; the result is every path it held.
+    pub async fn end_session(
+        &self,
+        mutation: Mutation,
+        session_id: SessionId,
+    ) -> Result<Committed<Vec<ResourcePath>>, ApiError> {
+        self.commit(
+            mutation,
+            Op::EndSession { session_id },
+            |reply| match reply {
+                Reply::SessionEnded { released } => Ok(released),
+                other => Err(Box::new(other)),
+            },
+        )
+        .await
+    }
+
+    pub async fn acquire(
+        &self,
+        mutation: Mutation,
+        resource: ResourcePath,
+        mode: LeaseMode,
+        owner: Owner,
+        max_hold_ms: Option<u64>,
+        labels: Labels,
+    ) -> Result<Committed<Grant>, ApiError> {
+        let op = Op::Acquire {
+            resource,
+            mode,
+            owner,
+            max_hold_ms,
+            labels,
+        };
+        self.commit(mutation, op, |reply| match reply {
+            Reply::Granted(grant) => Ok(grant),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Writes a value (fenced when `fence` is set); the result is the key's new revision.
+    pub async fn kv_put(
+        &self,
+        mutation: Mutation,
+        key: ResourcePath,
+        value: String,
+        fence: Option<ResourceFence>,
+    ) -> Result<Committed<u64>, ApiError> {
+        self.commit(
+            mutation,
+            Op::KvPut { key, value, fence },
+            |reply| match reply {
+                Reply::KvWritten { revision } => Ok(revision),
+                other => Err(Box::new(other)),
+            },
+        )
+        .await
+    }
+
+    /// Deletes a value (fenced when `fence` is set); the result is the delete's revision.
+    pub async fn kv_delete(
+        &self,
+        mutation: Mutation,
+        key: ResourcePath,
+        fence: Option<ResourceFence>,
+    ) -> Result<Committed<u64>, ApiError> {
+        self.commit(mutation, Op::KvDelete { key, fence }, |reply| match reply {
+            Reply::KvDeleted { revision } => Ok(revision),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    pub async fn enqueue(
+        &self,
+        mutation: Mutation,
+        task: NewTask,
+    ) -> Result<Committed<TaskView>, ApiError> {
+        let op = Op::Enqueue {
+            queue: task.queue,
+            task_id: task.task_id,
+            payload: task.payload,
+            priority: task.priority,
+            depends_on: task.depends_on,
+            max_attempts: task.max_attempts,
+            delay_ms: task.delay_ms,
+        };
+        self.commit(mutation, op, |reply| match reply {
+            Reply::TaskEnqueued(task) => Ok(task),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Claim-next; `None` when no task of the queue is ready (nothing changed).
+    pub async fn claim(
+        &self,
+        mutation: Mutation,
+        queue: Name,
+        owner: Owner,
+    ) -> Result<Committed<Option<TaskClaimed>>, ApiError> {
+        self.commit(mutation, Op::Claim { queue, owner }, |reply| match reply {
+            Reply::TaskClaimed(claimed) => Ok(Some(claimed)),
+            Reply::QueueEmpty => Ok(None),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Completes, fails or releases the attempt `claim` proves; the result is the task after.
+    pub async fn end_task(
+        &self,
+        mutation: Mutation,
+        queue: Name,
+        task_id: Name,
+        claim: TaskFence,
+        end: TaskEnd,
+    ) -> Result<Committed<TaskView>, ApiError> {
+        let op = match end {
+            TaskEnd::Complete { result } => Op::Complete {
+                queue,
+                task_id,
+                claim,
+                result,
+            },
+            TaskEnd::Fail { reason, retry } => Op::Fail {
+                queue,
+                task_id,
+                claim,
+                reason,
+                retry,
+            },
+            TaskEnd::Release { note } => Op::ReleaseTask {
+                queue,
+                task_id,
+                claim,
+                note,
+            },
+        };
+        self.commit(mutation, op, |reply| match reply {
+            Reply::TaskUpdated(task) => Ok(task),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// Replicates `op` and takes its result out of the reply with `result`, which hands back
+    /// a reply of any other kind: the machine broke its contract, and the node stops.
+    ///
+    /// An idempotent request renders its `*_at` times with the wall clock recorded in its tag,
+    /// so the first answer and every replay have identical bodies on every node.
+    async fn commit<T>(
+        &self,
+        mutation: Mutation,
+        op: Op,
+        result: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
+    ) -> Result<Committed<T>, ApiError> {
+        let tag_wall_ms = mutation.tag.as_ref().map(|tag| tag.wall_ms);
+        let command = Command::Namespaced {
+            namespace: mutation.namespace,
+            idempotency: mutation.tag,
+            op,
+        };
+        let committed = self.proposer.propose(command, mutation.size_bytes).await?;
+        let clocks = match (committed.response.replayed, tag_wall_ms) {
+            (Some(recorded), _) => Clocks {
+                wall_ms: recorded.wall_ms,
+                cluster_ms: recorded.time_ms,
+            },
+            (None, Some(wall_ms)) => Clocks {
+                wall_ms,
+                cluster_ms: committed.time_ms,
+            },
+            (None, None) => self.clocks(committed.time_ms),
+        };
+        match committed.response.outcome {
+            Ok(reply) => match result(reply) {
+                Ok(value) => Ok(Committed {
+                    value,
+                    clocks,
+                    cluster_time_ms: committed.time_ms,
+                    replayed: committed.response.replayed.is_some(),
+                }),
+                Err(other) => {
+                    panic!("invariant broken: the machine answered an operation with {other:?}")
+                }
+            },
+            Err(rejection) => Err(self.refusal(rejection, self.clocks(committed.time_ms))),
+        }
+    }
+}
