@@ -7,11 +7,34 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use baton_api::{HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
-use baton_raft_store::machine::{validate_idempotency_key, Namespace};
+use baton_raft_store::machine::{validate_idempotency_key, Name, Namespace, ResourcePath};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use super::AppState;
+
+/// A path in a write's body or route: its shape is checked here, its bounds by admission
+/// (`AppState::commit` and the machine's `apply` run `admit`).
+pub fn write_path(text: &str) -> Result<ResourcePath, ApiError> {
+    ResourcePath::new(text).map_err(ApiError::from_invalid)
+}
+
+/// A path a read looks up: its shape and its bounds.
+pub fn read_path(app: &AppState, text: &str) -> Result<ResourcePath, ApiError> {
+    app.with_limits(|limits| ResourcePath::parse(text, limits))
+        .map_err(ApiError::from_invalid)
+}
+
+/// A queue name or task id of a write (see [`write_path`]).
+pub fn write_name(what: &str, text: &str) -> Result<Name, ApiError> {
+    Name::new(what, text).map_err(ApiError::from_invalid)
+}
+
+/// A queue name a read looks up (see [`read_path`]).
+pub fn read_name(app: &AppState, what: &str, text: &str) -> Result<Name, ApiError> {
+    app.with_limits(|limits| Name::parse(what, text, limits))
+        .map_err(ApiError::from_invalid)
+}
 
 /// The request's namespace (`Baton-Namespace`, default `default`).
 #[derive(Debug)]

@@ -6,24 +6,21 @@ use axum::http::StatusCode;
 use baton_api::{
     self as api, FencedBy, KvDeleteRequest, KvDeleteResponse, KvPutRequest, KvPutResponse,
 };
-use baton_raft_store::machine::{ResourceFence, ResourcePath, SessionId};
+use baton_raft_store::machine::{ResourceFence, SessionId};
 
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath, IdempotencyKey, Ns};
+use super::extract::{read_path, write_path, ApiJson, ApiPath, IdempotencyKey, Ns};
 use super::service::Mutation;
 use super::{Answer, AppState};
 
 fn fence_claim(
-    app: &AppState,
     fenced_by: Result<Option<FencedBy<'_>>, String>,
 ) -> Result<Option<ResourceFence>, ApiError> {
     let Some(fenced_by) = fenced_by.map_err(ApiError::invalid)? else {
         return Ok(None);
     };
     Ok(Some(ResourceFence {
-        resource: app
-            .with_limits(|limits| ResourcePath::parse(&fenced_by.fence.resource, limits))
-            .map_err(ApiError::from_invalid)?,
+        resource: write_path(&fenced_by.fence.resource)?,
         fence: fenced_by.fence.token,
         session_id: SessionId::parse(fenced_by.session_id.as_str())
             .map_err(ApiError::from_invalid)?,
@@ -54,9 +51,7 @@ pub async fn put(
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvPutRequest>,
 ) -> Result<Answer, ApiError> {
-    let key_path = app
-        .with_limits(|limits| ResourcePath::parse(&path, limits))
-        .map_err(ApiError::from_invalid)?;
+    let key_path = write_path(&path)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,
@@ -65,7 +60,7 @@ pub async fn put(
         &[&path],
         &body.canonical,
     );
-    let fence = fence_claim(&app, body.value.fenced_by())?;
+    let fence = fence_claim(body.value.fenced_by())?;
     let value = serde_json::to_string(&body.value.value).map_err(ApiError::internal)?;
     let size_bytes = value.len() + 128;
     let mutation = Mutation {
@@ -102,9 +97,7 @@ pub async fn get(
     Ns(namespace): Ns,
     ApiPath(path): ApiPath<String>,
 ) -> Result<Answer, ApiError> {
-    let key_path = app
-        .with_limits(|limits| ResourcePath::parse(&path, limits))
-        .map_err(ApiError::from_invalid)?;
+    let key_path = read_path(&app, &path)?;
     let (entry, clocks) = app
         .read(|machine| machine.kv_get(&namespace, &key_path))
         .await?;
@@ -147,9 +140,7 @@ pub async fn delete(
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvDeleteRequest>,
 ) -> Result<Answer, ApiError> {
-    let key_path = app
-        .with_limits(|limits| ResourcePath::parse(&path, limits))
-        .map_err(ApiError::from_invalid)?;
+    let key_path = write_path(&path)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,
@@ -158,7 +149,7 @@ pub async fn delete(
         &[&path],
         &body.canonical,
     );
-    let fence = fence_claim(&app, body.value.fenced_by())?;
+    let fence = fence_claim(body.value.fenced_by())?;
     let mutation = Mutation {
         namespace,
         tag,

@@ -8,11 +8,11 @@ use baton_api::{
     FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, PageQuery, ReleaseRequest,
     ReleaseResponse,
 };
-use baton_raft_store::machine::{NewSession, ResourcePath, SessionId};
+use baton_raft_store::machine::{NewSession, SessionId};
 
 use super::convert;
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
+use super::extract::{read_path, write_path, ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
 use super::service::Mutation;
 use super::{Answer, AppState};
 
@@ -23,11 +23,6 @@ fn size_of(canonical: &[u8]) -> usize {
 
 fn parse_session_id(text: &str) -> Result<SessionId, ApiError> {
     SessionId::parse(text).map_err(ApiError::from_invalid)
-}
-
-fn parse_path(app: &AppState, text: &str) -> Result<ResourcePath, ApiError> {
-    app.with_limits(|limits| ResourcePath::parse(text, limits))
-        .map_err(ApiError::from_invalid)
 }
 
 #[utoipa::path(
@@ -151,7 +146,7 @@ pub async fn release(
     body: ApiJson<ReleaseRequest>,
 ) -> Result<Answer, ApiError> {
     let session_id = parse_session_id(&id)?;
-    let resource = parse_path(&app, &body.value.resource)?;
+    let resource = write_path(&body.value.resource)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,
@@ -272,7 +267,7 @@ pub async fn acquire(
 ) -> Result<Answer, ApiError> {
     let tag = app.idempotency_tag(key, &namespace, "POST", "/v1/leases", &[], &body.canonical);
     let request = &body.value;
-    let resource = parse_path(&app, &request.resource)?;
+    let resource = write_path(&request.resource)?;
     let owner = app.owner(request.owner())?;
     let mut labels = request.labels.clone();
     if let Some(reason) = &request.reason {
@@ -313,7 +308,7 @@ pub async fn get_lease(
     Ns(namespace): Ns,
     ApiPath(resource): ApiPath<String>,
 ) -> Result<Answer, ApiError> {
-    let resource = parse_path(&app, &resource)?;
+    let resource = read_path(&app, &resource)?;
     let (covering, clocks) = app
         .read(|machine| machine.covering_lease(&namespace, &resource))
         .await?;
@@ -383,7 +378,7 @@ pub async fn fence_check(
     Ns(namespace): Ns,
     body: ApiJson<FenceCheckRequest>,
 ) -> Result<Answer, ApiError> {
-    let resource = parse_path(&app, &body.value.resource)?;
+    let resource = read_path(&app, &body.value.resource)?;
     let fence = body.value.fence;
     let (status, clocks) = app
         .read(|machine| machine.fence_status(&namespace, &resource, fence))

@@ -12,14 +12,9 @@ use baton_raft_store::machine::{IdempotencyTag, Name, Namespace, SessionId, Task
 
 use super::convert;
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
+use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
 use super::service::{Mutation, NewTask, TaskEnd};
 use super::{Answer, AppState};
-
-fn parse_name(app: &AppState, what: &str, text: &str) -> Result<Name, ApiError> {
-    app.with_limits(|limits| Name::parse(what, text, limits))
-        .map_err(ApiError::from_invalid)
-}
 
 fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence, ApiError> {
     let session_id = SessionId::parse(session_id.as_str()).map_err(ApiError::from_invalid)?;
@@ -54,7 +49,7 @@ pub async fn enqueue(
     ApiPath(queue_text): ApiPath<String>,
     body: ApiJson<EnqueueRequest>,
 ) -> Result<Answer, ApiError> {
-    let queue = parse_name(&app, "queue", &queue_text)?;
+    let queue = write_name("queue", &queue_text)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,
@@ -65,13 +60,13 @@ pub async fn enqueue(
     );
     let request = &body.value;
     let task_id = match &request.id {
-        Some(id) => parse_name(&app, "task id", id)?,
-        None => parse_name(&app, "task id", &format!("{:032x}", rand::random::<u128>()))?,
+        Some(id) => write_name("task id", id)?,
+        None => write_name("task id", &format!("{:032x}", rand::random::<u128>()))?,
     };
     let depends_on = request
         .depends_on
         .iter()
-        .map(|id| parse_name(&app, "dependency", id))
+        .map(|id| write_name("dependency", id))
         .collect::<Result<Vec<_>, _>>()?;
     let payload = json_text(&request.payload)?;
     let size_bytes = payload.len() + 256;
@@ -118,7 +113,7 @@ pub async fn claim(
     ApiPath(queue_text): ApiPath<String>,
     body: ApiJson<ClaimRequest>,
 ) -> Result<Response, ApiError> {
-    let queue = parse_name(&app, "queue", &queue_text)?;
+    let queue = write_name("queue", &queue_text)?;
     let tag = app.idempotency_tag(
         key,
         &namespace,
@@ -192,8 +187,8 @@ impl TaskTarget {
     ) -> Result<TaskTarget, ApiError> {
         let route = format!("/v1/queues/{{queue}}/tasks/{{id}}/{action}");
         Ok(TaskTarget {
-            queue: parse_name(app, "queue", queue_text)?,
-            task_id: parse_name(app, "task id", id_text)?,
+            queue: write_name("queue", queue_text)?,
+            task_id: write_name("task id", id_text)?,
             tag: app.idempotency_tag(
                 key,
                 namespace,
@@ -358,7 +353,7 @@ pub async fn counts(
     Ns(namespace): Ns,
     ApiPath(queue_text): ApiPath<String>,
 ) -> Result<Answer, ApiError> {
-    let queue = parse_name(&app, "queue", &queue_text)?;
+    let queue = read_name(&app, "queue", &queue_text)?;
     let (counts, clocks) = app
         .read(|machine| machine.queue_counts(&namespace, &queue))
         .await?;
@@ -397,7 +392,7 @@ pub async fn list(
     ApiPath(queue_text): ApiPath<String>,
     ApiQuery(query): ApiQuery<ListTasksQuery>,
 ) -> Result<Answer, ApiError> {
-    let queue = parse_name(&app, "queue", &queue_text)?;
+    let queue = read_name(&app, "queue", &queue_text)?;
     let limit = app.page_limit(query.limit)?;
     let state = query.state.map(convert::task_state_from_wire);
     let (page, clocks) = app

@@ -8,8 +8,9 @@
 
 use axum::http::StatusCode;
 use baton_raft_store::machine::{
-    Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op, Owner,
-    Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed, TaskFence, TaskView,
+    admit, Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op,
+    Owner, Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed, TaskFence,
+    TaskView,
 };
 use serde::Serialize;
 
@@ -253,7 +254,8 @@ impl AppState {
         .await
     }
 
-    /// Replicates `op` and takes its result out of the reply with `result`, which hands back
+    /// Admits `op` (machine's admission.rs), replicates it and takes its result out of the
+    /// reply with `result`, which hands back
     /// a reply of any other kind: the machine broke its contract, and the node stops.
     ///
     /// An idempotent request renders its `*_at` times with the wall clock recorded in its tag,
@@ -270,6 +272,10 @@ impl AppState {
             idempotency: mutation.tag,
             op,
         };
+        // Refused here, a bad request costs no log entry; apply admits it again under the
+        // limits of its own moment.
+        self.with_limits(|limits| admit(&command, limits))
+            .map_err(|rejection| ApiError::rejected(rejection, None, None))?;
         let committed = self.proposer.propose(command, mutation.size_bytes).await?;
         let clocks = match (committed.response.replayed, tag_wall_ms) {
             (Some(recorded), _) => Clocks {

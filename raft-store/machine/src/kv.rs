@@ -12,14 +12,6 @@ impl Machine {
         value: &str,
         fence: Option<&ResourceFence>,
     ) -> Result<Reply, Rejection> {
-        ResourcePath::parse(key.as_str(), &self.limits)?;
-        if value.len() > self.limits.kv_value_bytes_max {
-            return Err(Rejection::PayloadTooLarge(format!(
-                "the value is {} bytes, at most {} are allowed",
-                value.len(),
-                self.limits.kv_value_bytes_max
-            )));
-        }
         self.check_fence(namespace, fence)?;
         let keys = self
             .namespaces
@@ -61,7 +53,6 @@ impl Machine {
         key: &ResourcePath,
         fence: Option<&ResourceFence>,
     ) -> Result<Reply, Rejection> {
-        ResourcePath::parse(key.as_str(), &self.limits)?;
         self.check_fence(namespace, fence)?;
         let exists = self
             .namespaces
@@ -103,7 +94,6 @@ impl Machine {
         fence: Option<&ResourceFence>,
     ) -> Result<(), Rejection> {
         let Some(claim) = fence else { return Ok(()) };
-        ResourcePath::parse(claim.resource.as_str(), &self.limits)?;
         let state = self.namespaces.get(namespace);
         let live = state.and_then(|state| {
             let lease = state.leases.get(&claim.resource)?;

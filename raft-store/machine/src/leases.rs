@@ -7,7 +7,6 @@
 //! deadline rather than stored on each lease.
 
 use super::command::{EventKind, Grant, NewSession, Owner, Rejection, Reply};
-use super::types::{validate_holder, validate_labels, validate_max_hold, validate_ttl};
 use super::{
     descendants, Labels, Lease, LeaseMode, Machine, Namespace, NamespaceState, ResourcePath,
     Session, SessionId,
@@ -56,7 +55,6 @@ impl Machine {
         session_id: SessionId,
         resource: &ResourcePath,
     ) -> Result<Reply, Rejection> {
-        ResourcePath::parse(resource.as_str(), &self.limits)?;
         self.live_session_mut(namespace, session_id)?;
         let state = &self.namespaces[namespace];
         let held = state
@@ -144,11 +142,6 @@ impl Machine {
         max_hold_ms: Option<u64>,
         labels: &Labels,
     ) -> Result<Reply, Rejection> {
-        ResourcePath::parse(resource.as_str(), &self.limits)?;
-        validate_labels(labels, &self.limits)?;
-        if let Some(max_hold_ms) = max_hold_ms {
-            validate_max_hold(max_hold_ms, &self.limits)?;
-        }
         match owner {
             Owner::Session(session_id) => {
                 let session = self.live_session_mut(namespace, *session_id)?;
@@ -349,9 +342,6 @@ impl Machine {
         namespace: &Namespace,
         new_session: &NewSession,
     ) -> Result<(), Rejection> {
-        validate_holder(&new_session.holder, &self.limits)?;
-        validate_ttl(new_session.ttl_ms, &self.limits)?;
-        validate_labels(&new_session.labels, &self.limits)?;
         let sessions = self
             .namespaces
             .get(namespace)

@@ -10,6 +10,7 @@
 //!
 //! Never put here: anything that reads a clock, a random number generator, a file or a socket.
 
+mod admission;
 mod codec;
 mod command;
 mod events;
@@ -29,6 +30,7 @@ use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
 
+pub use admission::admit;
 pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecError};
 pub use command::{
     Batch, Command, Event, EventKind, FenceStatus, Grant, IdempotencyTag, KvView, LeaseView,
@@ -40,6 +42,7 @@ pub use types::{
     SessionId,
 };
 
+use admission::admit_op;
 use events::EventLog;
 use idempotency::IdempotencyTable;
 use queues::{NewTask, QueueState};
@@ -374,7 +377,7 @@ impl Machine {
     }
 
     fn apply_op(&mut self, namespace: &Namespace, op: &Op) -> Result<Reply, Rejection> {
-        Namespace::parse(namespace.as_str(), &self.limits)?;
+        admit_op(namespace, op, &self.limits)?;
         match op {
             Op::CreateSession(new_session) => self.create_session(namespace, new_session),
             Op::Keepalive { session_id } => self.keepalive(namespace, *session_id),

@@ -208,34 +208,6 @@ impl Machine {
             delay_ms,
         } = new_task;
         let limits = &self.limits;
-        Name::parse("queue", queue.as_str(), limits)?;
-        Name::parse("task id", task_id.as_str(), limits)?;
-        if payload.len() > limits.task_payload_bytes_max {
-            return Err(Rejection::PayloadTooLarge(format!(
-                "the payload is {} bytes, at most {} are allowed",
-                payload.len(),
-                limits.task_payload_bytes_max
-            )));
-        }
-        if max_attempts == 0 || max_attempts > limits.task_attempts_max {
-            return Err(Rejection::invalid(format!(
-                "max_attempts must be 1..={}, got {max_attempts}",
-                limits.task_attempts_max
-            )));
-        }
-        if delay_ms > limits.task_delay_ms_max {
-            return Err(Rejection::invalid(format!(
-                "not_before_ms must be at most {}, got {delay_ms}",
-                limits.task_delay_ms_max
-            )));
-        }
-        if depends_on.len() > limits.task_dependencies_max {
-            return Err(Rejection::invalid(format!(
-                "at most {} dependencies are allowed, got {}",
-                limits.task_dependencies_max,
-                depends_on.len()
-            )));
-        }
         let existing = self
             .namespaces
             .get(namespace)
@@ -263,7 +235,6 @@ impl Machine {
         let dependencies: BTreeSet<&Name> = depends_on.iter().collect();
         let mut waiting_on = 0u32;
         for dependency in &dependencies {
-            Name::parse("dependency", dependency.as_str(), limits)?;
             match existing
                 .and_then(|queue| queue.tasks.get(*dependency))
                 .map(|task| &task.life)
@@ -332,7 +303,6 @@ impl Machine {
         queue: &Name,
         owner: &Owner,
     ) -> Result<Reply, Rejection> {
-        Name::parse("queue", queue.as_str(), &self.limits)?;
         match owner {
             Owner::Session(session_id) => {
                 let session = self.live_session_mut(namespace, *session_id)?;
@@ -409,9 +379,6 @@ impl Machine {
         claim: TaskFence,
         result: Option<&str>,
     ) -> Result<Reply, Rejection> {
-        if let Some(result) = result {
-            self.check_payload("result", result)?;
-        }
         self.check_claim(namespace, queue, task_id, claim)?;
         self.end_claim(
             namespace,
@@ -443,7 +410,6 @@ impl Machine {
         reason: &str,
         retry: bool,
     ) -> Result<Reply, Rejection> {
-        self.check_text("reason", reason)?;
         self.check_claim(namespace, queue, task_id, claim)?;
         let task = &self.namespaces[namespace].queues[queue].tasks[task_id];
         let retried = retry && task.attempt < task.max_attempts;
@@ -480,9 +446,6 @@ impl Machine {
         claim: TaskFence,
         note: Option<&str>,
     ) -> Result<Reply, Rejection> {
-        if let Some(note) = note {
-            self.check_text("note", note)?;
-        }
         self.check_claim(namespace, queue, task_id, claim)?;
         self.end_claim(namespace, queue, task_id, Life::Ready);
         let task = self
@@ -711,8 +674,6 @@ impl Machine {
         task_id: &Name,
         claim: TaskFence,
     ) -> Result<(), Rejection> {
-        Name::parse("queue", queue.as_str(), &self.limits)?;
-        Name::parse("task id", task_id.as_str(), &self.limits)?;
         // A task that does not exist has no live claim either: whatever the reason, a fence that
         // is not live is STALE_FENCE.
         let Some(task) = self
@@ -760,28 +721,6 @@ impl Machine {
                 current_fence: None,
             }),
         }
-    }
-
-    fn check_payload(&self, what: &str, json: &str) -> Result<(), Rejection> {
-        if json.len() > self.limits.task_payload_bytes_max {
-            return Err(Rejection::PayloadTooLarge(format!(
-                "the {what} is {} bytes, at most {} are allowed",
-                json.len(),
-                self.limits.task_payload_bytes_max
-            )));
-        }
-        Ok(())
-    }
-
-    fn check_text(&self, what: &str, text: &str) -> Result<(), Rejection> {
-        let chars = text.chars().count();
-        if chars > self.limits.task_text_chars_max {
-            return Err(Rejection::invalid(format!(
-                "{what} is {chars} characters, at most {} are allowed",
-                self.limits.task_text_chars_max
-            )));
-        }
-        Ok(())
     }
 
     fn queue_mut(&mut self, namespace: &Namespace, queue: &Name) -> &mut QueueState {

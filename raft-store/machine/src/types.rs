@@ -1,6 +1,7 @@
 //! Validated domain values: namespaces, resource paths, session ids, holders, labels, and the
-//! limits that bound them. Everything here is parsed once at the edge (`parse`) and then trusted
-//! by the rest of the machine. No I/O, no clock.
+//! limits that bound them. A name type is made only in its shape (`new`, and serde goes
+//! through it), so holding one proves the shape; the bounds the limits set are checked by
+//! `check`, which admission.rs runs for every command. No I/O, no clock.
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
@@ -97,25 +98,47 @@ impl fmt::Display for Invalid {
 }
 
 /// An isolated set of sessions, leases and keys. `[A-Za-z0-9._-]`, 1..=`namespace_bytes_max`.
+///
+/// Like every name type here, holding one proves its shape: construction (`new`, and so
+/// deserialization from the log, a snapshot or a peer) refuses any other; the bounds the limits
+/// set are checked by `check` (see admission.rs), because the limits can change.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Namespace(pub(crate) String);
+#[serde(try_from = "String")]
+pub struct Namespace(String);
 
 impl Namespace {
-    pub fn parse(text: &str, limits: &Limits) -> Result<Namespace, Invalid> {
+    /// A namespace of the right shape: not empty, `[A-Za-z0-9._-]` only.
+    pub fn new(text: impl Into<String>) -> Result<Namespace, Invalid> {
+        let text = text.into();
         let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
-        if text.is_empty() || text.len() > limits.namespace_bytes_max {
-            return Err(Invalid::new(format!(
-                "namespace must be 1..={} bytes, got {}",
-                limits.namespace_bytes_max,
-                text.len()
-            )));
+        if text.is_empty() {
+            return Err(Invalid::new("namespace must not be empty"));
         }
         if !text.chars().all(valid_char) {
             return Err(Invalid::new(format!(
                 "namespace {text:?} may only contain letters, digits, '.', '_' and '-'"
             )));
         }
-        Ok(Namespace(text.to_owned()))
+        Ok(Namespace(text))
+    }
+
+    /// Within the bounds `limits` set.
+    pub fn check(&self, limits: &Limits) -> Result<(), Invalid> {
+        if self.0.len() > limits.namespace_bytes_max {
+            return Err(Invalid::new(format!(
+                "namespace must be 1..={} bytes, got {}",
+                limits.namespace_bytes_max,
+                self.0.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Namespace::new`] and [`Namespace::check`]: for input that is not admitted later.
+    pub fn parse(text: &str, limits: &Limits) -> Result<Namespace, Invalid> {
+        let namespace = Namespace::new(text)?;
+        namespace.check(limits)?;
+        Ok(namespace)
     }
 
     pub fn default_namespace() -> Namespace {
@@ -124,6 +147,14 @@ impl Namespace {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl TryFrom<String> for Namespace {
+    type Error = Invalid;
+
+    fn try_from(text: String) -> Result<Namespace, Invalid> {
+        Namespace::new(text)
     }
 }
 
@@ -140,19 +171,18 @@ impl fmt::Display for Namespace {
 ///
 /// Ordered as its string, so the paths under `a/b` are exactly the range `a/b/` .. `a/b0`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct ResourcePath(pub(crate) String);
+#[serde(try_from = "String")]
+pub struct ResourcePath(String);
 
 impl ResourcePath {
-    pub fn parse(text: &str, limits: &Limits) -> Result<ResourcePath, Invalid> {
-        if text.is_empty() || text.len() > limits.path_bytes_max {
-            return Err(Invalid::new(format!(
-                "path must be 1..={} bytes, got {}",
-                limits.path_bytes_max,
-                text.len()
-            )));
+    /// A path of the right shape: not empty, no empty, `.` or `..` segment, no control
+    /// character.
+    pub fn new(text: impl Into<String>) -> Result<ResourcePath, Invalid> {
+        let text = text.into();
+        if text.is_empty() {
+            return Err(Invalid::new("path must not be empty"));
         }
-        refuse_control_chars("path", text)?;
-        let mut segments = 0;
+        refuse_control_chars("path", &text)?;
         for segment in text.split('/') {
             if segment.is_empty() {
                 return Err(Invalid::new(format!(
@@ -164,15 +194,35 @@ impl ResourcePath {
                     "path {text:?} has a {segment:?} segment: paths are compared as exact bytes, so name the file without '.' or '..'"
                 )));
             }
-            segments += 1;
         }
-        if segments > limits.path_segments_max {
+        Ok(ResourcePath(text))
+    }
+
+    /// Within the bounds `limits` set: its length and its number of segments.
+    pub fn check(&self, limits: &Limits) -> Result<(), Invalid> {
+        if self.0.len() > limits.path_bytes_max {
             return Err(Invalid::new(format!(
-                "path {text:?} has {segments} segments, at most {} are allowed",
-                limits.path_segments_max
+                "path must be 1..={} bytes, got {}",
+                limits.path_bytes_max,
+                self.0.len()
             )));
         }
-        Ok(ResourcePath(text.to_owned()))
+        let segments = self.0.split('/').count();
+        if segments > limits.path_segments_max {
+            return Err(Invalid::new(format!(
+                "path {:?} has {segments} segments, at most {} are allowed",
+                self.0, limits.path_segments_max
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`ResourcePath::new`] and [`ResourcePath::check`]: for input that is not admitted later
+    /// (a read's path).
+    pub fn parse(text: &str, limits: &Limits) -> Result<ResourcePath, Invalid> {
+        let path = ResourcePath::new(text)?;
+        path.check(limits)?;
+        Ok(path)
     }
 
     pub fn as_str(&self) -> &str {
@@ -202,6 +252,14 @@ impl ResourcePath {
     }
 }
 
+impl TryFrom<String> for ResourcePath {
+    type Error = Invalid;
+
+    fn try_from(text: String) -> Result<ResourcePath, Invalid> {
+        ResourcePath::new(text)
+    }
+}
+
 impl Borrow<str> for ResourcePath {
     fn borrow(&self) -> &str {
         &self.0
@@ -217,17 +275,16 @@ impl fmt::Display for ResourcePath {
 /// A name of one segment: a queue name or a task id. `[A-Za-z0-9._:-]`, 1..=`name_chars_max`,
 /// neither `.` nor `..`.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Name(pub(crate) String);
+#[serde(try_from = "String")]
+pub struct Name(String);
 
 impl Name {
-    pub fn parse(what: &str, text: &str, limits: &Limits) -> Result<Name, Invalid> {
+    /// A name of the right shape; `what` names it in the refusal ("queue", "task id").
+    pub fn new(what: &str, text: impl Into<String>) -> Result<Name, Invalid> {
+        let text = text.into();
         let valid_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':');
-        if text.is_empty() || text.len() > limits.name_chars_max {
-            return Err(Invalid::new(format!(
-                "{what} must be 1..={} characters, got {}",
-                limits.name_chars_max,
-                text.len()
-            )));
+        if text.is_empty() {
+            return Err(Invalid::new(format!("{what} must not be empty")));
         }
         if !text.chars().all(valid_char) {
             return Err(Invalid::new(format!(
@@ -239,11 +296,39 @@ impl Name {
                 "{what} may not be {text:?}: it names a path segment"
             )));
         }
-        Ok(Name(text.to_owned()))
+        Ok(Name(text))
+    }
+
+    /// Within the length `limits` set.
+    pub fn check(&self, what: &str, limits: &Limits) -> Result<(), Invalid> {
+        if self.0.len() > limits.name_chars_max {
+            return Err(Invalid::new(format!(
+                "{what} must be 1..={} characters, got {}",
+                limits.name_chars_max,
+                self.0.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// [`Name::new`] and [`Name::check`]: for input that is not admitted later (a read's
+    /// name).
+    pub fn parse(what: &str, text: &str, limits: &Limits) -> Result<Name, Invalid> {
+        let name = Name::new(what, text)?;
+        name.check(what, limits)?;
+        Ok(name)
     }
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl TryFrom<String> for Name {
+    type Error = Invalid;
+
+    fn try_from(text: String) -> Result<Name, Invalid> {
+        Name::new("name", text)
     }
 }
 

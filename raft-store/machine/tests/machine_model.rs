@@ -505,7 +505,10 @@ impl Model {
                 claim,
                 result,
             } => {
-                // Mirrors the real order: the result's size, then the claim.
+                // Mirrors the real order (admission, then the operation): the names, the
+                // result's size, then the claim.
+                self.check_name(queue)?;
+                self.check_name(task_id)?;
                 if result
                     .as_ref()
                     .is_some_and(|result| result.len() > self.limits.task_payload_bytes_max)
@@ -533,7 +536,9 @@ impl Model {
                 reason,
                 retry,
             } => {
-                // Mirrors the real order: the reason's length, then the claim.
+                // Mirrors the real order: the names, the reason's length, then the claim.
+                self.check_name(queue)?;
+                self.check_name(task_id)?;
                 self.check_text(reason)?;
                 let index = self.check_task_claim(namespace, queue, task_id, claim)?;
                 let task = &self.tasks[index];
@@ -561,7 +566,9 @@ impl Model {
                 claim,
                 note,
             } => {
-                // Mirrors the real order: the note's length, then the claim.
+                // Mirrors the real order: the names, the note's length, then the claim.
+                self.check_name(queue)?;
+                self.check_name(task_id)?;
                 if let Some(note) = note {
                     self.check_text(note)?;
                 }
@@ -599,9 +606,9 @@ impl Model {
         max_attempts: u32,
         delay_ms: u64,
     ) -> Result<Reply, Refusal> {
-        // Mirrors the real order: names, payload size, attempts, delay, the number of
-        // dependencies as given (repeats counted), a taken id, the queue's quota, then each
-        // dependency (all `INVALID_ARGUMENT`, so their order does not show).
+        // Mirrors the real order: admission (names, payload size, attempts, delay, the number
+        // of dependencies as given (repeats counted), each dependency's name), then a taken
+        // id, the queue's quota, then each dependency's task.
         self.check_name(queue)?;
         self.check_name(task_id)?;
         if payload.len() > self.limits.task_payload_bytes_max {
@@ -615,6 +622,9 @@ impl Model {
         }
         if depends_on.len() > self.limits.task_dependencies_max {
             return Err(Refusal::Invalid);
+        }
+        for dependency in depends_on {
+            self.check_name(dependency)?;
         }
         if self.task_index(namespace, queue, task_id).is_some() {
             return Err(Refusal::Invalid);
@@ -642,7 +652,6 @@ impl Model {
         dependencies.sort();
         dependencies.dedup();
         for dependency in &dependencies {
-            self.check_name(dependency)?;
             let index = self
                 .task_index(namespace, queue, dependency)
                 .ok_or(Refusal::Invalid)?;

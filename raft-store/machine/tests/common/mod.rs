@@ -37,8 +37,17 @@ pub const SESSION_IDS_MAX: u128 = 256;
 pub const PATHS: [&str; 8] = ["a", "a/b", "a/bc", "a/b/c", "a/b/c/d", "ab", "x", "x/y"];
 /// A path over the tight limits' segment count (valid under the default limits).
 pub const DEEP_PATH: &str = "a/b/c/d/e";
-/// Paths the machine must refuse (built around `ResourcePath::parse`, see `unchecked_path`).
-pub const INVALID_PATHS: [&str; 4] = ["", "a//b", "/a", "x/"];
+/// Paths of the right shape that the default limits refuse: 520 bytes, over `path_bytes_max`
+/// (512) and one segment over `path_segments_max` (32). Paths of the wrong shape cannot be
+/// made at all, nor decoded from a log entry (`ResourcePath::new`).
+pub const INVALID_PATHS: [&str; 2] = [LONG_PATH, WIDE_PATH];
+const LONG_PATH: &str = concat!(
+    "pppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppp",
+    "pppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppp",
+    "pppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppp",
+    "pppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppppp"
+);
+const WIDE_PATH: &str = "s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s/s";
 /// Idempotency keys: three valid ones, one too short, one with a space (not printable ASCII).
 pub const IDEMPOTENCY_KEYS: [&str; 5] = [
     "idem-key-0000000001",
@@ -53,9 +62,9 @@ pub const QUEUES: [&str; 2] = ["q1", "q2"];
 pub const TASK_IDS: [&str; 6] = ["t0", "t1", "t2", "t3", "t4", "t5"];
 /// A valid task id that is never enqueued: an unknown dependency or target.
 pub const GHOST_TASK: &str = "ghost";
-/// Queue names or task ids the machine must refuse (built around `Name::parse`): empty, a
-/// character outside `[A-Za-z0-9._:-]`, and one character over `name_chars_max` (128).
-pub const INVALID_NAMES: [&str; 4] = ["", "bad/id", "bad queue", LONG_NAME];
+/// A queue name or task id of the right shape that the default limits refuse: one character
+/// over `name_chars_max` (128). Names of the wrong shape cannot be made (`Name::new`).
+pub const INVALID_NAMES: [&str; 1] = [LONG_NAME];
 const LONG_NAME: &str = "nnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnnn";
 /// A payload or result over the tight limits' `task_payload_bytes_max` (16).
 pub const LONG_PAYLOAD: &str = "\"this payload is too long\"";
@@ -101,29 +110,19 @@ pub fn path(text: &str) -> ResourcePath {
     ResourcePath::parse(text, &Limits::default()).expect("a valid path")
 }
 
-/// A `ResourcePath` holding any text, even one `parse` refuses: the log format carries paths as
-/// strings, so the machine must re-validate them, and this is how a test hands it a bad one.
+/// A `ResourcePath` of the right shape but outside the limits' bounds, which only admission
+/// refuses: this is how a test hands the machine one.
 pub fn unchecked_path(text: &str) -> ResourcePath {
-    let bytes =
-        bincode::serde::encode_to_vec(text, bincode::config::standard()).expect("a string encodes");
-    let (resource, _) =
-        bincode::serde::decode_from_slice::<ResourcePath, _>(&bytes, bincode::config::standard())
-            .expect("a newtype over a string decodes from a string");
-    resource
+    ResourcePath::new(text).expect("a path of the right shape")
 }
 
 pub fn name(text: &str) -> Name {
     Name::parse("name", text, &Limits::default()).expect("a valid name")
 }
 
-/// A `Name` holding any text, even one `parse` refuses (see `unchecked_path`).
+/// A `Name` of the right shape but outside the limits' bounds (see `unchecked_path`).
 pub fn unchecked_name(text: &str) -> Name {
-    let bytes =
-        bincode::serde::encode_to_vec(text, bincode::config::standard()).expect("a string encodes");
-    let (name, _) =
-        bincode::serde::decode_from_slice::<Name, _>(&bytes, bincode::config::standard())
-            .expect("a newtype over a string decodes from a string");
-    name
+    Name::new("name", text).expect("a name of the right shape")
 }
 
 /// The valid queues of the universe.

@@ -1,0 +1,189 @@
+//! Admission: every check of a command's input that needs the limits and nothing else. The
+//! node runs it on the leader before proposing, so a bad request costs no log entry; `apply`
+//! runs it again, deterministically, because the limits may have been lowered in between.
+//! Checks that need the state (a live session, a free path, a full queue) are the operations'
+//! own, in leases.rs, kv.rs and queues.rs. Shapes need no check here: holding a `Namespace`,
+//! `ResourcePath` or `Name` proves its shape (types.rs).
+
+use super::command::{Command, NewSession, Op, Owner, Rejection, ResourceFence};
+use super::types::{
+    validate_holder, validate_idempotency_key, validate_labels, validate_max_hold, validate_ttl,
+    Limits, Name, Namespace,
+};
+
+/// Admits `command` under `limits`: its namespace, idempotency key and operation.
+pub fn admit(command: &Command, limits: &Limits) -> Result<(), Rejection> {
+    match command {
+        Command::Namespaced {
+            namespace,
+            idempotency,
+            op,
+        } => {
+            if let Some(tag) = idempotency {
+                validate_idempotency_key(&tag.key, limits)?;
+            }
+            admit_op(namespace, op, limits)
+        }
+        Command::Sweep { .. } | Command::SetLimits(_) => Ok(()),
+    }
+}
+
+/// Admits one operation in `namespace` under `limits`.
+pub(crate) fn admit_op(namespace: &Namespace, op: &Op, limits: &Limits) -> Result<(), Rejection> {
+    namespace.check(limits)?;
+    match op {
+        Op::CreateSession(new_session) => admit_new_session(new_session, limits),
+        Op::Keepalive { .. } | Op::EndSession { .. } => Ok(()),
+        Op::Release { resource, .. } => Ok(resource.check(limits)?),
+        Op::Acquire {
+            resource,
+            owner,
+            max_hold_ms,
+            labels,
+            ..
+        } => {
+            resource.check(limits)?;
+            validate_labels(labels, limits)?;
+            if let Some(max_hold_ms) = max_hold_ms {
+                validate_max_hold(*max_hold_ms, limits)?;
+            }
+            admit_owner(owner, limits)
+        }
+        Op::KvPut { key, value, fence } => {
+            key.check(limits)?;
+            if value.len() > limits.kv_value_bytes_max {
+                return Err(Rejection::PayloadTooLarge(format!(
+                    "the value is {} bytes, at most {} are allowed",
+                    value.len(),
+                    limits.kv_value_bytes_max
+                )));
+            }
+            admit_fence(fence.as_ref(), limits)
+        }
+        Op::KvDelete { key, fence } => {
+            key.check(limits)?;
+            admit_fence(fence.as_ref(), limits)
+        }
+        Op::Enqueue {
+            queue,
+            task_id,
+            payload,
+            depends_on,
+            max_attempts,
+            delay_ms,
+            ..
+        } => {
+            admit_task(queue, task_id, limits)?;
+            admit_payload("payload", payload, limits)?;
+            if *max_attempts == 0 || *max_attempts > limits.task_attempts_max {
+                return Err(Rejection::invalid(format!(
+                    "max_attempts must be 1..={}, got {max_attempts}",
+                    limits.task_attempts_max
+                )));
+            }
+            if *delay_ms > limits.task_delay_ms_max {
+                return Err(Rejection::invalid(format!(
+                    "not_before_ms must be at most {}, got {delay_ms}",
+                    limits.task_delay_ms_max
+                )));
+            }
+            if depends_on.len() > limits.task_dependencies_max {
+                return Err(Rejection::invalid(format!(
+                    "at most {} dependencies are allowed, got {}",
+                    limits.task_dependencies_max,
+                    depends_on.len()
+                )));
+            }
+            for dependency in depends_on {
+                dependency.check("dependency", limits)?;
+            }
+            Ok(())
+        }
+        Op::Claim { queue, owner } => {
+            queue.check("queue", limits)?;
+            admit_owner(owner, limits)
+        }
+        Op::Complete {
+            queue,
+            task_id,
+            result,
+            ..
+        } => {
+            admit_task(queue, task_id, limits)?;
+            match result {
+                Some(result) => admit_payload("result", result, limits),
+                None => Ok(()),
+            }
+        }
+        Op::Fail {
+            queue,
+            task_id,
+            reason,
+            ..
+        } => {
+            admit_task(queue, task_id, limits)?;
+            admit_text("reason", reason, limits)
+        }
+        Op::ReleaseTask {
+            queue,
+            task_id,
+            note,
+            ..
+        } => {
+            admit_task(queue, task_id, limits)?;
+            match note {
+                Some(note) => admit_text("note", note, limits),
+                None => Ok(()),
+            }
+        }
+    }
+}
+
+fn admit_new_session(new_session: &NewSession, limits: &Limits) -> Result<(), Rejection> {
+    validate_holder(&new_session.holder, limits)?;
+    validate_ttl(new_session.ttl_ms, limits)?;
+    validate_labels(&new_session.labels, limits)?;
+    Ok(())
+}
+
+fn admit_owner(owner: &Owner, limits: &Limits) -> Result<(), Rejection> {
+    match owner {
+        Owner::Session(_) => Ok(()),
+        Owner::NewSession(new_session) => admit_new_session(new_session, limits),
+    }
+}
+
+fn admit_fence(fence: Option<&ResourceFence>, limits: &Limits) -> Result<(), Rejection> {
+    match fence {
+        Some(fence) => Ok(fence.resource.check(limits)?),
+        None => Ok(()),
+    }
+}
+
+fn admit_task(queue: &Name, task_id: &Name, limits: &Limits) -> Result<(), Rejection> {
+    queue.check("queue", limits)?;
+    task_id.check("task id", limits)?;
+    Ok(())
+}
+
+fn admit_payload(what: &str, json: &str, limits: &Limits) -> Result<(), Rejection> {
+    if json.len() > limits.task_payload_bytes_max {
+        return Err(Rejection::PayloadTooLarge(format!(
+            "the {what} is {} bytes, at most {} are allowed",
+            json.len(),
+            limits.task_payload_bytes_max
+        )));
+    }
+    Ok(())
+}
+
+fn admit_text(what: &str, text: &str, limits: &Limits) -> Result<(), Rejection> {
+    let chars = text.chars().count();
+    if chars > limits.task_text_chars_max {
+        return Err(Rejection::invalid(format!(
+            "{what} is {chars} characters, at most {} are allowed",
+            limits.task_text_chars_max
+        )));
+    }
+    Ok(())
+}
