@@ -1178,3 +1178,41 @@ pub fn mentions_number(text: &str, number: u64) -> bool {
     text.split(|c: char| !c.is_ascii_digit())
         .any(|word| word == number.to_string())
 }
+
+/// The code block after the line `<!-- a test runs this snippet: NAME -->` of a repository
+/// file: the documents' snippets are run as they are written.
+pub fn snippet(file: &str, name: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("the workspace root")
+        .join(file);
+    let text = std::fs::read_to_string(&path).expect("read the document");
+    let marker = format!("<!-- a test runs this snippet: {name} -->");
+    let after = &text[text
+        .find(&marker)
+        .unwrap_or_else(|| panic!("{file}: no {marker}"))..];
+    let mut lines = after.lines().skip(1);
+    assert!(
+        lines.next().is_some_and(|fence| fence.starts_with("```")),
+        "{file}: {name} is not followed by a code block"
+    );
+    let mut code = String::new();
+    for line in lines.take_while(|line| *line != "```") {
+        code.push_str(line);
+        code.push('\n');
+    }
+    code
+}
+
+/// A `PATH` with `baton` first.
+pub fn path_with_baton() -> String {
+    let directory = baton_path()
+        .parent()
+        .expect("baton's directory")
+        .to_path_buf();
+    format!(
+        "{}:{}",
+        directory.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}

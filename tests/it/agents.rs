@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use baton_client::api::{EnqueueRequest, Lease, ListTasksQuery, SessionInfo, Task, TaskState};
 use baton_client::Client;
-use baton_tests::{is_session_id, poll_until, Cluster, Method};
+use baton_tests::{is_session_id, path_with_baton, poll_until, snippet, Cluster, Method};
 use serde_json::{json, Value};
 use tokio::io::AsyncWriteExt;
 
@@ -652,44 +652,6 @@ async fn the_claude_code_hook_denies_when_baton_is_unreachable_unless_failing_op
 // ---------------------------------------------------------------------------------------------
 // The snippets of docs/agents.md and the README, run as written
 // ---------------------------------------------------------------------------------------------
-
-/// The code block after the line `<!-- tests/it/agents.rs runs this snippet: NAME -->` of a
-/// repository file.
-fn snippet(file: &str, name: &str) -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("the workspace root")
-        .join(file);
-    let text = std::fs::read_to_string(&path).expect("read the document");
-    let marker = format!("<!-- tests/it/agents.rs runs this snippet: {name} -->");
-    let after = &text[text
-        .find(&marker)
-        .unwrap_or_else(|| panic!("{file}: no {marker}"))..];
-    let mut lines = after.lines().skip(1);
-    assert!(
-        lines.next().is_some_and(|fence| fence.starts_with("```")),
-        "{file}: {name} is not followed by a code block"
-    );
-    let mut code = String::new();
-    for line in lines.take_while(|line| *line != "```") {
-        code.push_str(line);
-        code.push('\n');
-    }
-    code
-}
-
-/// A `PATH` with `baton` first.
-fn path_with_baton() -> String {
-    let directory = baton_tests::baton_path()
-        .parent()
-        .expect("baton's directory")
-        .to_path_buf();
-    format!(
-        "{}:{}",
-        directory.display(),
-        std::env::var("PATH").unwrap_or_default()
-    )
-}
 
 #[tokio::test]
 async fn the_documented_settings_json_hook_claims_and_denies() {

@@ -11,7 +11,7 @@
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use baton_tests::{baton_path, poll_until, Cluster, Method};
+use baton_tests::{baton_path, path_with_baton, poll_until, snippet, Cluster, Method};
 use rmcp::model::{CallToolRequestParams, CallToolResult};
 use rmcp::service::{RoleClient, RunningService, ServiceError};
 use rmcp::transport::TokioChildProcess;
@@ -22,6 +22,17 @@ use serde_json::{json, Value};
 const STATE_TIMEOUT: Duration = Duration::from_secs(15);
 /// docs/agents.md: closing stdin ends the session, which frees what it held at once.
 const FREED_WITHIN: Duration = Duration::from_secs(1);
+
+/// `program` with no `BATON_*` variable of the test's own environment.
+fn clean_command(program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(program);
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("BATON_") {
+            command.env_remove(key);
+        }
+    }
+    command
+}
 
 /// One agent: a `baton mcp` child and the MCP client session over its stdio.
 struct Agent {
@@ -34,12 +45,7 @@ impl Agent {
     /// Starts `baton mcp --holder HOLDER ARGS...` against the cluster's node and completes
     /// the MCP handshake.
     async fn start(cluster: &Cluster, holder: &str, args: &[&str]) -> Agent {
-        let mut command = tokio::process::Command::new(baton_path());
-        for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("BATON_") {
-                command.env_remove(key);
-            }
-        }
+        let mut command = clean_command(baton_path());
         command
             .arg("mcp")
             .args([
@@ -48,8 +54,14 @@ impl Agent {
                 "--holder",
                 holder,
             ])
-            .args(args)
-            .kill_on_drop(true);
+            .args(args);
+        Agent::spawn(command, holder).await
+    }
+
+    /// Starts `command` (a `baton mcp` however it is written) and completes the handshake;
+    /// `holder` is the name its claims will carry.
+    async fn spawn(mut command: tokio::process::Command, holder: &str) -> Agent {
+        command.kill_on_drop(true);
         let (transport, _) = TokioChildProcess::builder(command)
             .stderr(Stdio::null())
             .spawn()
@@ -669,4 +681,86 @@ async fn sigterm_ends_the_session_and_frees_everything_at_once() {
         },
     )
     .await;
+}
+
+/// The two ways docs/agents.md adds the server to Claude Code, run as written but for the
+/// endpoint (the test cluster's, not 127.0.0.1:7420): `claude mcp add`'s command and `-e`
+/// variables, and `.mcp.json`'s command, arguments and env. Both serve the eleven tools, and
+/// the second agent is told the first one holds the path, by the holder name the line sets.
+#[tokio::test]
+async fn the_documented_claude_mcp_add_line_and_mcp_json_start_working_servers() {
+    let cluster = Cluster::start(1).await;
+    let endpoint = cluster.node(1).api_url();
+
+    let line = snippet("docs/agents.md", "claude-mcp-add");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words[..4], ["claude", "mcp", "add", "baton"], "{line}");
+    let dashes = words
+        .iter()
+        .position(|word| *word == "--")
+        .expect("a -- in the line");
+    let mut command = clean_command(words[dashes + 1]);
+    command.env("PATH", path_with_baton());
+    let mut holder = None;
+    for pair in words[4..dashes].windows(2) {
+        if pair[0] == "-e" {
+            let (key, value) = pair[1].split_once('=').expect("-e KEY=VALUE");
+            command.env(key, value);
+            if key == "BATON_HOLDER" {
+                holder = Some(value.to_owned());
+            }
+        }
+    }
+    let holder = holder.expect("the line names a holder");
+    let mut arguments: Vec<String> = words[dashes + 2..]
+        .iter()
+        .map(|word| word.to_string())
+        .collect();
+    let at = arguments
+        .iter()
+        .position(|word| word == "--endpoints")
+        .expect("the line names --endpoints");
+    arguments[at + 1] = endpoint.clone();
+    command.args(&arguments);
+    let first = Agent::spawn(command, &holder).await;
+
+    let config: Value =
+        serde_json::from_str(&snippet("docs/agents.md", "mcp.json")).expect(".mcp.json parses");
+    let server = &config["mcpServers"]["baton"];
+    let mut command = clean_command(server["command"].as_str().expect("a command"));
+    command.env("PATH", path_with_baton());
+    for (key, value) in server["env"].as_object().expect("an env object") {
+        command.env(key, value.as_str().expect("a string value"));
+    }
+    command.env("BATON_ENDPOINTS", &endpoint);
+    command.env("BATON_HOLDER", "from-mcp-json");
+    let arguments: Vec<&str> = server["args"]
+        .as_array()
+        .expect("an args array")
+        .iter()
+        .map(|arg| arg.as_str().expect("a string argument"))
+        .collect();
+    command.args(&arguments);
+    let second = Agent::spawn(command, "from-mcp-json").await;
+
+    for agent in [&first, &second] {
+        let tools = agent.client.list_all_tools().await.expect("tools/list");
+        assert_eq!(tools.len(), 11, "{}: {tools:?}", agent.holder);
+    }
+    let granted = first
+        .call("claim", json!({"resource": "repo/src/main.rs"}))
+        .await;
+    assert!(
+        granted.text.starts_with("claimed repo/src/main.rs"),
+        "{granted:?}"
+    );
+    let denied = second
+        .call("claim", json!({"resource": "repo/src/main.rs"}))
+        .await;
+    assert!(
+        denied.text.contains(&format!("held by {holder}")),
+        "{denied:?}"
+    );
+    first.close().await;
+    second.close().await;
 }
