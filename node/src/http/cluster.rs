@@ -15,7 +15,7 @@ use sha2::Sha256;
 
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
-use super::{Answer, AppState};
+use super::{ApiAnswer, AppState};
 
 /// How far a node's applied index may trail its log and still call itself ready.
 const READY_LAG_MAX: u64 = 64;
@@ -53,8 +53,8 @@ fn cluster_status(app: &AppState) -> ClusterStatus {
         (status = 200, description = "This node's view", body = baton_api::ClusterStatus)
     )
 )]
-pub async fn status(State(app): State<AppState>) -> Answer {
-    Answer::local(StatusCode::OK, &cluster_status(&app))
+pub async fn status(State(app): State<AppState>) -> ApiAnswer {
+    ApiAnswer::local(StatusCode::OK, &cluster_status(&app))
 }
 
 /// A membership change that openraft did not complete. Only the leader runs these (followers
@@ -93,7 +93,7 @@ fn membership_error(error: RaftError<u64, ClientWriteError<u64, Member>>) -> Api
 pub async fn add_member(
     State(app): State<AppState>,
     body: ApiJson<AddMemberRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let request = body.value;
     if request.id == 0 {
         return Err(ApiError::invalid("id must be a positive integer"));
@@ -119,7 +119,7 @@ pub async fn add_member(
             .await
             .map_err(membership_error)?;
     }
-    Ok(Answer::local(StatusCode::OK, &cluster_status(&app)))
+    Ok(ApiAnswer::local(StatusCode::OK, &cluster_status(&app)))
 }
 
 /// One process is never two members: an id that is already a member must come with the
@@ -165,7 +165,7 @@ fn refuse_address_conflicts(app: &AppState, id: u64, member: &Member) -> Result<
 pub async fn remove_member(
     State(app): State<AppState>,
     ApiPath(id): ApiPath<u64>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let (is_voter, is_member) = {
         let metrics = app.raft.metrics();
         let metrics = metrics.borrow();
@@ -187,7 +187,7 @@ pub async fn remove_member(
         .change_membership(change, false)
         .await
         .map_err(membership_error)?;
-    Ok(Answer::local(StatusCode::OK, &cluster_status(&app)))
+    Ok(ApiAnswer::local(StatusCode::OK, &cluster_status(&app)))
 }
 
 #[utoipa::path(
@@ -201,7 +201,7 @@ pub async fn remove_member(
         (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
     )
 )]
-pub async fn digest(State(app): State<AppState>) -> Result<Answer, ApiError> {
+pub async fn digest(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
     use sha2::Digest as _;
     let (snapshot, applied_index, cluster_time_ms) = app
         .machine
@@ -222,7 +222,7 @@ pub async fn digest(State(app): State<AppState>) -> Result<Answer, ApiError> {
         cluster_time_ms,
         digest,
     };
-    Ok(Answer::local(StatusCode::OK, &answer))
+    Ok(ApiAnswer::local(StatusCode::OK, &answer))
 }
 
 /// Test-only clock control (`--clock-control`): the monotonic rate and the wall-clock offset.
@@ -248,7 +248,7 @@ pub struct ClockRequest {
 pub async fn set_clock(
     State(app): State<AppState>,
     body: ApiJson<ClockRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     if !app.clock_control {
         return Err(ApiError::new(
             ErrorCode::PermissionDenied,
@@ -265,7 +265,7 @@ pub async fn set_clock(
         app.clock.set_wall_offset_ms(offset_ms);
     }
     tracing::warn!(rate = ?body.value.rate, wall_offset_ms = ?body.value.wall_offset_ms, "clock changed by test control");
-    Ok(Answer::local(
+    Ok(ApiAnswer::local(
         StatusCode::OK,
         &BTreeMap::from([("ok", true)]),
     ))
@@ -280,8 +280,8 @@ pub async fn set_clock(
         (status = 200, description = "Serving", body = Object)
     )
 )]
-pub async fn healthz() -> Answer {
-    Answer::local(StatusCode::OK, &BTreeMap::from([("status", "ok")]))
+pub async fn healthz() -> ApiAnswer {
+    ApiAnswer::local(StatusCode::OK, &BTreeMap::from([("status", "ok")]))
 }
 
 #[utoipa::path(
@@ -295,7 +295,7 @@ pub async fn healthz() -> Answer {
         (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
     )
 )]
-pub async fn readyz(State(app): State<AppState>) -> Result<Answer, ApiError> {
+pub async fn readyz(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
     let ready = {
         let metrics = app.raft.metrics();
         let metrics = metrics.borrow();
@@ -311,7 +311,7 @@ pub async fn readyz(State(app): State<AppState>) -> Result<Answer, ApiError> {
     if !ready {
         return Err(ApiError::no_leader(None));
     }
-    Ok(Answer::local(
+    Ok(ApiAnswer::local(
         StatusCode::OK,
         &BTreeMap::from([("status", "ready")]),
     ))

@@ -16,7 +16,7 @@ use baton_raft_store::machine::{Event, Namespace};
 use super::convert;
 use super::error::ApiError;
 use super::extract::{ApiQuery, Ns};
-use super::{Answer, AppState};
+use super::{ApiAnswer, AppState};
 
 /// Events read from the machine per step of a stream.
 const STREAM_STEP_MAX: usize = 256;
@@ -110,7 +110,7 @@ pub async fn events(
             .collect(),
         next,
     };
-    Ok(Answer::new(StatusCode::OK, &page, clocks.cluster_ms).into_response())
+    Ok(ApiAnswer::new(StatusCode::OK, &page, clocks.cluster_ms).into_response())
 }
 
 struct Follow {

@@ -11,7 +11,7 @@ use baton_raft_store::machine::{ResourceFence, SessionId};
 use super::error::ApiError;
 use super::extract::{read_path, write_path, ApiJson, ApiPath, IdempotencyKey, Ns};
 use super::service::Mutation;
-use super::{Answer, AppState};
+use super::{ApiAnswer, AppState};
 
 fn fence_claim(
     fenced_by: Result<Option<FencedBy<'_>>, String>,
@@ -50,7 +50,7 @@ pub async fn put(
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvPutRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let key_path = write_path(&path)?;
     let tag = app.idempotency_tag(
         key,
@@ -96,7 +96,7 @@ pub async fn get(
     State(app): State<AppState>,
     Ns(namespace): Ns,
     ApiPath(path): ApiPath<String>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let key_path = read_path(&app, &path)?;
     let (entry, clocks) = app
         .read(|machine| machine.kv_get(&namespace, &key_path))
@@ -113,7 +113,7 @@ pub async fn get(
             token,
         }),
     };
-    Ok(Answer::new(StatusCode::OK, &answer, clocks.cluster_ms))
+    Ok(ApiAnswer::new(StatusCode::OK, &answer, clocks.cluster_ms))
 }
 
 #[utoipa::path(
@@ -139,7 +139,7 @@ pub async fn delete(
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvDeleteRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let key_path = write_path(&path)?;
     let tag = app.idempotency_tag(
         key,

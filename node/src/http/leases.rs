@@ -14,7 +14,7 @@ use super::convert;
 use super::error::ApiError;
 use super::extract::{read_path, write_path, ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
 use super::service::Mutation;
-use super::{Answer, AppState};
+use super::{ApiAnswer, AppState};
 
 /// A request's estimated share of a log entry, for bounding batches.
 fn size_of(canonical: &[u8]) -> usize {
@@ -46,7 +46,7 @@ pub async fn create_session(
     Ns(namespace): Ns,
     IdempotencyKey(key): IdempotencyKey,
     body: ApiJson<CreateSessionRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let tag = app.idempotency_tag(
         key,
         &namespace,
@@ -95,7 +95,7 @@ pub async fn keepalive(
     Ns(namespace): Ns,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(id): ApiPath<String>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let session_id = parse_session_id(&id)?;
     let tag = app.idempotency_tag(
         key,
@@ -144,7 +144,7 @@ pub async fn release(
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(id): ApiPath<String>,
     body: ApiJson<ReleaseRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let session_id = parse_session_id(&id)?;
     let resource = write_path(&body.value.resource)?;
     let tag = app.idempotency_tag(
@@ -190,7 +190,7 @@ pub async fn end_session(
     Ns(namespace): Ns,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(id): ApiPath<String>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let session_id = parse_session_id(&id)?;
     let tag = app.idempotency_tag(key, &namespace, "DELETE", "/v1/sessions/{id}", &[&id], b"");
     let mutation = Mutation {
@@ -228,7 +228,7 @@ pub async fn get_session(
     Ns(namespace): Ns,
     ApiPath(id): ApiPath<String>,
     ApiQuery(query): ApiQuery<PageQuery>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let session_id = parse_session_id(&id)?;
     let limit = app.page_limit(query.limit)?;
     let (session, clocks) = app
@@ -236,7 +236,7 @@ pub async fn get_session(
         .await?;
     let (view, leases) = session
         .ok_or_else(|| ApiError::not_found("no live session with this id: it ended or expired"))?;
-    Ok(Answer::new(
+    Ok(ApiAnswer::new(
         StatusCode::OK,
         &convert::session_info(&view, &leases, clocks),
         clocks.cluster_ms,
@@ -264,7 +264,7 @@ pub async fn acquire(
     Ns(namespace): Ns,
     IdempotencyKey(key): IdempotencyKey,
     body: ApiJson<AcquireRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let tag = app.idempotency_tag(key, &namespace, "POST", "/v1/leases", &[], &body.canonical);
     let request = &body.value;
     let resource = write_path(&request.resource)?;
@@ -307,7 +307,7 @@ pub async fn get_lease(
     State(app): State<AppState>,
     Ns(namespace): Ns,
     ApiPath(resource): ApiPath<String>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let resource = read_path(&app, &resource)?;
     let (covering, clocks) = app
         .read(|machine| machine.covering_lease(&namespace, &resource))
@@ -319,7 +319,7 @@ pub async fn get_lease(
     })?;
     let mut answer = convert::lease(&lease, clocks);
     answer.covering = covering;
-    Ok(Answer::new(StatusCode::OK, &answer, clocks.cluster_ms))
+    Ok(ApiAnswer::new(StatusCode::OK, &answer, clocks.cluster_ms))
 }
 
 #[utoipa::path(
@@ -341,7 +341,7 @@ pub async fn list_leases(
     State(app): State<AppState>,
     Ns(namespace): Ns,
     ApiQuery(query): ApiQuery<ListLeasesQuery>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let limit = app.page_limit(query.limit)?;
     let prefix = query.prefix.unwrap_or_default();
     let (page, clocks) = app
@@ -355,7 +355,7 @@ pub async fn list_leases(
             .collect(),
         next_cursor: page.next_cursor,
     };
-    Ok(Answer::new(StatusCode::OK, &list, clocks.cluster_ms))
+    Ok(ApiAnswer::new(StatusCode::OK, &list, clocks.cluster_ms))
 }
 
 #[utoipa::path(
@@ -377,7 +377,7 @@ pub async fn fence_check(
     State(app): State<AppState>,
     Ns(namespace): Ns,
     body: ApiJson<FenceCheckRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let resource = read_path(&app, &body.value.resource)?;
     let fence = body.value.fence;
     let (status, clocks) = app
@@ -387,5 +387,5 @@ pub async fn fence_check(
         current: status.current,
         fence: status.live_fence,
     };
-    Ok(Answer::new(StatusCode::OK, &answer, clocks.cluster_ms))
+    Ok(ApiAnswer::new(StatusCode::OK, &answer, clocks.cluster_ms))
 }

@@ -223,7 +223,7 @@ impl AppState {
 
 /// A successful JSON answer with the cluster time it was decided at.
 #[derive(Debug)]
-pub struct Answer {
+pub struct ApiAnswer {
     status: StatusCode,
     body: Vec<u8>,
     /// When the answer was decided; none for an answer about this node only, which shows the
@@ -232,9 +232,9 @@ pub struct Answer {
     replayed: bool,
 }
 
-impl Answer {
-    pub fn new<T: Serialize>(status: StatusCode, body: &T, cluster_time_ms: u64) -> Answer {
-        Answer {
+impl ApiAnswer {
+    pub fn new<T: Serialize>(status: StatusCode, body: &T, cluster_time_ms: u64) -> ApiAnswer {
+        ApiAnswer {
             status,
             body: serde_json::to_vec(body).expect("wire types always encode as JSON"),
             cluster_time_ms: Some(cluster_time_ms),
@@ -243,8 +243,8 @@ impl Answer {
     }
 
     /// An answer about this node (a node-local route), decided at no cluster time of its own.
-    pub fn local<T: Serialize>(status: StatusCode, body: &T) -> Answer {
-        Answer {
+    pub fn local<T: Serialize>(status: StatusCode, body: &T) -> ApiAnswer {
+        ApiAnswer {
             status,
             body: serde_json::to_vec(body).expect("wire types always encode as JSON"),
             cluster_time_ms: None,
@@ -252,13 +252,13 @@ impl Answer {
         }
     }
 
-    fn replayed(mut self, replayed: bool) -> Answer {
+    fn replayed(mut self, replayed: bool) -> ApiAnswer {
         self.replayed = replayed;
         self
     }
 }
 
-impl IntoResponse for Answer {
+impl IntoResponse for ApiAnswer {
     fn into_response(self) -> Response {
         let mut response = (self.status, self.body).into_response();
         let headers = response.headers_mut();

@@ -14,7 +14,7 @@ use super::convert;
 use super::error::ApiError;
 use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
 use super::service::{Mutation, NewTask, TaskEnd};
-use super::{Answer, AppState};
+use super::{ApiAnswer, AppState};
 
 fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence, ApiError> {
     let session_id = SessionId::parse(session_id.as_str()).map_err(ApiError::from_invalid)?;
@@ -48,7 +48,7 @@ pub async fn enqueue(
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(queue_text): ApiPath<String>,
     body: ApiJson<EnqueueRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let queue = write_name("queue", &queue_text)?;
     let tag = app.idempotency_tag(
         key,
@@ -156,7 +156,7 @@ async fn end_task(
     }: TaskTarget,
     end: TaskEnd,
     size_bytes: usize,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let mutation = Mutation {
         namespace,
         tag,
@@ -226,7 +226,7 @@ pub async fn complete(
     IdempotencyKey(key): IdempotencyKey,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<CompleteRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
     let target = TaskTarget::parse(
         &app,
@@ -273,7 +273,7 @@ pub async fn fail(
     IdempotencyKey(key): IdempotencyKey,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<FailRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
     let target = TaskTarget::parse(
         &app,
@@ -315,7 +315,7 @@ pub async fn release(
     IdempotencyKey(key): IdempotencyKey,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<TaskReleaseRequest>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
     let target = TaskTarget::parse(
         &app,
@@ -352,7 +352,7 @@ pub async fn counts(
     State(app): State<AppState>,
     Ns(namespace): Ns,
     ApiPath(queue_text): ApiPath<String>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let queue = read_name(&app, "queue", &queue_text)?;
     let (counts, clocks) = app
         .read(|machine| machine.queue_counts(&namespace, &queue))
@@ -367,7 +367,7 @@ pub async fn counts(
             dead: counts.dead,
         },
     };
-    Ok(Answer::new(StatusCode::OK, &info, clocks.cluster_ms))
+    Ok(ApiAnswer::new(StatusCode::OK, &info, clocks.cluster_ms))
 }
 
 #[utoipa::path(
@@ -391,7 +391,7 @@ pub async fn list(
     Ns(namespace): Ns,
     ApiPath(queue_text): ApiPath<String>,
     ApiQuery(query): ApiQuery<ListTasksQuery>,
-) -> Result<Answer, ApiError> {
+) -> Result<ApiAnswer, ApiError> {
     let queue = read_name(&app, "queue", &queue_text)?;
     let limit = app.page_limit(query.limit)?;
     let state = query.state.map(convert::task_state_from_wire);
@@ -402,5 +402,5 @@ pub async fn list(
         tasks: page.items.iter().map(convert::task).collect(),
         next_cursor: page.next_cursor,
     };
-    Ok(Answer::new(StatusCode::OK, &list, clocks.cluster_ms))
+    Ok(ApiAnswer::new(StatusCode::OK, &list, clocks.cluster_ms))
 }

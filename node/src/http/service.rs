@@ -14,7 +14,7 @@ use baton_raft_store::machine::{
 };
 use serde::Serialize;
 
-use super::{Answer, ApiError, AppState, Clocks};
+use super::{ApiAnswer, ApiError, AppState, Clocks};
 
 /// Where a mutation acts, how a retry of it is recognised, and its share of a log entry.
 pub struct Mutation {
@@ -37,8 +37,8 @@ pub struct Committed<T> {
 }
 
 impl<T> Committed<T> {
-    pub fn answer<B: Serialize>(&self, status: StatusCode, body: &B) -> Answer {
-        Answer::new(status, body, self.cluster_time_ms).replayed(self.replayed)
+    pub fn answer<B: Serialize>(&self, status: StatusCode, body: &B) -> ApiAnswer {
+        ApiAnswer::new(status, body, self.cluster_time_ms).replayed(self.replayed)
     }
 }
 
