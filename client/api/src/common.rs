@@ -71,7 +71,7 @@ pub struct FenceRef {
 }
 
 /// Who will own a lease or task claim, as validated from a request's optional fields by
-/// [`AcquireRequest::owner`] and [`ClaimRequest::owner`].
+/// [`AcquireRequest::owner`](crate::AcquireRequest::owner) and [`ClaimRequest::owner`](crate::ClaimRequest::owner).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Owner<'a> {
     /// An existing session, named by its id.
@@ -85,8 +85,8 @@ pub enum Owner<'a> {
     },
 }
 
-/// The proof a fenced kv write carries, as validated by [`KvPutRequest::fenced_by`] and
-/// [`KvDeleteRequest::fenced_by`].
+/// The proof a fenced kv write carries, as validated by [`KvPutRequest::fenced_by`](crate::KvPutRequest::fenced_by) and
+/// [`KvDeleteRequest::fenced_by`](crate::KvDeleteRequest::fenced_by).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FencedBy<'a> {
     /// The fence the write claims to hold.

@@ -96,7 +96,7 @@ pub struct Task {
 }
 
 /// `POST /v1/queues/{queue}/claim` body: `{session_id}` or `{holder, ttl_ms}` (checked by
-/// [`ClaimRequest::owner`]).
+/// [`ClaimRequest::owner`](crate::ClaimRequest::owner)).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
@@ -112,7 +112,7 @@ pub struct ClaimRequest {
 }
 
 impl ClaimRequest {
-    /// Same rule as [`AcquireRequest::owner`].
+    /// Same rule as [`AcquireRequest::owner`](crate::AcquireRequest::owner).
     pub fn owner(&self) -> Result<Owner<'_>, String> {
         owner_from_fields(
             self.session_id.as_ref(),
