@@ -96,7 +96,7 @@ pub struct Task {
 }
 
 /// `POST /v1/queues/{queue}/claim` body: `{session_id}` or `{holder, ttl_ms}` (checked by
-/// [`ClaimRequest::owner`](crate::ClaimRequest::owner)).
+/// `ClaimRequest::owner`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
