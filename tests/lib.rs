@@ -354,9 +354,9 @@ impl Cluster {
                     listen: format!("127.0.0.1:{api_port}"),
                     peer_listen: format!("127.0.0.1:{peer_port}"),
                     initial_cluster: initial_cluster.clone(),
-                    heartbeat_ms: config.heartbeat_ms,
-                    election_timeout_ms: config.election_timeout_ms,
-                    tick_ms: config.tick_ms,
+                    heartbeat_ms: Some(config.heartbeat_ms),
+                    election_timeout_ms: Some(config.election_timeout_ms),
+                    tick_ms: Some(config.tick_ms),
                 }
                 .to_args();
                 args.extend(["--log-format".into(), "human".into()]);

@@ -4,8 +4,13 @@
 //! resources. `--workload tasks`: claim the next task of a shared queue with the client's
 //! session, then complete it with the fence; a producer keeps the queue filled (its enqueues
 //! are load too, and are not counted as cycles). Bounded in time and only ever aimed at the
-//! endpoints given (loopback in our benchmarks).
+//! endpoints given (loopback in our benchmarks). `--workload failover` is the exception: it
+//! starts its own three `batond` processes with batond's default flags, keeps one writer
+//! putting a key through the client library (which knows all three endpoints), SIGKILLs the
+//! leader, measures the writer's gap, restarts the node, and repeats.
 
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
@@ -26,6 +31,16 @@ pub struct BenchArgs {
     /// What one cycle is.
     #[arg(long, value_enum, default_value_t = Workload::Leases)]
     workload: Workload,
+    /// `failover`: how many leader kills.
+    #[arg(long, default_value_t = 10)]
+    repeat: usize,
+    /// `failover`: the batond binary (default: next to this one, then on PATH).
+    #[arg(long)]
+    batond: Option<PathBuf>,
+    /// `failover`: where the nodes' data, logs and `failover.json` go; must be new or empty
+    /// (default: a new directory under the system's temporary directory).
+    #[arg(long)]
+    out: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -34,6 +49,8 @@ enum Workload {
     Leases,
     /// Claim-next with a session, then complete with the fence.
     Tasks,
+    /// A leader SIGKILLed under a steady writer, `--repeat` times: the writer's gap.
+    Failover,
 }
 
 /// Ready tasks the producer keeps in the queue at least, and enqueues at once when below.
@@ -47,6 +64,9 @@ struct ClientResult {
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if args.workload == Workload::Failover {
+        return failover(&args).await;
+    }
     if args.endpoints.is_empty()
         || args.clients.is_empty()
         || args.seconds == 0
@@ -61,13 +81,15 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let first_call = match args.workload {
         Workload::Leases => "acquire",
         Workload::Tasks => "claim",
+        Workload::Failover => unreachable!("failover returned above"),
     };
-    println!("clients  cycles/s  {first_call}_p50_ms  {first_call}_p99_ms  errors");
+    println!("clients  cycles/s  {first_call}_p50_ms  {first_call}_p99_ms  errors  elections");
     for &clients in &args.clients {
         let queue = format!("bench-{clients}-{}", std::process::id());
         if args.workload == Workload::Tasks {
             enqueue_tasks(&http, &args.endpoints[0], &queue, TASKS_READY_MIN).await?;
         }
+        let term_before = term(&http, &args.endpoints[0]).await?;
         let deadline = Instant::now() + Duration::from_secs(args.seconds);
         let producer = (args.workload == Workload::Tasks).then(|| {
             tokio::spawn(keep_filled(
@@ -92,6 +114,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 Workload::Tasks => {
                     tokio::spawn(task_cycles_until(http, endpoint, queue.clone(), deadline))
                 }
+                Workload::Failover => unreachable!("failover returned above"),
             });
         }
         let mut total = ClientResult::default();
@@ -114,8 +137,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let index = ((latencies.len() as f64 - 1.0) * fraction).round() as usize;
             latencies[index].as_secs_f64() * 1_000.0
         };
+        let elections = term(&http, &args.endpoints[0]).await? - term_before;
         println!(
-            "{clients:>7}  {:>8.0}  {:>14.2}  {:>14.2}  {:>6}",
+            "{clients:>7}  {:>8.0}  {:>14.2}  {:>14.2}  {:>6}  {elections:>9}",
             total.cycles as f64 / elapsed,
             percentile(0.5),
             percentile(0.99),
@@ -123,6 +147,21 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The Raft term `endpoint` reports (`GET /v1/cluster`): how many elections a run caused is
+/// the difference.
+async fn term(http: &reqwest::Client, endpoint: &str) -> anyhow::Result<u64> {
+    let status: serde_json::Value = http
+        .get(format!("{endpoint}/v1/cluster"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    status["term"]
+        .as_u64()
+        .context("GET /v1/cluster answered without a term")
 }
 
 async fn cycle_until(
@@ -316,4 +355,179 @@ async fn enqueue_tasks(
         }
     }
     Ok(())
+}
+
+/// A steady writer's view of each write: when it was sent, when it ended, whether it was
+/// acknowledged.
+type Writes = Arc<Mutex<Vec<(Instant, Instant, bool)>>>;
+
+/// How long the cluster runs undisturbed before each kill, and after a restart.
+const FAILOVER_SETTLE: Duration = Duration::from_secs(3);
+/// The longest a failover may take before the run gives up on it.
+const FAILOVER_GAP_MAX: Duration = Duration::from_secs(30);
+
+/// `--workload failover`: see the module docs. The gap of one kill is the time between the
+/// writer's last acknowledged write before the kill and the acknowledgement of its first
+/// write sent after the kill (an answer already on its way when the leader died says nothing
+/// about the failover).
+async fn failover(args: &BenchArgs) -> anyhow::Result<()> {
+    use crate::cluster::{find_batond, Cluster, ClusterConfig, Readiness};
+
+    if args.repeat == 0 || args.repeat > 100 {
+        bail!("give --repeat 1..=100");
+    }
+    let batond = find_batond(args.batond.as_deref())?;
+    let run_dir = match &args.out {
+        Some(out) => out.clone(),
+        None => std::env::temp_dir().join(format!("baton-failover-{}", std::process::id())),
+    };
+    if std::fs::read_dir(&run_dir).is_ok_and(|mut entries| entries.next().is_some()) {
+        bail!(
+            "{} is not empty: give a new --out (the nodes start from empty data directories)",
+            run_dir.display()
+        );
+    }
+    std::fs::create_dir_all(&run_dir)?;
+    let guard = Cluster::start(ClusterConfig {
+        batond,
+        run_dir: run_dir.clone(),
+        heartbeat_ms: None,
+        election_timeout_ms: None,
+        tick_ms: None,
+        clock_control: false,
+        net: crate::net::NetChoice::Auto,
+        snapshot_log_entries: None,
+    })
+    .await?;
+    let cluster = guard.0.clone();
+    let endpoints: Vec<String> = cluster
+        .ids()
+        .iter()
+        .map(|id| format!("http://{}", cluster.node(*id).api))
+        .collect();
+    let client = baton_client::Client::builder(endpoints.iter().map(String::as_str))
+        .holder("bench-failover")
+        .build()?;
+    let writes: Writes = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (writes, stop) = (writes.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut sequence = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                sequence += 1;
+                let sent = Instant::now();
+                let ok = client
+                    .kv_put("bench/failover", serde_json::Value::from(sequence))
+                    .await
+                    .is_ok();
+                writes
+                    .lock()
+                    .expect("writes")
+                    .push((sent, Instant::now(), ok));
+                if !ok {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        })
+    };
+    let mut gaps: Vec<Duration> = Vec::new();
+    println!("kill  leader  gap_ms");
+    for kill in 1..=args.repeat {
+        tokio::time::sleep(FAILOVER_SETTLE).await;
+        let leader = cluster
+            .leader()
+            .await
+            .context("no leader to kill: the cluster is not settled")?;
+        let killed_at = Instant::now();
+        cluster.kill(leader);
+        let gap = loop {
+            if let Some(gap) = write_gap(&writes, killed_at) {
+                break gap;
+            }
+            if killed_at.elapsed() > FAILOVER_GAP_MAX {
+                bail!("no write was acknowledged within {FAILOVER_GAP_MAX:?} of killing node {leader}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        println!("{kill:>4}  {leader:>6}  {:>6}", gap.as_millis());
+        gaps.push(gap);
+        cluster
+            .restart(leader, Readiness::Ready)
+            .await
+            .map_err(|failure| anyhow::anyhow!("{}: {}", failure.kind(), failure.cause))?;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.await.context("the writer")?;
+    let mut sorted = gaps.clone();
+    sorted.sort();
+    let median = sorted[sorted.len() / 2];
+    let max = sorted[sorted.len() - 1];
+    let (acknowledged, failed) = {
+        let writes = writes.lock().expect("writes");
+        let acknowledged = writes.iter().filter(|(_, _, ok)| *ok).count();
+        (acknowledged, writes.len() - acknowledged)
+    };
+    println!(
+        "failover: {} leader kills, write gap median {} ms, max {} ms; {acknowledged} writes acknowledged, {failed} failed",
+        gaps.len(),
+        median.as_millis(),
+        max.as_millis()
+    );
+    let report = serde_json::json!({
+        "workload": "failover",
+        "kills": gaps.len(),
+        "gaps_ms": gaps.iter().map(|gap| gap.as_millis() as u64).collect::<Vec<_>>(),
+        "median_ms": median.as_millis() as u64,
+        "max_ms": max.as_millis() as u64,
+        "writes_acknowledged": acknowledged,
+        "writes_failed": failed,
+    });
+    std::fs::write(
+        run_dir.join("failover.json"),
+        serde_json::to_string_pretty(&report)?,
+    )?;
+    drop(guard);
+    Ok(())
+}
+
+/// The gap around `killed_at`: from the last acknowledged write that ended before it to the
+/// end of the first acknowledged write sent after it; `None` until there is one.
+fn write_gap(writes: &Writes, killed_at: Instant) -> Option<Duration> {
+    let writes = writes.lock().expect("writes");
+    let last_before = writes
+        .iter()
+        .rev()
+        .find(|(_, ended, ok)| *ok && *ended <= killed_at)
+        .map(|(_, ended, _)| *ended)?;
+    let first_after = writes
+        .iter()
+        .find(|(sent, _, ok)| *ok && *sent > killed_at)
+        .map(|(_, ended, _)| *ended)?;
+    Some(first_after - last_before)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gap_runs_to_the_first_write_sent_after_the_kill() {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let writes: Writes = Arc::new(Mutex::new(vec![
+            (at(0), at(10), true),
+            (at(10), at(20), true),
+            // In flight when the leader died at 25 ms: its answer says nothing of the failover.
+            (at(20), at(26), true),
+            (at(26), at(400), false),
+        ]));
+        assert_eq!(
+            write_gap(&writes, at(25)),
+            None,
+            "no write sent after the kill is acknowledged yet"
+        );
+        writes.lock().unwrap().push((at(400), at(700), true));
+        assert_eq!(write_gap(&writes, at(25)), Some(Duration::from_millis(680)));
+    }
 }

@@ -33,12 +33,12 @@ pub struct ClusterConfig {
     pub batond: PathBuf,
     /// Where data dirs and logs go.
     pub run_dir: PathBuf,
-    /// `--heartbeat-ms`.
-    pub heartbeat_ms: u64,
-    /// `--election-timeout-ms`.
-    pub election_timeout_ms: u64,
-    /// `--tick-ms`.
-    pub tick_ms: u64,
+    /// `--heartbeat-ms` (`None`: batond's default).
+    pub heartbeat_ms: Option<u64>,
+    /// `--election-timeout-ms` (`None`: batond's default).
+    pub election_timeout_ms: Option<u64>,
+    /// `--tick-ms` (`None`: batond's default).
+    pub tick_ms: Option<u64>,
     /// Start with `--clock-control`.
     pub clock_control: bool,
     /// Which network backend (`--net`).

@@ -153,9 +153,9 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     let config = ClusterConfig {
         batond,
         run_dir: out.clone(),
-        heartbeat_ms: 50,
-        election_timeout_ms: 300,
-        tick_ms: 100,
+        heartbeat_ms: Some(50),
+        election_timeout_ms: Some(300),
+        tick_ms: Some(100),
         clock_control,
         net: args.net,
         snapshot_log_entries,

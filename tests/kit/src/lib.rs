@@ -16,8 +16,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard};
 
 /// The `batond run` command line of one member of a test cluster: its id, data directory,
-/// addresses, the whole cluster's `id=api@peer` list and the timing flags; more flags are
-/// appended to the result.
+/// addresses, the whole cluster's `id=api@peer` list and the timing flags (`None`: batond's
+/// default); more flags are appended to the result.
 #[derive(Debug, Clone)]
 pub struct RunArgs {
     pub id: u64,
@@ -25,9 +25,9 @@ pub struct RunArgs {
     pub listen: String,
     pub peer_listen: String,
     pub initial_cluster: String,
-    pub heartbeat_ms: u64,
-    pub election_timeout_ms: u64,
-    pub tick_ms: u64,
+    pub heartbeat_ms: Option<u64>,
+    pub election_timeout_ms: Option<u64>,
+    pub tick_ms: Option<u64>,
 }
 
 impl RunArgs {
@@ -39,14 +39,17 @@ impl RunArgs {
             ("--listen", self.listen.clone()),
             ("--peer-listen", self.peer_listen.clone()),
             ("--initial-cluster", self.initial_cluster.clone()),
-            ("--heartbeat-ms", self.heartbeat_ms.to_string()),
-            (
-                "--election-timeout-ms",
-                self.election_timeout_ms.to_string(),
-            ),
-            ("--tick-ms", self.tick_ms.to_string()),
         ] {
             args.extend([flag.into(), value.into()]);
+        }
+        for (flag, value) in [
+            ("--heartbeat-ms", self.heartbeat_ms),
+            ("--election-timeout-ms", self.election_timeout_ms),
+            ("--tick-ms", self.tick_ms),
+        ] {
+            if let Some(value) = value {
+                args.extend([flag.into(), value.to_string().into()]);
+            }
         }
         args
     }
@@ -288,9 +291,9 @@ mod tests {
             listen: "127.0.0.1:7420".to_owned(),
             peer_listen: "127.0.0.1:7421".to_owned(),
             initial_cluster: "2=127.0.0.1:7420@127.0.0.1:7421".to_owned(),
-            heartbeat_ms: 50,
-            election_timeout_ms: 300,
-            tick_ms: 10,
+            heartbeat_ms: Some(50),
+            election_timeout_ms: Some(300),
+            tick_ms: None,
         }
         .to_args();
         let text: Vec<&str> = args.iter().map(|arg| arg.to_str().unwrap()).collect();
@@ -311,9 +314,7 @@ mod tests {
                 "--heartbeat-ms",
                 "50",
                 "--election-timeout-ms",
-                "300",
-                "--tick-ms",
-                "10"
+                "300"
             ]
         );
     }
