@@ -55,10 +55,10 @@ pub struct Tuning {
     /// Shared secret that authenticates peer RPC; unset means unauthenticated.
     #[arg(long, env = "BATON_CLUSTER_SECRET", hide_env_values = true)]
     pub cluster_secret: Option<String>,
-    #[arg(long, env = "BATON_HEARTBEAT_MS", default_value_t = 100)]
+    #[arg(long, env = "BATON_HEARTBEAT_MS", default_value_t = 50)]
     pub heartbeat_ms: u64,
     /// Minimum election timeout; the maximum is twice this.
-    #[arg(long, env = "BATON_ELECTION_TIMEOUT_MS", default_value_t = 1_000)]
+    #[arg(long, env = "BATON_ELECTION_TIMEOUT_MS", default_value_t = 150)]
     pub election_timeout_ms: u64,
     /// How often an idle leader commits a tick so cluster time keeps pace.
     #[arg(long, env = "BATON_TICK_MS", default_value_t = 250)]
