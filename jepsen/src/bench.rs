@@ -7,7 +7,9 @@
 //! endpoints given (loopback in our benchmarks). `--workload failover` is the exception: it
 //! starts its own three `batond` processes with batond's default flags, keeps one writer
 //! putting a key through the client library (which knows all three endpoints), SIGKILLs the
-//! leader, measures the writer's gap, restarts the node, and repeats.
+//! leader, measures the writer's gap, restarts the node, and repeats. `--workload sessions`
+//! holds `--sessions` sessions on the endpoints, each renewed once per `--period`, spread
+//! evenly, for `--seconds`, while a probe client acquires and releases a path in a loop.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -31,6 +33,12 @@ pub struct BenchArgs {
     /// What one cycle is.
     #[arg(long, value_enum, default_value_t = Workload::Leases)]
     workload: Workload,
+    /// `sessions`: how many sessions to keep alive.
+    #[arg(long, default_value_t = 10_000)]
+    sessions: usize,
+    /// `sessions`: how often each session is renewed, e.g. `3s` or `500ms`.
+    #[arg(long, default_value = "3s", value_parser = parse_period)]
+    period: Duration,
     /// `failover`: how many leader kills.
     #[arg(long, default_value_t = 10)]
     repeat: usize,
@@ -51,6 +59,24 @@ enum Workload {
     Tasks,
     /// A leader SIGKILLed under a steady writer, `--repeat` times: the writer's gap.
     Failover,
+    /// `--sessions` sessions each renewed once per `--period`, and a probe's acquire latency.
+    Sessions,
+}
+
+/// `3s`, `500ms`: a period of 10 ms..=60 s.
+fn parse_period(text: &str) -> Result<Duration, String> {
+    let (digits, unit) = match text.strip_suffix("ms") {
+        Some(digits) => (digits, 1),
+        None => (text.strip_suffix('s').unwrap_or(text), 1_000),
+    };
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a period like 3s or 500ms"))?;
+    let period = Duration::from_millis(value.saturating_mul(unit));
+    if period < Duration::from_millis(10) || period > Duration::from_secs(60) {
+        return Err(format!("the period must be 10ms..=60s, got {text}"));
+    }
+    Ok(period)
 }
 
 /// Ready tasks the producer keeps in the queue at least, and enqueues at once when below.
@@ -67,6 +93,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     if args.workload == Workload::Failover {
         return failover(&args).await;
     }
+    if args.workload == Workload::Sessions {
+        return sessions(&args).await;
+    }
     if args.endpoints.is_empty()
         || args.clients.is_empty()
         || args.seconds == 0
@@ -81,7 +110,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     let first_call = match args.workload {
         Workload::Leases => "acquire",
         Workload::Tasks => "claim",
-        Workload::Failover => unreachable!("failover returned above"),
+        Workload::Failover | Workload::Sessions => unreachable!("returned above"),
     };
     println!("clients  cycles/s  {first_call}_p50_ms  {first_call}_p99_ms  errors  elections");
     for &clients in &args.clients {
@@ -114,7 +143,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
                 Workload::Tasks => {
                     tokio::spawn(task_cycles_until(http, endpoint, queue.clone(), deadline))
                 }
-                Workload::Failover => unreachable!("failover returned above"),
+                Workload::Failover | Workload::Sessions => unreachable!("returned above"),
             });
         }
         let mut total = ClientResult::default();
@@ -357,6 +386,127 @@ async fn enqueue_tasks(
     Ok(())
 }
 
+/// Keepalives in flight at most; a renewal due while all are busy waits, and its wait counts
+/// in its latency.
+const SESSIONS_IN_FLIGHT_MAX: usize = 512;
+/// Sessions created at once while setting up.
+const SESSIONS_CREATING: usize = 64;
+
+/// `--workload sessions`: see the module docs. A keepalive's latency runs from the moment it
+/// was due, so a client that falls behind shows it.
+async fn sessions(args: &BenchArgs) -> anyhow::Result<()> {
+    use baton_client::api::CreateSessionRequest;
+    use futures_util::stream;
+
+    if args.endpoints.is_empty() || args.seconds == 0 || args.seconds > 600 {
+        bail!("give endpoints and 1..=600 seconds");
+    }
+    if args.sessions == 0 || args.sessions > 100_000 {
+        bail!("give --sessions 1..=100000");
+    }
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .no_proxy()
+        .build()?;
+    let ttl_ms = (args.period * 4).max(Duration::from_secs(10)).as_millis() as u64;
+    let setup = Instant::now();
+    let created: Vec<anyhow::Result<(String, String)>> = stream::iter(0..args.sessions)
+        .map(|index| {
+            let http = http.clone();
+            let endpoint = args.endpoints[index % args.endpoints.len()].clone();
+            async move {
+                let body = CreateSessionRequest {
+                    holder: format!("bench-{index}"),
+                    ttl_ms,
+                    labels: Default::default(),
+                };
+                let answer = http
+                    .post(format!("{endpoint}/v1/sessions"))
+                    .json(&body)
+                    .send()
+                    .await?
+                    .error_for_status()?;
+                let created: CreateSessionResponse = answer.json().await?;
+                Ok((endpoint, created.session_id.as_str().to_owned()))
+            }
+        })
+        .buffer_unordered(SESSIONS_CREATING)
+        .collect()
+        .await;
+    let sessions: Vec<(String, String)> = created.into_iter().collect::<anyhow::Result<_>>()?;
+    eprintln!(
+        "baton-jepsen bench: {} sessions created in {:.1} s",
+        sessions.len(),
+        setup.elapsed().as_secs_f64()
+    );
+
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let probe = tokio::spawn(cycle_until(
+        http.clone(),
+        args.endpoints[0].clone(),
+        format!("bench/sessions-probe/{}", std::process::id()),
+        deadline,
+    ));
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(SESSIONS_IN_FLIGHT_MAX));
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let errors = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let spacing = args.period / sessions.len() as u32;
+    let mut renewals = Vec::new();
+    let mut due = started;
+    let mut index = 0usize;
+    while due < deadline {
+        tokio::time::sleep_until(due.into()).await;
+        let permit = in_flight.clone().acquire_owned().await?;
+        let (endpoint, session) = sessions[index].clone();
+        let (http, latencies, errors) = (http.clone(), latencies.clone(), errors.clone());
+        let was_due = due;
+        renewals.push(tokio::spawn(async move {
+            let answer = http
+                .post(format!("{endpoint}/v1/sessions/{session}/keepalive"))
+                .send()
+                .await;
+            let ok = answer.is_ok_and(|answer| answer.status().is_success());
+            if ok {
+                latencies.lock().expect("latencies").push(was_due.elapsed());
+            } else {
+                errors.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            drop(permit);
+        }));
+        index = (index + 1) % sessions.len();
+        due += spacing;
+    }
+    for renewal in renewals {
+        renewal.await.context("a keepalive task")?;
+    }
+    let probe = probe.await.context("the probe")?;
+    let mut latencies = std::mem::take(&mut *latencies.lock().expect("latencies"));
+    latencies.sort();
+    let mut probe_latencies = probe.acquire_latencies;
+    probe_latencies.sort();
+    let ms = |sorted: &[Duration], fraction: f64| {
+        if sorted.is_empty() {
+            return f64::NAN;
+        }
+        sorted[((sorted.len() as f64 - 1.0) * fraction).round() as usize].as_secs_f64() * 1_000.0
+    };
+    println!(
+        "sessions {} period {:?}: {} keepalives, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} errors; probe acquire p99 {:.2} ms ({} cycles, {} errors)",
+        sessions.len(),
+        args.period,
+        latencies.len(),
+        ms(&latencies, 0.5),
+        ms(&latencies, 0.99),
+        ms(&latencies, 1.0),
+        errors.load(std::sync::atomic::Ordering::Relaxed),
+        ms(&probe_latencies, 0.99),
+        probe.cycles,
+        probe.errors
+    );
+    Ok(())
+}
+
 /// A steady writer's view of each write: when it was sent, when it ended, whether it was
 /// acknowledged.
 type Writes = Arc<Mutex<Vec<(Instant, Instant, bool)>>>;
@@ -510,6 +660,16 @@ fn write_gap(writes: &Writes, killed_at: Instant) -> Option<Duration> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn periods_are_seconds_or_milliseconds_within_bounds() {
+        assert_eq!(parse_period("3s"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_period("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_period("2"), Ok(Duration::from_secs(2)));
+        for refused in ["", "3m", "5ms", "61s", "-1s", "s"] {
+            assert!(parse_period(refused).is_err(), "{refused:?} was taken");
+        }
+    }
 
     #[test]
     fn the_gap_runs_to_the_first_write_sent_after_the_kill() {
