@@ -3,8 +3,11 @@
 //! Request handlers hand a `Command` to `Proposer::propose`; one batcher task groups whatever
 //! is waiting into a `Batch` (group commit: openraft 0.9 awaits each append, so batching is
 //! ours), stamps it with the leader's cluster time, and hands it to openraft in stamp order.
-//! At most `BATCHES_IN_FLIGHT_MAX` batches are replicating at once; while they are, new
-//! requests queue up and ride in the next batch, so throughput grows with concurrency.
+//! One batch replicates at a time (`BATCHES_IN_FLIGHT_MAX`); while it does, new requests queue
+//! up and ride in the next batch, so batches grow with load and every log append, flush and
+//! replication round carries as many commands as arrived meanwhile. More batches in flight
+//! made smaller batches and more flushes and thread wake-ups for the same work, and were
+//! slower (docs/performance.md).
 //!
 //! Time: `leader_time` holds the rules of the leader clock, pure and unit-tested (it starts once
 //! the takeover log is applied, at that state's cluster time, and then follows the node's
@@ -30,8 +33,9 @@ use leader_time::{LeaderTime, Stamp};
 
 /// Proposals waiting for the batcher; past this, requests are refused as overload.
 const QUEUE_MAX: usize = 16_384;
-/// Batches handed to openraft and not yet applied.
-const BATCHES_IN_FLIGHT_MAX: usize = 8;
+/// Batches handed to openraft and not yet applied. One: see the module docs and
+/// docs/performance.md ("The write path") for the measurement.
+const BATCHES_IN_FLIGHT_MAX: usize = 1;
 /// Approximate encoded bytes of one log entry.
 const BATCH_BYTES_MAX: usize = 4 << 20;
 
@@ -218,9 +222,10 @@ enum NoAnswer {
 /// The bound is not a nicety: openraft 0.9 never answers an entry that a snapshot install
 /// replaces without truncating it (a deposed leader whose log ends before the snapshot's last
 /// index and that saw no conflicting append first: it neither applies nor deletes the entry).
-/// Each waiting batch holds one of `BATCHES_IN_FLIGHT_MAX` slots; waiting forever, a node that
-/// lost a few batches that way could never propose again, even once elected leader. After the
-/// bound the outcome is unknown, as it already is for the request that waits the same time.
+/// A waiting batch holds the `BATCHES_IN_FLIGHT_MAX` slot; waiting forever, a node that lost a
+/// batch that way could never propose again, even once elected leader. After the bound (the
+/// longest a request waits for a leader) the outcome is unknown, as it already is for the
+/// request that waits the same time, and the slot is free.
 async fn answer_within<T>(
     answer: impl std::future::Future<Output = Result<T, oneshot::error::RecvError>>,
     timeout: Duration,
