@@ -244,9 +244,12 @@ async fn an_interrupted_worker_passes_the_signal_on_and_releases_its_task() {
     enqueue(&producer, "interrupted", "job", json!({}), 3).await;
     let directory = tempfile::tempdir().expect("a temporary directory");
     let ready = directory.path().join("ready");
+    // Only builtins once the pid is written: the shell blocks in `read` on a FIFO it holds
+    // open itself, so no child of its own can die of the signal before the trap runs.
     let script = format!(
-        "trap 'exit 42' TERM; echo $$ > {ready}.tmp && mv {ready}.tmp {ready}; \
-         while :; do sleep 0.05; done",
+        "trap 'exit 42' TERM; mkfifo {fifo}; exec 3<>{fifo}; echo $$ > {ready}; \
+         while :; do read line <&3; done",
+        fifo = directory.path().join("fifo").display(),
         ready = ready.display()
     );
     let work = command(

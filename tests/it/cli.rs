@@ -570,8 +570,11 @@ async fn run_passes_signals_on_to_the_command_and_releases_after_it() {
     let cluster = Cluster::start(1).await;
     let directory = tempfile::tempdir().expect("a temporary directory");
     let ready = directory.path().join("ready");
+    // Only builtins once the pid is written (see agents.rs, the interrupted worker).
     let script = format!(
-        "trap 'exit 42' TERM; echo $$ > {ready}.tmp && mv {ready}.tmp {ready}; while :; do sleep 0.05; done",
+        "trap 'exit 42' TERM; mkfifo {fifo}; exec 3<>{fifo}; echo $$ > {ready}; \
+         while :; do read line <&3; done",
+        fifo = directory.path().join("fifo").display(),
         ready = ready.display()
     );
     let run = command(
