@@ -158,14 +158,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             producer.await.context("producer task")??;
         }
         total.acquire_latencies.sort();
-        let percentile = |fraction: f64| {
-            let latencies = &total.acquire_latencies;
-            if latencies.is_empty() {
-                return f64::NAN;
-            }
-            let index = ((latencies.len() as f64 - 1.0) * fraction).round() as usize;
-            latencies[index].as_secs_f64() * 1_000.0
-        };
+        let percentile = |fraction: f64| percentile_ms(&total.acquire_latencies, fraction);
         let elections = term(&http, &args.endpoints[0]).await? - term_before;
         println!(
             "{clients:>7}  {:>8.0}  {:>14.2}  {:>14.2}  {:>6}  {elections:>9}",
@@ -176,6 +169,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The `fraction` percentile of `sorted` latencies (nearest rank), in milliseconds; NaN when
+/// there are none.
+fn percentile_ms(sorted: &[Duration], fraction: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
+    sorted[index].as_secs_f64() * 1_000.0
 }
 
 /// The Raft term `endpoint` reports (`GET /v1/cluster`): how many elections a run caused is
@@ -485,22 +488,16 @@ async fn sessions(args: &BenchArgs) -> anyhow::Result<()> {
     latencies.sort();
     let mut probe_latencies = probe.acquire_latencies;
     probe_latencies.sort();
-    let ms = |sorted: &[Duration], fraction: f64| {
-        if sorted.is_empty() {
-            return f64::NAN;
-        }
-        sorted[((sorted.len() as f64 - 1.0) * fraction).round() as usize].as_secs_f64() * 1_000.0
-    };
     println!(
         "sessions {} period {:?}: {} keepalives, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {} errors; probe acquire p99 {:.2} ms ({} cycles, {} errors)",
         sessions.len(),
         args.period,
         latencies.len(),
-        ms(&latencies, 0.5),
-        ms(&latencies, 0.99),
-        ms(&latencies, 1.0),
+        percentile_ms(&latencies, 0.5),
+        percentile_ms(&latencies, 0.99),
+        percentile_ms(&latencies, 1.0),
         errors.load(std::sync::atomic::Ordering::Relaxed),
-        ms(&probe_latencies, 0.99),
+        percentile_ms(&probe_latencies, 0.99),
         probe.cycles,
         probe.errors
     );
@@ -611,25 +608,22 @@ async fn failover(args: &BenchArgs) -> anyhow::Result<()> {
     writer.await.context("the writer")?;
     let mut sorted = gaps.clone();
     sorted.sort();
-    let median = sorted[sorted.len() / 2];
-    let max = sorted[sorted.len() - 1];
+    let (median, max) = (percentile_ms(&sorted, 0.5), percentile_ms(&sorted, 1.0));
     let (acknowledged, failed) = {
         let writes = writes.lock().expect("writes");
         let acknowledged = writes.iter().filter(|(_, _, ok)| *ok).count();
         (acknowledged, writes.len() - acknowledged)
     };
     println!(
-        "failover: {} leader kills, write gap median {} ms, max {} ms; {acknowledged} writes acknowledged, {failed} failed",
+        "failover: {} leader kills, write gap median {median:.0} ms, max {max:.0} ms; {acknowledged} writes acknowledged, {failed} failed",
         gaps.len(),
-        median.as_millis(),
-        max.as_millis()
     );
     let report = serde_json::json!({
         "workload": "failover",
         "kills": gaps.len(),
         "gaps_ms": gaps.iter().map(|gap| gap.as_millis() as u64).collect::<Vec<_>>(),
-        "median_ms": median.as_millis() as u64,
-        "max_ms": max.as_millis() as u64,
+        "median_ms": median.round() as u64,
+        "max_ms": max.round() as u64,
         "writes_acknowledged": acknowledged,
         "writes_failed": failed,
     });
