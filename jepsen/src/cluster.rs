@@ -186,7 +186,7 @@ impl Cluster {
         let mut nodes = Vec::new();
         for id in ids {
             let (api, peer) = (net.api_addr(id), net.peer_listen_addr(id));
-            let data_dir = config.run_dir.join(format!("n{id}"));
+            let data_dir = node_data_dir(&config.run_dir, id);
             fs::create_dir_all(&data_dir)?;
             let mut args = baton_kit::RunArgs {
                 id,
@@ -236,6 +236,16 @@ impl Cluster {
     /// The node with this id.
     pub fn node(&self, id: u64) -> &Node {
         &self.nodes[usize::try_from(id - 1).unwrap_or(0)]
+    }
+
+    /// The pid of node `id`'s process while it runs.
+    pub fn pid(&self, id: u64) -> Option<u32> {
+        self.node(id).process.pid()
+    }
+
+    /// Node `id`'s data directory.
+    pub fn data_dir(&self, id: u64) -> PathBuf {
+        node_data_dir(&self.config.run_dir, id)
     }
 
     /// Node ids.
@@ -629,6 +639,11 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// Where node `id` of a cluster run in `run_dir` keeps its data.
+fn node_data_dir(run_dir: &Path, id: u64) -> PathBuf {
+    run_dir.join(format!("n{id}"))
 }
 
 /// What [`Cluster::kill_on_log_line`] did.

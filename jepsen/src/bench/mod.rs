@@ -1,0 +1,248 @@
+//! The load tool: `baton-jepsen bench --workload W`. Every workload prints its figures, one
+//! line per measurement, and writes `W.json` and `W.svg` (a bar chart of the headline figure)
+//! into `--out`. docs/performance.md has what it measured and the commands.
+//!
+//! Against running endpoints (loopback in our benchmarks), bounded by `--seconds`:
+//! - `leases`, `tasks` (`cycles`): N concurrent clients run cycles; cycles per second and the
+//!   latency of each cycle's first call. `--etcd` runs the same lease cycle against etcd's JSON
+//!   gateway in the same run (`etcd`), so the ratio comes from one machine at one time.
+//! - `sessions`: N sessions renewed once per period, and a probe's acquire latency.
+//! - `expiry`: L leases whose sessions all expire at the same moment, and the probe's latency
+//!   around it.
+//!
+//! With their own three `batond` processes (batond's default flags; `--batond`):
+//! - `failover`: the leader SIGKILLed under a steady writer, the writer's gap, `--repeat` times.
+//! - `memory`: L live leases, then every node's RSS and data size, and a node's restart time.
+
+mod cycles;
+mod etcd;
+mod expiry;
+mod failover;
+mod memory;
+mod report;
+mod sessions;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+
+use crate::cluster::{find_batond, Cluster, ClusterConfig, ClusterGuard};
+
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Client API endpoints, comma-separated; clients are spread over them.
+    #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:7420")]
+    endpoints: Vec<String>,
+    /// Concurrencies to measure, one after the other.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,64")]
+    clients: Vec<usize>,
+    /// Seconds to run each measurement.
+    #[arg(long, default_value_t = 10)]
+    seconds: u64,
+    /// What to measure.
+    #[arg(long, value_enum, default_value_t = Workload::Leases)]
+    workload: Workload,
+    /// `leases`: etcd client endpoints (its JSON gateway, e.g. http://127.0.0.1:2379),
+    /// comma-separated; each concurrency then runs against Baton and against etcd.
+    #[arg(long, value_delimiter = ',')]
+    etcd: Vec<String>,
+    /// `sessions`: how many sessions to keep alive.
+    #[arg(long, default_value_t = 10_000)]
+    sessions: usize,
+    /// `sessions`: how often each session is renewed, e.g. `3s` or `500ms`.
+    #[arg(long, default_value = "3s", value_parser = parse_period)]
+    period: Duration,
+    /// `expiry`, `memory`: how many leases (default 100,000 for expiry, 1,000,000 for memory).
+    #[arg(long)]
+    leases: Option<usize>,
+    /// `failover`: how many leader kills.
+    #[arg(long, default_value_t = 10)]
+    repeat: usize,
+    /// `failover`, `memory`: the batond binary (default: next to this one, then on PATH).
+    #[arg(long)]
+    batond: Option<PathBuf>,
+    /// Where the figures (`W.json`, `W.svg`) and, for `failover` and `memory`, the nodes' data
+    /// and logs go; must be new or empty (default: a new directory under the system's
+    /// temporary directory).
+    #[arg(long)]
+    out: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Workload {
+    /// Acquire (creating a session), keepalive, release.
+    Leases,
+    /// Claim-next with a session, then complete with the fence.
+    Tasks,
+    /// A leader SIGKILLed under a steady writer, `--repeat` times: the writer's gap.
+    Failover,
+    /// `--sessions` sessions each renewed once per `--period`, and a probe's acquire latency.
+    Sessions,
+    /// `--leases` leases expiring together, and a probe's latency around their deadline.
+    Expiry,
+    /// `--leases` live leases on a cluster of its own: RSS, data size, restart time.
+    Memory,
+}
+
+impl Workload {
+    fn name(self) -> &'static str {
+        match self {
+            Workload::Leases => "leases",
+            Workload::Tasks => "tasks",
+            Workload::Failover => "failover",
+            Workload::Sessions => "sessions",
+            Workload::Expiry => "expiry",
+            Workload::Memory => "memory",
+        }
+    }
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    if !args.etcd.is_empty() && args.workload != Workload::Leases {
+        bail!("--etcd goes with --workload leases only");
+    }
+    let out = out_dir(args.out.as_deref(), args.workload)?;
+    let figures = match args.workload {
+        Workload::Leases | Workload::Tasks => cycles::run(&args).await?,
+        Workload::Sessions => sessions::run(&args).await?,
+        Workload::Expiry => expiry::run(&args).await?,
+        Workload::Failover => failover::run(&args, &out).await?,
+        Workload::Memory => memory::run(&args, &out).await?,
+    };
+    figures.write(&out, args.workload.name())?;
+    eprintln!(
+        "baton-jepsen bench: figures in {}",
+        out.join(format!("{}.json", args.workload.name())).display()
+    );
+    Ok(())
+}
+
+/// `--out`, or a new directory under the temporary directory; refused when not empty (the
+/// cluster workloads start nodes on empty data directories under it).
+fn out_dir(given: Option<&Path>, workload: Workload) -> anyhow::Result<PathBuf> {
+    let dir = match given {
+        Some(dir) => dir.to_owned(),
+        None => std::env::temp_dir().join(format!(
+            "baton-bench-{}-{}",
+            workload.name(),
+            std::process::id()
+        )),
+    };
+    if std::fs::read_dir(&dir).is_ok_and(|mut entries| entries.next().is_some()) {
+        bail!("{} is not empty: give a new --out", dir.display());
+    }
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Starts three `batond` processes with batond's default flags, their data and logs under
+/// `run_dir`, and waits until they have a leader.
+async fn own_cluster(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<ClusterGuard> {
+    Cluster::start(ClusterConfig {
+        batond: find_batond(args.batond.as_deref())?,
+        run_dir: run_dir.to_owned(),
+        heartbeat_ms: None,
+        election_timeout_ms: None,
+        tick_ms: None,
+        clock_control: false,
+        net: crate::net::NetChoice::Auto,
+        snapshot_log_entries: None,
+    })
+    .await
+}
+
+/// Checks `--seconds` and `--endpoints` for the workloads that run against endpoints.
+fn check_endpoints_and_seconds(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.endpoints.is_empty() || args.seconds == 0 || args.seconds > 600 {
+        bail!("give --endpoints and --seconds 1..=600");
+    }
+    Ok(())
+}
+
+/// The HTTP client every workload uses: keep-alive connections, no proxy, a 10 s timeout.
+fn http_client() -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .no_proxy()
+        .build()?)
+}
+
+/// `3s`, `500ms`: a period of 10 ms..=60 s.
+fn parse_period(text: &str) -> Result<Duration, String> {
+    let (digits, unit) = match text.strip_suffix("ms") {
+        Some(digits) => (digits, 1),
+        None => (text.strip_suffix('s').unwrap_or(text), 1_000),
+    };
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a period like 3s or 500ms"))?;
+    let period = Duration::from_millis(value.saturating_mul(unit));
+    if period < Duration::from_millis(10) || period > Duration::from_secs(60) {
+        return Err(format!("the period must be 10ms..=60s, got {text}"));
+    }
+    Ok(period)
+}
+
+/// The `fraction` percentile of `sorted` latencies (nearest rank), in milliseconds; NaN when
+/// there are none.
+fn percentile_ms(sorted: &[Duration], fraction: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
+    sorted[index].as_secs_f64() * 1_000.0
+}
+
+/// The Raft term `endpoint` reports (`GET /v1/cluster`): how many elections a run caused is
+/// the difference.
+async fn term(http: &reqwest::Client, endpoint: &str) -> anyhow::Result<u64> {
+    let status: serde_json::Value = http
+        .get(format!("{endpoint}/v1/cluster"))
+        .send()
+        .await?
+        .error_for_status()?
+        .json()
+        .await?;
+    status["term"]
+        .as_u64()
+        .context("GET /v1/cluster answered without a term")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn periods_are_seconds_or_milliseconds_within_bounds() {
+        assert_eq!(parse_period("3s"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_period("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_period("2"), Ok(Duration::from_secs(2)));
+        for refused in ["", "3m", "5ms", "61s", "-1s", "s"] {
+            assert!(parse_period(refused).is_err(), "{refused:?} was taken");
+        }
+    }
+
+    #[test]
+    fn percentiles_take_the_nearest_rank() {
+        let sorted: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(percentile_ms(&sorted, 0.5), 51.0);
+        assert_eq!(percentile_ms(&sorted, 0.99), 99.0);
+        assert_eq!(percentile_ms(&sorted, 1.0), 100.0);
+        assert!(percentile_ms(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn an_out_directory_with_files_is_refused() {
+        let dir = std::env::temp_dir().join(format!("baton-bench-out-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(
+            out_dir(Some(&dir), Workload::Leases).is_ok(),
+            "empty is fine"
+        );
+        std::fs::write(dir.join("leases.json"), "{}").unwrap();
+        let refused = out_dir(Some(&dir), Workload::Leases).unwrap_err();
+        assert!(refused.to_string().contains("not empty"), "{refused}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,277 @@
+//! `--workload sessions`: `--sessions` sessions on the endpoints, each renewed once per
+//! `--period`, spread evenly, for `--seconds`, while a probe client acquires and releases a
+//! path in a loop. A keepalive's latency runs from the moment it was due, so a client that
+//! falls behind shows it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use baton_client::api::{CreateSessionRequest, CreateSessionResponse};
+use futures_util::{stream, StreamExt};
+
+use super::cycles::cycles_until;
+use super::report::{Chart, Figures};
+use super::{check_endpoints_and_seconds, http_client, percentile_ms, BenchArgs};
+
+/// Keepalives in flight at most; a renewal due while all are busy waits, and its wait counts
+/// in its latency.
+const SESSIONS_IN_FLIGHT_MAX: usize = 512;
+/// Sessions created at once while setting up.
+const SESSIONS_CREATING: usize = 64;
+
+/// A session the bench made: the endpoint it talks to and its id.
+pub(super) type BenchSession = (String, String);
+
+/// Creates `count` sessions with `ttl_ms`, spread over `endpoints`, in `namespace` (the
+/// default one when `None`).
+pub(super) async fn create_sessions(
+    http: &reqwest::Client,
+    endpoints: &[String],
+    count: usize,
+    ttl_ms: u64,
+    namespace: Option<&str>,
+) -> anyhow::Result<Vec<BenchSession>> {
+    let created: Vec<anyhow::Result<BenchSession>> = stream::iter(0..count)
+        .map(|index| {
+            let endpoint = endpoints[index % endpoints.len()].clone();
+            let mut request =
+                http.post(format!("{endpoint}/v1/sessions"))
+                    .json(&CreateSessionRequest {
+                        holder: format!("bench-{index}"),
+                        ttl_ms,
+                        labels: Default::default(),
+                    });
+            if let Some(namespace) = namespace {
+                request = request.header("Baton-Namespace", namespace);
+            }
+            async move {
+                let answer = request.send().await?.error_for_status()?;
+                let created: CreateSessionResponse = answer.json().await?;
+                Ok((endpoint, created.session_id.as_str().to_owned()))
+            }
+        })
+        .buffer_unordered(SESSIONS_CREATING)
+        .collect()
+        .await;
+    created.into_iter().collect()
+}
+
+/// Renews every session once, `in_flight` at a time; the number that failed.
+pub(super) async fn renew_all(
+    http: &reqwest::Client,
+    sessions: &[BenchSession],
+    namespace: Option<&str>,
+    in_flight: usize,
+) -> u64 {
+    let requests: Vec<reqwest::RequestBuilder> = sessions
+        .iter()
+        .map(|(endpoint, session)| {
+            let request = http.post(format!("{endpoint}/v1/sessions/{session}/keepalive"));
+            match namespace {
+                Some(namespace) => request.header("Baton-Namespace", namespace),
+                None => request,
+            }
+        })
+        .collect();
+    let renewed: Vec<bool> = stream::iter(requests)
+        .map(|request| async move {
+            let answer = request.send().await;
+            answer.is_ok_and(|answer| answer.status().is_success())
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    let failed = renewed.iter().filter(|renewed| !**renewed).count();
+    failed as u64
+}
+
+pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
+    check_endpoints_and_seconds(args)?;
+    if args.sessions == 0 || args.sessions > 100_000 {
+        bail!("give --sessions 1..=100000");
+    }
+    let http = http_client()?;
+    let ttl_ms = (args.period * 4).max(Duration::from_secs(10)).as_millis() as u64;
+    let setup = Instant::now();
+    let sessions = create_sessions(&http, &args.endpoints, args.sessions, ttl_ms, None).await?;
+    eprintln!(
+        "baton-jepsen bench: {} sessions created in {:.1} s",
+        sessions.len(),
+        setup.elapsed().as_secs_f64()
+    );
+
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(args.seconds);
+    let probe = tokio::spawn(cycles_until(
+        http.clone(),
+        args.endpoints[0].clone(),
+        format!("bench/sessions-probe/{}", std::process::id()),
+        deadline,
+    ));
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(SESSIONS_IN_FLIGHT_MAX));
+    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let errors = Arc::new(AtomicU64::new(0));
+    let spacing = args.period / sessions.len() as u32;
+    let mut renewals = Vec::new();
+    let mut due = started;
+    let mut index = 0usize;
+    while due < deadline {
+        tokio::time::sleep_until(due.into()).await;
+        let permit = in_flight.clone().acquire_owned().await?;
+        let (endpoint, session) = sessions[index].clone();
+        let (http, latencies, errors) = (http.clone(), latencies.clone(), errors.clone());
+        let was_due = due;
+        renewals.push(tokio::spawn(async move {
+            let answer = http
+                .post(format!("{endpoint}/v1/sessions/{session}/keepalive"))
+                .send()
+                .await;
+            let ok = answer.is_ok_and(|answer| answer.status().is_success());
+            if ok {
+                latencies.lock().expect("latencies").push(was_due.elapsed());
+            } else {
+                errors.fetch_add(1, Ordering::Relaxed);
+            }
+            drop(permit);
+        }));
+        index = (index + 1) % sessions.len();
+        due += spacing;
+    }
+    for renewal in renewals {
+        renewal.await.context("a keepalive task")?;
+    }
+    let probe = probe.await.context("the probe")?;
+    let mut latencies = std::mem::take(&mut *latencies.lock().expect("latencies"));
+    latencies.sort();
+    let mut probe_latencies = probe.acquire_latencies;
+    probe_latencies.sort();
+    let keepalive = |fraction| percentile_ms(&latencies, fraction);
+    let errors = errors.load(Ordering::Relaxed);
+    let probe_p99 = percentile_ms(&probe_latencies, 0.99);
+    println!(
+        "sessions {} period {:?}: {} keepalives, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {errors} errors; probe acquire p99 {probe_p99:.2} ms ({} cycles, {} errors)",
+        sessions.len(),
+        args.period,
+        latencies.len(),
+        keepalive(0.5),
+        keepalive(0.99),
+        keepalive(1.0),
+        probe.cycles,
+        probe.errors
+    );
+    let json = serde_json::json!({
+        "workload": "sessions",
+        "sessions": sessions.len(),
+        "period_ms": args.period.as_millis() as u64,
+        "seconds": args.seconds,
+        "keepalives": latencies.len(),
+        "keepalive_p50_ms": keepalive(0.5),
+        "keepalive_p99_ms": keepalive(0.99),
+        "keepalive_max_ms": keepalive(1.0),
+        "errors": errors,
+        "probe_acquire_p99_ms": probe_p99,
+        "probe_cycles": probe.cycles,
+        "probe_errors": probe.errors,
+    });
+    let chart = Chart {
+        title: format!(
+            "{} sessions renewed every {:?}: keepalive latency",
+            sessions.len(),
+            args.period
+        ),
+        unit: "ms from the moment the renewal was due".to_owned(),
+        bars: vec![
+            ("p50".to_owned(), keepalive(0.5)),
+            ("p99".to_owned(), keepalive(0.99)),
+            ("max".to_owned(), keepalive(1.0)),
+            ("probe p99".to_owned(), probe_p99),
+        ],
+    };
+    Ok(Figures { json, chart })
+}
+
+/// Leases one session holds at most in the bench's setups (the default limit per session).
+pub(super) const LEASES_PER_SESSION: usize = 10_000;
+
+/// Acquires `bench/{n}` for n in `0..count`, lease n held by session `n % sessions.len()`,
+/// `in_flight` at a time. `progress` is told every 100,000. Returns the failures by cause (the
+/// error code, or the transport error), so that a run that lost some says why.
+pub(super) async fn acquire_many(
+    http: &reqwest::Client,
+    sessions: &[BenchSession],
+    count: usize,
+    namespace: Option<&str>,
+    in_flight: usize,
+    progress: impl Fn(usize),
+) -> Failures {
+    let done = AtomicU64::new(0);
+    let outcomes: Vec<Result<(), String>> = stream::iter(0..count)
+        .map(|index| {
+            let (endpoint, session) = &sessions[index % sessions.len()];
+            let mut request = http.post(format!("{endpoint}/v1/leases")).json(
+                &serde_json::json!({ "resource": format!("bench/{index}"), "session_id": session }),
+            );
+            if let Some(namespace) = namespace {
+                request = request.header("Baton-Namespace", namespace);
+            }
+            let (done, progress) = (&done, &progress);
+            async move {
+                let outcome = match request.send().await {
+                    Ok(answer) if answer.status() == reqwest::StatusCode::CREATED => Ok(()),
+                    Ok(answer) => {
+                        let status = answer.status();
+                        let body: serde_json::Value = answer.json().await.unwrap_or_default();
+                        Err(format!(
+                            "{} {}",
+                            status.as_u16(),
+                            body["code"].as_str().unwrap_or("")
+                        ))
+                    }
+                    Err(error) if error.is_timeout() => Err("timeout".to_owned()),
+                    Err(error) if error.is_connect() => Err("connect".to_owned()),
+                    Err(_) => Err("transport".to_owned()),
+                };
+                let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
+                if finished % 100_000 == 0 {
+                    progress(finished as usize);
+                }
+                outcome
+            }
+        })
+        .buffer_unordered(in_flight)
+        .collect()
+        .await;
+    let mut failures = Failures::default();
+    for cause in outcomes.into_iter().filter_map(Result::err) {
+        *failures.by_cause.entry(cause).or_default() += 1;
+    }
+    failures
+}
+
+/// Requests that failed, counted by cause.
+#[derive(Debug, Default)]
+pub(super) struct Failures {
+    pub by_cause: std::collections::BTreeMap<String, u64>,
+}
+
+impl Failures {
+    pub fn total(&self) -> u64 {
+        self.by_cause.values().sum()
+    }
+}
+
+impl std::fmt::Display for Failures {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.by_cause.is_empty() {
+            return write!(f, "none failed");
+        }
+        let causes: Vec<String> = self
+            .by_cause
+            .iter()
+            .map(|(cause, count)| format!("{count} {cause}"))
+            .collect();
+        write!(f, "{} failed: {}", self.total(), causes.join(", "))
+    }
+}
