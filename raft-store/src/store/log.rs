@@ -14,8 +14,8 @@ use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, Vote};
 
 use super::{
-    decode, encode, log_key, read_meta, storage_error, Database, SnapshotProgress, StorageResult,
-    StoreError, TypeConfig,
+    decode, encode, log_key, read_meta, run_blocking, storage_error, Database, SnapshotProgress,
+    StorageResult, StoreError, TypeConfig,
 };
 
 const VOTE_KEY: &[u8] = b"vote";
@@ -155,7 +155,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// Removes the entries from `log_id.index` on, in one atomic sled batch, and fsyncs.
     async fn truncate(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
         let result = async {
-            self.remove_entries((Bound::Included(log_id.index), Bound::Unbounded))?;
+            remove_entries(
+                &self.database.logs,
+                (Bound::Included(log_id.index), Bound::Unbounded),
+            )?;
             self.database.flush().await
         };
         result
@@ -180,13 +183,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 .meta
                 .insert(LAST_PURGED_KEY, encode(&log_id, "last purged log id")?)?;
             self.database.flush().await?;
-            match progress.durable {
-                Some(durable) => self.remove_entries((
-                    Bound::Unbounded,
-                    Bound::Included(durable.index.min(log_id.index)),
-                )),
-                None => Ok(()),
-            }
+            let Some(durable) = progress.durable else {
+                return Ok(());
+            };
+            // Thousands of entries, megabytes of sled pages: off the async worker, which also
+            // runs openraft's core (a purge inline stalled heartbeats long enough for a
+            // follower to call an election in the memory bench).
+            let logs = self.database.logs.clone();
+            let upto = durable.index.min(log_id.index);
+            run_blocking(move || remove_entries(&logs, (Bound::Unbounded, Bound::Included(upto))))
+                .await
         };
         result
             .await
@@ -224,7 +230,10 @@ impl LogStore {
                 };
             }
             if let Some(log_id) = kept_purge {
-                store.remove_entries((Bound::Unbounded, Bound::Included(log_id.index)))?;
+                remove_entries(
+                    &store.database.logs,
+                    (Bound::Unbounded, Bound::Included(log_id.index)),
+                )?;
             }
             store.database.db.flush()?;
         }
@@ -332,15 +341,16 @@ impl LogStore {
         self.database.logs.apply_batch(batch)?;
         Ok(())
     }
+}
 
-    fn remove_entries(&self, range: impl RangeBounds<u64>) -> Result<(), StoreError> {
-        let mut batch = sled::Batch::default();
-        for key in self.database.logs.range(key_range(range)).keys() {
-            batch.remove(key?);
-        }
-        self.database.logs.apply_batch(batch)?;
-        Ok(())
+/// Removes the entries in `range` from the log tree in one atomic sled batch (not flushed).
+fn remove_entries(logs: &sled::Tree, range: impl RangeBounds<u64>) -> Result<(), StoreError> {
+    let mut batch = sled::Batch::default();
+    for key in logs.range(key_range(range)).keys() {
+        batch.remove(key?);
     }
+    logs.apply_batch(batch)?;
+    Ok(())
 }
 
 fn key_range(range: impl RangeBounds<u64>) -> (Bound<[u8; 8]>, Bound<[u8; 8]>) {

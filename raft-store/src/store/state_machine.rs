@@ -243,8 +243,10 @@ impl StateMachineStore {
             storage_error(ErrorSubject::Snapshot(Some(signature.clone())), verb, error)
         };
         let data = snapshot.into_inner();
-        let machine =
-            Machine::decode_snapshot(&data).map_err(|error| fail(ErrorVerb::Read, error.into()))?;
+        // Decoding a large snapshot is seconds of CPU: off the async workers, like building one.
+        let (machine, data) = run_blocking(move || Ok((Machine::decode_snapshot(&data)?, data)))
+            .await
+            .map_err(|error| fail(ErrorVerb::Read, error))?;
         let database = self.database.clone();
         let persisted_meta = meta.clone();
         run_blocking(move || {
@@ -268,29 +270,29 @@ impl StateMachineStore {
 /// match the applied log id exactly), then persists meta and bytes with an fsync before
 /// returning. The snapshot id is `{term}-{index}-{counter}` with a persisted counter, unique
 /// across restarts.
+///
+/// All of it runs on a blocking thread: encoding a million leases takes a large fraction of a
+/// second of CPU, and on an async worker it starved the node's heartbeats and appends long
+/// enough for a follower to call an election (seen in the memory bench).
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
-        let fail = |verb, error| storage_error(ErrorSubject::Snapshot(None), verb, error);
-        let (data, meta) = {
-            let state = self.state.read().map_err(|_| poisoned())?;
-            let data = state
-                .machine
-                .encode_snapshot()
-                .map_err(|error| fail(ErrorVerb::Read, error.into()))?;
-            let meta = SnapshotMeta {
-                last_log_id: state.last_applied,
-                last_membership: state.last_membership.clone(),
-                snapshot_id: String::new(),
-            };
-            (data, meta)
-        };
-        let database = self.database.clone();
+        let (state, database) = (self.state.clone(), self.database.clone());
         let (meta, data) = run_blocking(move || {
+            let (data, meta) = {
+                let state = state.read().map_err(|_| StoreError::Poisoned)?;
+                let data = state.machine.encode_snapshot()?;
+                let meta = SnapshotMeta {
+                    last_log_id: state.last_applied,
+                    last_membership: state.last_membership.clone(),
+                    snapshot_id: String::new(),
+                };
+                (data, meta)
+            };
             let meta = persist_snapshot(&database, meta, &data, SnapshotOrigin::Built)?;
             Ok((meta, data))
         })
         .await
-        .map_err(|error| fail(ErrorVerb::Write, error))?;
+        .map_err(|error| storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, error))?;
         tracing::info!(snapshot = %meta, bytes = data.len(), "snapshot built");
         self.database
             .snapshot_progress
