@@ -92,6 +92,8 @@ impl ApiError {
             Rejection::PayloadTooLarge(_) => ErrorCode::PayloadTooLarge,
             Rejection::IdempotencyKeyReused(_) => ErrorCode::IdempotencyKeyReused,
             Rejection::ResourceExhausted(_) => ErrorCode::ResourceExhausted,
+            Rejection::Unauthenticated(_) => ErrorCode::Unauthenticated,
+            Rejection::PermissionDenied(_) => ErrorCode::PermissionDenied,
         };
         let mut error = ApiError::new(code, rejection.message());
         if let Rejection::StaleFence { current_fence, .. } = rejection {

@@ -5,6 +5,7 @@
 //! own, in leases.rs, kv.rs and queues.rs. Shapes need no check here: holding a `Namespace`,
 //! `ResourcePath` or `Name` proves its shape (types.rs).
 
+use super::auth::{NewToken, Scope};
 use super::command::{Command, NewSession, Op, Owner, Rejection, ResourceFence};
 use super::types::{
     validate_holder, validate_idempotency_key, validate_labels, validate_max_hold, validate_ttl,
@@ -24,8 +25,27 @@ pub fn admit(command: &Command, limits: &Limits) -> Result<(), Rejection> {
             }
             admit_op(namespace, op, limits)
         }
-        Command::Sweep { .. } | Command::SetLimits(_) => Ok(()),
+        Command::CreateToken(new_token) => admit_new_token(new_token, limits),
+        Command::RevokeToken { name } => Ok(name.check("token name", limits)?),
+        Command::Authorized { command, .. } => admit(command, limits),
+        Command::Sweep { .. } | Command::SetLimits(_) | Command::BootstrapToken { .. } => Ok(()),
     }
+}
+
+/// A token's name within the name limits and at least one namespace, each within limits.
+pub(crate) fn admit_new_token(new_token: &NewToken, limits: &Limits) -> Result<(), Rejection> {
+    new_token.name.check("token name", limits)?;
+    if let Scope::Only(namespaces) = &new_token.scope {
+        if namespaces.is_empty() {
+            return Err(Rejection::invalid(
+                "a token needs at least one namespace, or [\"*\"] for all",
+            ));
+        }
+        for namespace in namespaces {
+            namespace.check(limits)?;
+        }
+    }
+    Ok(())
 }
 
 /// Admits one operation in `namespace` under `limits`.

@@ -9,10 +9,13 @@ use serde::{Deserialize, Serialize};
 
 use super::events::EventLog;
 use super::idempotency::IdempotencyTable;
-use super::{Batch, Limits, Machine, Namespace, NamespaceState};
+use super::{AuthState, Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
-const SNAPSHOT_VERSION: u32 = 1;
+/// Version 2 added the access-control state (`auth`) at the end; version 1 snapshots (no
+/// tokens) are still read.
+const SNAPSHOT_VERSION: u32 = 2;
+const SNAPSHOT_VERSION_WITHOUT_AUTH: u32 = 1;
 /// Larger than any snapshot the limits allow.
 const SNAPSHOT_BYTES_MAX: usize = 1 << 34;
 /// A batch holds at most a few thousand commands of at most a body each.
@@ -48,10 +51,23 @@ struct SnapshotRef<'a> {
     namespaces: &'a BTreeMap<Namespace, NamespaceState>,
     idempotency: &'a IdempotencyTable,
     events: &'a EventLog,
+    auth: &'a AuthState,
 }
 
 #[derive(Deserialize)]
 struct SnapshotOwned {
+    limits: Limits,
+    time_ms: u64,
+    fence_counter: u64,
+    namespaces: BTreeMap<Namespace, NamespaceState>,
+    idempotency: IdempotencyTable,
+    events: EventLog,
+    auth: AuthState,
+}
+
+/// A version 1 snapshot: everything but `auth`.
+#[derive(Deserialize)]
+struct SnapshotOwnedV1 {
     limits: Limits,
     time_ms: u64,
     fence_counter: u64,
@@ -123,6 +139,7 @@ impl Machine {
             namespaces: &self.namespaces,
             idempotency: &self.idempotency,
             events: &self.events,
+            auth: &self.auth,
         };
         let mut bytes = Vec::with_capacity(64);
         bytes.extend_from_slice(SNAPSHOT_MAGIC);
@@ -138,10 +155,22 @@ impl Machine {
             return Err(CodecError::BadMagic);
         }
         let version = u32::from_le_bytes(bytes[4..8].try_into().expect("four bytes"));
-        if version != SNAPSHOT_VERSION {
-            return Err(CodecError::UnsupportedVersion(version));
-        }
-        let body: SnapshotOwned = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+        let body: SnapshotOwned = match version {
+            SNAPSHOT_VERSION => decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?,
+            SNAPSHOT_VERSION_WITHOUT_AUTH => {
+                let v1: SnapshotOwnedV1 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                SnapshotOwned {
+                    limits: v1.limits,
+                    time_ms: v1.time_ms,
+                    fence_counter: v1.fence_counter,
+                    namespaces: v1.namespaces,
+                    idempotency: v1.idempotency,
+                    events: v1.events,
+                    auth: AuthState::default(),
+                }
+            }
+            _ => return Err(CodecError::UnsupportedVersion(version)),
+        };
         let mut machine = Machine {
             limits: body.limits,
             time_ms: body.time_ms,
@@ -153,6 +182,7 @@ impl Machine {
             delayed: Default::default(),
             idempotency: body.idempotency,
             events: body.events,
+            auth: body.auth,
         };
         machine
             .rebuild_indexes()

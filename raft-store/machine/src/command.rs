@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::auth::{NewToken, TokenView};
 use super::types::{Invalid, Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId};
 
 /// One log entry's payload: the leader's cluster-time stamp and the commands it groups.
@@ -74,6 +75,16 @@ pub enum Command {
     Sweep { max: u32 },
     /// Replaces the limits every replica decides with.
     SetLimits(Limits),
+    /// Adds a token (admin; or anyone while access control is off).
+    CreateToken(NewToken),
+    /// Removes a token: from this entry on, no request made with it is applied.
+    RevokeToken { name: Name },
+    /// Creates the `bootstrap` admin token from `BATON_BOOTSTRAP_TOKEN`, once in the cluster's
+    /// life: any node started with it proposes this, and only the first one applied counts.
+    BootstrapToken { secret_sha256: [u8; 32] },
+    /// `command` made with token `token`: the machine checks the token still exists and may
+    /// do it (role, namespace, the session's owner) before applying it.
+    Authorized { token: Name, command: Box<Command> },
 }
 
 /// The `Idempotency-Key` of a request and a hash of everything that identifies the request
@@ -244,6 +255,14 @@ pub enum Reply {
     QueueEmpty,
     /// The task after a complete, fail or release.
     TaskUpdated(TaskView),
+    TokenCreated(TokenView),
+    TokenRevoked {
+        name: Name,
+    },
+    /// Whether this entry created the bootstrap token (only the first one does).
+    TokenBootstrapped {
+        created: bool,
+    },
 }
 
 impl Reply {
@@ -359,6 +378,10 @@ pub enum Rejection {
     PayloadTooLarge(String),
     IdempotencyKeyReused(String),
     ResourceExhausted(String),
+    /// The request's token no longer exists (revoked after the node checked it).
+    Unauthenticated(String),
+    /// The token's role, namespaces or session ownership do not allow the command.
+    PermissionDenied(String),
 }
 
 impl From<Invalid> for Rejection {
@@ -383,6 +406,8 @@ impl Rejection {
             Rejection::PayloadTooLarge(_) => "PAYLOAD_TOO_LARGE",
             Rejection::IdempotencyKeyReused(_) => "IDEMPOTENCY_KEY_REUSED",
             Rejection::ResourceExhausted(_) => "RESOURCE_EXHAUSTED",
+            Rejection::Unauthenticated(_) => "UNAUTHENTICATED",
+            Rejection::PermissionDenied(_) => "PERMISSION_DENIED",
         }
     }
 
@@ -394,6 +419,8 @@ impl Rejection {
             | Rejection::PayloadTooLarge(message)
             | Rejection::IdempotencyKeyReused(message)
             | Rejection::ResourceExhausted(message)
+            | Rejection::Unauthenticated(message)
+            | Rejection::PermissionDenied(message)
             | Rejection::LeaseHeld { message, .. }
             | Rejection::StaleFence { message, .. } => message,
         }

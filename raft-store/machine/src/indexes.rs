@@ -8,6 +8,7 @@ use super::Machine;
 impl Machine {
     /// Recomputes what snapshots leave out: each session's lease set and the deadline indexes.
     pub(crate) fn rebuild_indexes(&mut self) -> Result<(), String> {
+        self.auth.rebuild_index();
         for (namespace, state) in &mut self.namespaces {
             for (session_id, session) in &state.sessions {
                 self.session_deadlines.insert((

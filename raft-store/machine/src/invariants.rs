@@ -220,6 +220,17 @@ impl Machine {
         if self.idempotency.len() > self.limits.idempotency_keys_max {
             return Err("more idempotency records than idempotency_keys_max".to_owned());
         }
+        for (namespace, session_id) in self.auth.owned_sessions() {
+            let exists = self
+                .namespaces
+                .get(namespace)
+                .is_some_and(|state| state.sessions.contains_key(session_id));
+            if !exists {
+                return Err(format!(
+                    "session {session_id:?} in {namespace} has an owner but does not exist"
+                ));
+            }
+        }
         Ok(())
     }
 }

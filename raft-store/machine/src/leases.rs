@@ -433,6 +433,7 @@ impl Machine {
         );
         self.session_deadlines
             .remove(&(session.deadline_ms, namespace.clone(), session_id));
+        self.auth.forget_session(namespace, session_id);
         if state.is_empty() {
             self.namespaces.remove(namespace);
         }

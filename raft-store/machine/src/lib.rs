@@ -11,6 +11,7 @@
 //! Never put here: anything that reads a clock, a random number generator, a file or a socket.
 
 mod admission;
+mod auth;
 mod codec;
 mod command;
 mod events;
@@ -31,6 +32,7 @@ use std::ops::Bound;
 use serde::{Deserialize, Serialize};
 
 pub use admission::admit;
+pub use auth::{AuthState, Caller, NewToken, Role, Scope, TokenView, BOOTSTRAP_TOKEN_NAME};
 pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecError};
 pub use command::{
     Batch, Command, Event, EventKind, FenceStatus, Grant, IdempotencyTag, KvView, LeaseView,
@@ -66,6 +68,7 @@ pub struct Machine {
     delayed: BTreeSet<(u64, Namespace, Name, u64, Name)>,
     idempotency: IdempotencyTable,
     events: EventLog,
+    auth: AuthState,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -137,6 +140,7 @@ impl Machine {
             delayed: BTreeSet::new(),
             idempotency: IdempotencyTable::default(),
             events: EventLog::default(),
+            auth: AuthState::default(),
         }
     }
 
@@ -331,37 +335,7 @@ impl Machine {
                 namespace,
                 idempotency,
                 op,
-            } => {
-                if let Some(tag) = idempotency {
-                    if let Err(invalid) = validate_idempotency_key(&tag.key, &self.limits) {
-                        return Response::fresh(Err(invalid.into()));
-                    }
-                    if let Some(replay) = self.idempotency.lookup(namespace, tag) {
-                        return replay;
-                    }
-                }
-                let outcome = self.apply_op(namespace, op);
-                if let (Some(tag), Ok(reply)) = (idempotency, &outcome) {
-                    if !reply.changed_state() {
-                        return Response::fresh(outcome);
-                    }
-                    self.idempotency.record(
-                        namespace,
-                        tag,
-                        reply.clone(),
-                        self.time_ms,
-                        &self.limits,
-                    );
-                }
-                if self
-                    .namespaces
-                    .get(namespace)
-                    .is_some_and(NamespaceState::is_empty)
-                {
-                    self.namespaces.remove(namespace);
-                }
-                Response::fresh(outcome)
-            }
+            } => self.apply_namespaced(namespace, idempotency.as_ref(), op, None),
             Command::Sweep { max } => {
                 let (leases, sessions) = self.sweep(*max as usize);
                 Response::fresh(Ok(Reply::Swept { leases, sessions }))
@@ -373,7 +347,99 @@ impl Machine {
                 self.idempotency.prune(self.time_ms, &self.limits);
                 Response::fresh(Ok(Reply::LimitsSet))
             }
+            Command::CreateToken(new_token) => {
+                Response::fresh(self.auth.create(new_token, self.time_ms, &self.limits))
+            }
+            Command::RevokeToken { name } => Response::fresh(self.auth.revoke(name)),
+            Command::BootstrapToken { secret_sha256 } => Response::fresh(self.auth.bootstrap(
+                *secret_sha256,
+                self.time_ms,
+                &self.limits,
+            )),
+            Command::Authorized { token, command } => self.apply_authorized(token, command),
         }
+    }
+
+    /// A command made with `token`: refused unless the token exists now and may do it.
+    fn apply_authorized(&mut self, token: &Name, command: &Command) -> Response {
+        let Some(caller) = self.auth.caller(token) else {
+            return Response::fresh(Err(Rejection::Unauthenticated(format!(
+                "token {token} was revoked"
+            ))));
+        };
+        match command {
+            Command::Namespaced {
+                namespace,
+                idempotency,
+                op,
+            } => match self.auth.authorize(&caller, namespace, op) {
+                Ok(()) => self.apply_namespaced(namespace, idempotency.as_ref(), op, Some(token)),
+                Err(denied) => Response::fresh(Err(denied)),
+            },
+            Command::CreateToken(_) | Command::RevokeToken { .. } | Command::SetLimits(_) => {
+                if caller.role == Role::Admin {
+                    self.apply_command(command)
+                } else {
+                    Response::fresh(Err(Rejection::PermissionDenied(format!(
+                        "token {token} has role {}: tokens and limits need admin",
+                        caller.role.as_str()
+                    ))))
+                }
+            }
+            Command::Sweep { .. } | Command::BootstrapToken { .. } | Command::Authorized { .. } => {
+                Response::fresh(Err(Rejection::invalid(
+                    "this command is never made with a token",
+                )))
+            }
+        }
+    }
+
+    /// A client operation in `namespace`, made by token `by` when access control is on.
+    fn apply_namespaced(
+        &mut self,
+        namespace: &Namespace,
+        idempotency: Option<&IdempotencyTag>,
+        op: &Op,
+        by: Option<&Name>,
+    ) -> Response {
+        if let Some(tag) = idempotency {
+            if let Err(invalid) = validate_idempotency_key(&tag.key, &self.limits) {
+                return Response::fresh(Err(invalid.into()));
+            }
+            if let Some(replay) = self.idempotency.lookup(namespace, tag) {
+                return replay;
+            }
+        }
+        let outcome = self.apply_op(namespace, op);
+        if let (Some(by), Some(session_id)) = (by, op.session_created()) {
+            let created = self
+                .namespaces
+                .get(namespace)
+                .is_some_and(|state| state.sessions.contains_key(&session_id));
+            if created {
+                self.auth.set_owner(namespace, session_id, by);
+            }
+        }
+        if let (Some(tag), Ok(reply)) = (idempotency, &outcome) {
+            if !reply.changed_state() {
+                return Response::fresh(outcome);
+            }
+            self.idempotency
+                .record(namespace, tag, reply.clone(), self.time_ms, &self.limits);
+        }
+        if self
+            .namespaces
+            .get(namespace)
+            .is_some_and(NamespaceState::is_empty)
+        {
+            self.namespaces.remove(namespace);
+        }
+        Response::fresh(outcome)
+    }
+
+    /// The access-control state: tokens and session owners.
+    pub fn auth(&self) -> &AuthState {
+        &self.auth
     }
 
     fn apply_op(&mut self, namespace: &Namespace, op: &Op) -> Result<Reply, Rejection> {

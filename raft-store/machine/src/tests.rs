@@ -140,6 +140,11 @@ fn render(response: &Response) -> String {
             format!("swept leases={leases} sessions={sessions}")
         }
         Ok(Reply::LimitsSet) => "limits_set".to_owned(),
+        Ok(Reply::TokenCreated(token)) => {
+            format!("token {} {}", token.name, token.role.as_str())
+        }
+        Ok(Reply::TokenRevoked { name }) => format!("revoked {name}"),
+        Ok(Reply::TokenBootstrapped { created }) => format!("bootstrapped created={created}"),
         Ok(Reply::TaskEnqueued(task)) => format!("enqueued {}", task.id),
         Ok(Reply::TaskClaimed(claimed)) => {
             format!(
@@ -1081,11 +1086,20 @@ fn snapshots_round_trip_and_refuse_garbage() {
     assert_eq!(decoded.encode_snapshot().expect("encode"), bytes);
 
     let mut future = bytes.clone();
-    future[4] = 2;
+    future[4] = 3;
     assert!(matches!(
         Machine::decode_snapshot(&future),
-        Err(CodecError::UnsupportedVersion(2))
+        Err(CodecError::UnsupportedVersion(3))
     ));
+    // A version 1 snapshot (written before access control) is the same bytes without the
+    // empty access-control state at the end (three zero lengths and flags).
+    assert_eq!(&bytes[bytes.len() - 3..], &[0, 0, 0]);
+    let mut version_1 = bytes[..bytes.len() - 3].to_vec();
+    version_1[4] = 1;
+    assert_eq!(
+        Machine::decode_snapshot(&version_1).expect("a version 1 snapshot decodes"),
+        machine
+    );
     assert!(matches!(
         Machine::decode_snapshot(b"nope"),
         Err(CodecError::BadMagic)
@@ -1584,4 +1598,187 @@ fn tasks_held_back_by_dependencies_or_delays_are_waiting() {
     let ready = machine.tasks(&namespace(), &queue, Some(TaskState::Ready), None, 10);
     assert_eq!(ready.items.len(), 1);
     assert_eq!(ready.items[0].state, TaskState::Ready);
+}
+
+// ---- access control ----
+
+fn token(name: &str, role: Role, scope: &[&str], secret: u8) -> Command {
+    let scope = if scope == ["*"] {
+        Scope::All
+    } else {
+        Scope::Only(
+            scope
+                .iter()
+                .map(|namespace| Namespace::new(*namespace).expect("a namespace"))
+                .collect(),
+        )
+    };
+    Command::CreateToken(NewToken {
+        name: Name::new("token name", name).expect("a name"),
+        role,
+        scope,
+        secret_sha256: [secret; 32],
+    })
+}
+
+fn by(name: &str, op: Op) -> Command {
+    by_in(name, "default", op)
+}
+
+fn by_in(name: &str, namespace: &str, op: Op) -> Command {
+    Command::Authorized {
+        token: Name::new("token name", name).expect("a name"),
+        command: Box::new(Command::Namespaced {
+            namespace: Namespace::new(namespace).expect("a namespace"),
+            idempotency: None,
+            op,
+        }),
+    }
+}
+
+#[test]
+fn tokens_allow_by_role_namespace_and_session_owner() {
+    let mut machine = Machine::default();
+    for (command, expected) in [
+        (token("ops", Role::Admin, &["*"], 1), "token ops admin"),
+        (
+            token("team-a", Role::Agent, &["default"], 2),
+            "token team-a agent",
+        ),
+        (
+            token("team-b", Role::Agent, &["default"], 3),
+            "token team-b agent",
+        ),
+        (
+            token("watcher", Role::Reader, &["*"], 4),
+            "token watcher reader",
+        ),
+        (token("team-a", Role::Agent, &["x"], 5), "INVALID_ARGUMENT"),
+        (
+            token("dup-secret", Role::Agent, &["x"], 2),
+            "INVALID_ARGUMENT",
+        ),
+        (token("nowhere", Role::Agent, &[], 6), "INVALID_ARGUMENT"),
+        (
+            by("team-a", create(A, "agent-a", 1_000)),
+            "session expires_in=1000",
+        ),
+        (
+            by("team-a", acquire(A, "src/auth.rs")),
+            "granted fence=1 expires_in=1000",
+        ),
+        // Another agent token may not use team-a's session, even knowing its id.
+        (by("team-b", keepalive(A)), "PERMISSION_DENIED"),
+        (
+            by("team-b", acquire(A, "src/other.rs")),
+            "PERMISSION_DENIED",
+        ),
+        // An admin may.
+        (by("ops", keepalive(A)), "kept_alive expires_in=1000"),
+        (
+            by("watcher", create(B, "reader", 1_000)),
+            "PERMISSION_DENIED",
+        ),
+        (
+            by_in("team-a", "team-b", create(B, "agent-a", 1_000)),
+            "PERMISSION_DENIED",
+        ),
+        (by("nobody", create(B, "agent-a", 1_000)), "UNAUTHENTICATED"),
+        // Tokens and limits need admin.
+        (
+            Command::Authorized {
+                token: Name::new("token name", "team-a").unwrap(),
+                command: Box::new(token("sneaky", Role::Admin, &["*"], 7)),
+            },
+            "PERMISSION_DENIED",
+        ),
+        (
+            Command::RevokeToken {
+                name: Name::new("token name", "team-a").unwrap(),
+            },
+            "revoked team-a",
+        ),
+        // Revoked: refused from the entry that revoked it on.
+        (by("team-a", keepalive(A)), "UNAUTHENTICATED"),
+        (
+            Command::RevokeToken {
+                name: Name::new("token name", "team-a").unwrap(),
+            },
+            "NOT_FOUND",
+        ),
+    ] {
+        assert_eq!(
+            step(&mut machine, 0, command.clone()),
+            expected,
+            "{command:?}"
+        );
+    }
+    let owner = machine.auth().owner(&namespace(), SessionId(A));
+    assert_eq!(
+        owner.map(Name::as_str),
+        Some("team-a"),
+        "the owner outlives its token"
+    );
+    assert_eq!(
+        machine
+            .auth()
+            .authenticate(&[3; 32])
+            .map(|caller| caller.name.as_str().to_owned()),
+        Some("team-b".to_owned())
+    );
+    assert!(machine.auth().authenticate(&[2; 32]).is_none(), "revoked");
+
+    // Ending the session forgets its owner; a snapshot keeps tokens and owners, and the hash
+    // index is rebuilt.
+    step(&mut machine, 0, by("team-b", create(B, "agent-b", 1_000)));
+    assert_eq!(
+        step(&mut machine, 0, by("ops", end(A))),
+        "ended [src/auth.rs]"
+    );
+    assert_eq!(machine.auth().owner(&namespace(), SessionId(A)), None);
+    let decoded = Machine::decode_snapshot(&machine.encode_snapshot().unwrap()).unwrap();
+    assert_eq!(decoded, machine);
+    assert!(decoded.auth().authenticate(&[3; 32]).is_some());
+    assert_eq!(
+        decoded
+            .auth()
+            .owner(&namespace(), SessionId(B))
+            .map(Name::as_str),
+        Some("team-b")
+    );
+}
+
+#[test]
+fn the_bootstrap_token_is_created_once_in_the_clusters_life() {
+    let mut machine = Machine::default();
+    let bootstrap = |secret| Command::BootstrapToken {
+        secret_sha256: [secret; 32],
+    };
+    assert_eq!(
+        step(&mut machine, 0, bootstrap(9)),
+        "bootstrapped created=true"
+    );
+    assert_eq!(
+        step(&mut machine, 0, bootstrap(8)),
+        "bootstrapped created=false"
+    );
+    let caller = machine
+        .auth()
+        .authenticate(&[9; 32])
+        .expect("the first secret");
+    assert_eq!(
+        (caller.name.as_str(), caller.role),
+        (BOOTSTRAP_TOKEN_NAME, Role::Admin)
+    );
+    assert!(machine.auth().authenticate(&[8; 32]).is_none());
+    let revoke = Command::RevokeToken {
+        name: Name::new("token name", BOOTSTRAP_TOKEN_NAME).unwrap(),
+    };
+    assert_eq!(step(&mut machine, 0, revoke), "revoked bootstrap");
+    assert_eq!(
+        step(&mut machine, 0, bootstrap(9)),
+        "bootstrapped created=false",
+        "a node restarted with the old secret does not bring it back"
+    );
+    assert!(machine.auth().authenticate(&[9; 32]).is_none());
 }

@@ -582,6 +582,9 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::TaskClaimed(_) => "TaskClaimed",
         Reply::QueueEmpty => "QueueEmpty",
         Reply::TaskUpdated(_) => "TaskUpdated",
+        Reply::TokenCreated(_) => "TokenCreated",
+        Reply::TokenRevoked { .. } => "TokenRevoked",
+        Reply::TokenBootstrapped { .. } => "TokenBootstrapped",
     }
 }
 
