@@ -67,6 +67,9 @@ pub struct ClusterConfig {
     pub ready_timeout: Duration,
     /// More flags appended to every node's command line.
     pub extra_args: Vec<String>,
+    /// With access control: every node runs with `--auth` and this `BATON_BOOTSTRAP_TOKEN`,
+    /// and the cluster's [`Api`] sends it (the bootstrap admin) unless a call says otherwise.
+    pub bootstrap_token: Option<String>,
 }
 
 impl ClusterConfig {
@@ -80,6 +83,7 @@ impl ClusterConfig {
             tick_ms: 100,
             ready_timeout: READY_TIMEOUT,
             extra_args: Vec::new(),
+            bootstrap_token: None,
         }
     }
 }
@@ -361,14 +365,21 @@ impl Cluster {
                 .to_args();
                 args.extend(["--log-format".into(), "human".into()]);
                 args.extend(config.extra_args.iter().map(OsString::from));
-                Node::new(
+                let mut env = Vec::new();
+                if let Some(secret) = &config.bootstrap_token {
+                    args.push("--auth".into());
+                    env.push(("BATON_BOOTSTRAP_TOKEN".to_owned(), secret.clone()));
+                }
+                let mut node = Node::new(
                     id,
                     api_port,
                     peer_port,
                     data_dir,
                     directory.path().join(format!("node-{id}.log")),
                     args,
-                )
+                );
+                node.env = env;
+                node
             })
             .collect();
         for node in &nodes {
@@ -376,7 +387,10 @@ impl Cluster {
         }
         Cluster {
             nodes,
-            api: Api::new(),
+            api: Api {
+                token: config.bootstrap_token.clone(),
+                ..Api::new()
+            },
             config: config.clone(),
             directory: Some(directory),
         }
@@ -535,6 +549,8 @@ pub struct Node {
     peer_port: u16,
     data_dir: PathBuf,
     args: Vec<OsString>,
+    /// Environment variables set for the process.
+    env: Vec<(String, String)>,
     process: baton_kit::Process,
 }
 
@@ -553,6 +569,7 @@ impl Node {
             peer_port,
             data_dir,
             args,
+            env: Vec::new(),
             process: baton_kit::Process::new(log_path),
         }
     }
@@ -681,6 +698,7 @@ impl Node {
     fn spawn(&self) {
         let mut command = Command::new(batond_path());
         command.args(&self.args);
+        command.envs(self.env.iter().map(|(name, value)| (name, value)));
         let banner = format!(
             "harness: node {}: {} {}",
             self.id,
@@ -841,6 +859,8 @@ pub fn idempotency_key() -> String {
 #[derive(Debug, Clone)]
 pub struct Api {
     client: reqwest::Client,
+    /// Sent as `Authorization: Bearer` by every call that does not set its own.
+    token: Option<String>,
 }
 
 impl Default for Api {
@@ -859,7 +879,10 @@ impl Api {
             .pool_max_idle_per_host(0)
             .build()
             .expect("build an HTTP client");
-        Api { client }
+        Api {
+            client,
+            token: None,
+        }
     }
 
     /// A request to build further (namespace, idempotency key, body) and send.
@@ -869,6 +892,7 @@ impl Api {
             method,
             url: format!("{}{path}", node.api_url()),
             headers: Vec::new(),
+            token: self.token.clone(),
             body: None,
             timeout: None,
         }
@@ -902,6 +926,8 @@ pub struct Call {
     method: Method,
     url: String,
     headers: Vec<(String, String)>,
+    /// `Authorization: Bearer`: the cluster's default, replaced by [`Call::token`].
+    token: Option<String>,
     body: Option<(Vec<u8>, String)>,
     timeout: Option<Duration>,
 }
@@ -929,6 +955,12 @@ impl Call {
         self.header(api::HEADER_IDEMPOTENCY_KEY, key)
     }
 
+    /// `Authorization: Bearer <secret>` instead of the cluster's default; `None` sends none.
+    pub fn token(mut self, secret: Option<&str>) -> Call {
+        self.token = secret.map(str::to_owned);
+        self
+    }
+
     /// Any other header.
     pub fn header(mut self, name: &str, value: &str) -> Call {
         self.headers.push((name.to_owned(), value.to_owned()));
@@ -947,6 +979,9 @@ impl Call {
         let mut builder = self.client.request(self.method, &self.url);
         for (name, value) in &self.headers {
             builder = builder.header(name, value);
+        }
+        if let Some(secret) = &self.token {
+            builder = builder.bearer_auth(secret);
         }
         if let Some(timeout) = self.timeout {
             builder = builder.timeout(timeout);

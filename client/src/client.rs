@@ -22,11 +22,12 @@ use tokio::time::Instant;
 
 use crate::api::{
     AcquireRequest, AddMemberRequest, Applied, ClusterStatus, CreateSessionRequest,
-    CreateSessionResponse, EndSessionResponse, FenceCheckRequest, FenceCheckResponse, Grant,
-    KeepaliveResponse, KvDeleteRequest, KvDeleteResponse, KvEntry, KvPutRequest, KvPutResponse,
-    Labels, Lease, LeaseList, ListLeasesQuery, Problem, ReleaseRequest, ReleaseResponse, SessionId,
-    SessionInfo, DEFAULT_NAMESPACE, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY,
-    HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER, HEADER_NAMESPACE,
+    CreateSessionResponse, CreateTokenRequest, CreatedToken, EndSessionResponse, FenceCheckRequest,
+    FenceCheckResponse, Grant, KeepaliveResponse, KvDeleteRequest, KvDeleteResponse, KvEntry,
+    KvPutRequest, KvPutResponse, Labels, Lease, LeaseList, ListLeasesQuery, Problem,
+    ReleaseRequest, ReleaseResponse, RevokedToken, SessionId, SessionInfo, TokenList,
+    DEFAULT_NAMESPACE, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY, HEADER_IDEMPOTENT_REPLAYED,
+    HEADER_LEADER, HEADER_NAMESPACE,
 };
 use crate::clock::{rate_error_ppm, Clock, SystemClock, CLOCK_RATE_ERROR_DEFAULT};
 use crate::error::{Error, Result};
@@ -649,6 +650,53 @@ impl Client {
     pub async fn remove_member(&self, id: u64) -> Result<Value> {
         let path = format!("/v1/cluster/members/{id}");
         Ok(self.mutate(Method::DELETE, path, None::<&()>).await?.value)
+    }
+
+    /// `POST /v1/auth/tokens` (admin): a new token and its secret, shown this once.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for a bad or taken name or namespace; an auth error without
+    /// an admin token.
+    pub async fn create_token(&self, request: &CreateTokenRequest) -> Result<CreatedToken> {
+        Ok(self
+            .mutate(Method::POST, "/v1/auth/tokens".to_owned(), Some(request))
+            .await?
+            .value)
+    }
+
+    /// `GET /v1/auth/tokens` (admin): every token, never a secret.
+    pub async fn list_tokens(&self) -> Result<TokenList> {
+        self.read(Method::GET, "/v1/auth/tokens".to_owned(), None::<&()>)
+            .await
+    }
+
+    /// `DELETE /v1/auth/tokens/{name}` (admin): refused cluster-wide from its entry on.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::NotFound`] when no token has that name.
+    pub async fn revoke_token(&self, name: &str) -> Result<RevokedToken> {
+        let path = format!("/v1/auth/tokens/{}", encode_name(name)?);
+        Ok(self.mutate(Method::DELETE, path, None::<&()>).await?.value)
+    }
+
+    /// `GET /v1/limits`: every limit the cluster decides with, by name.
+    pub async fn limits(&self) -> Result<Value> {
+        self.read(Method::GET, "/v1/limits".to_owned(), None::<&()>)
+            .await
+    }
+
+    /// `PUT /v1/limits` (admin): changes the named limits; answers every limit after.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] for an unknown limit or a set that contradicts itself.
+    pub async fn set_limits(&self, changes: &serde_json::Map<String, Value>) -> Result<Value> {
+        Ok(self
+            .mutate(Method::PUT, "/v1/limits".to_owned(), Some(changes))
+            .await?
+            .value)
     }
 
     // -----------------------------------------------------------------------------------------

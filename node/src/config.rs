@@ -45,9 +45,34 @@ pub enum Mode {
         /// `1=API@PEER,2=API@PEER,...`; used only when the data dir is empty.
         #[arg(long, env = "BATON_INITIAL_CLUSTER")]
         initial_cluster: Option<String>,
+        /// Require a token on every client request but /healthz and /readyz (docs/security.md).
+        /// The first admin token comes from `BATON_BOOTSTRAP_TOKEN`.
+        #[arg(long, env = "BATON_AUTH")]
+        auth: bool,
         #[command(flatten)]
         tuning: Tuning,
     },
+}
+
+/// The environment variable holding the bootstrap admin secret (never a flag: a flag shows in
+/// the process list).
+pub const BOOTSTRAP_TOKEN_ENV: &str = "BATON_BOOTSTRAP_TOKEN";
+/// A token secret's length bounds, in bytes of printable ASCII.
+pub const SECRET_BYTES_MIN: usize = 16;
+pub const SECRET_BYTES_MAX: usize = 256;
+
+/// Whether `secret` can be a token secret: 16..=256 printable ASCII characters, no spaces.
+pub fn check_secret(secret: &str) -> Result<(), String> {
+    if secret.len() < SECRET_BYTES_MIN || secret.len() > SECRET_BYTES_MAX {
+        return Err(format!(
+            "a token secret must be {SECRET_BYTES_MIN}..={SECRET_BYTES_MAX} characters, got {}",
+            secret.len()
+        ));
+    }
+    if !secret.bytes().all(|byte| byte.is_ascii_graphic()) {
+        return Err("a token secret may only hold printable ASCII without spaces".to_owned());
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Args)]
@@ -99,6 +124,11 @@ pub struct NodeConfig {
     /// The members to bootstrap with when the data dir is empty; `None` joins an existing
     /// cluster (it must be added through the membership API).
     pub initial_cluster: Option<BTreeMap<u64, Member>>,
+    /// `--auth`: every client request but the health checks needs a token.
+    pub auth: bool,
+    /// `BATON_BOOTSTRAP_TOKEN`, checked: the secret of the `bootstrap` admin token this node
+    /// proposes until the cluster has one (with `--auth` only).
+    pub bootstrap_token: Option<String>,
     pub tuning: Tuning,
 }
 
@@ -121,6 +151,8 @@ impl NodeConfig {
                     listen,
                     peer_listen,
                     initial_cluster: Some(BTreeMap::from([(1, me)])),
+                    auth: false,
+                    bootstrap_token: None,
                     tuning,
                 }
             }
@@ -130,6 +162,7 @@ impl NodeConfig {
                 listen,
                 peer_listen,
                 initial_cluster,
+                auth,
                 tuning,
             } => NodeConfig {
                 id,
@@ -140,6 +173,16 @@ impl NodeConfig {
                     .as_deref()
                     .map(parse_initial_cluster)
                     .transpose()?,
+                auth,
+                bootstrap_token: match std::env::var(BOOTSTRAP_TOKEN_ENV) {
+                    Ok(secret) if auth => {
+                        check_secret(&secret).map_err(|problem| {
+                            anyhow::anyhow!("{BOOTSTRAP_TOKEN_ENV}: {problem}")
+                        })?;
+                        Some(secret)
+                    }
+                    _ => None,
+                },
                 tuning,
             },
         };

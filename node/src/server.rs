@@ -104,8 +104,13 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         clock_control: tuning.clock_control,
         event_streams: Arc::new(tokio::sync::Semaphore::new(tuning.event_streams_max)),
         election_timeout,
+        auth: config.auth,
         cluster_time_shown: Default::default(),
     });
+
+    if let Some(secret) = config.bootstrap_token.clone() {
+        tokio::spawn(crate::http::bootstrap_token(app.clone(), secret));
+    }
 
     let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut stopped: watch::Receiver<bool>| async move {

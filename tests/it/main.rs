@@ -18,4 +18,5 @@ mod mcp;
 mod membership;
 mod process;
 mod queues;
+mod security;
 mod time;

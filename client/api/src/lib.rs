@@ -12,12 +12,14 @@
 //! a fence check's `fence`) are always present. Times are cluster-time milliseconds
 //! (`*_ms`) or informational RFC 3339 UTC strings (`*_at`).
 //!
-//! One module per route family (`sessions`, `leases`, `kv`, `queues`, `events`, `cluster`),
+//! One module per route family (`sessions`, `leases`, `kv`, `queues`, `events`, `cluster`,
+//! `auth`),
 //! with `error` (the problem body, its codes, the outcome classifier), `common` (the pieces
 //! several families share) and `format` (RFC 3339, UUID v4); all of it is re-exported here.
 
 use std::collections::BTreeMap;
 
+mod auth;
 mod cluster;
 mod common;
 mod error;
@@ -28,6 +30,7 @@ mod leases;
 mod queues;
 mod sessions;
 
+pub use auth::*;
 pub use cluster::*;
 pub use common::*;
 pub use error::*;

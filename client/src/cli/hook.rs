@@ -339,14 +339,11 @@ fn hook_client(global: &Global, claude_session: &str) -> Result<Client, Error> {
         let short: String = claude_session.chars().take(8).collect();
         format!("claude-code:{short}@{host}")
     });
-    let mut builder = Client::builder(global.endpoints())
+    let builder = Client::builder(global.endpoints())
         .holder(holder)
         .request_timeout(global.timeout.min(HOOK_REQUEST_TIMEOUT_MAX))
         .retry_budget(global.timeout.min(HOOK_RETRY_BUDGET_MAX));
-    if let Some(namespace) = global.namespace() {
-        builder = builder.namespace(namespace);
-    }
-    builder.build()
+    global.configure(builder).build()
 }
 
 /// The file keeping one Claude session's Baton session id.

@@ -3,6 +3,7 @@
 //! `--timeout`) are accepted before or after the subcommand and read `BATON_*` variables.
 //! What must never live here: HTTP; every request goes through `baton_client::Client`.
 
+mod admin;
 mod commands;
 pub mod duration;
 mod events;
@@ -36,8 +37,8 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// Flags every subcommand takes, before or after its name. `--endpoints`, `--holder` and
-/// `--namespace` fall back to their `BATON_*` variable here, not through clap's `env`, so
+/// Flags every subcommand takes, before or after its name. `--endpoints`, `--holder`,
+/// `--namespace` and `--token` fall back to their `BATON_*` variable here, not through clap's `env`, so
 /// that a usage error never shows a flag the caller did not type as if it were required.
 #[derive(Debug, Args)]
 pub struct Global {
@@ -55,6 +56,9 @@ pub struct Global {
     /// Namespace [env: BATON_NAMESPACE] [default: default].
     #[arg(long, global = true)]
     pub namespace: Option<String>,
+    /// Bearer token of a cluster with access control [env: BATON_TOKEN].
+    #[arg(long, global = true)]
+    pub token: Option<String>,
     /// Print the API's answer object as JSON on stdout.
     #[arg(long, global = true)]
     pub json: bool,
@@ -92,6 +96,26 @@ impl Global {
     /// `--holder`, else a non-empty `BATON_HOLDER`.
     pub fn holder(&self) -> Option<String> {
         self.holder.clone().or_else(|| variable("BATON_HOLDER"))
+    }
+
+    /// `builder` with the namespace and token these flags give, if any: every client a
+    /// command builds goes through here.
+    pub fn configure(
+        &self,
+        mut builder: baton_client::ClientBuilder,
+    ) -> baton_client::ClientBuilder {
+        if let Some(namespace) = self.namespace() {
+            builder = builder.namespace(namespace);
+        }
+        if let Some(token) = self.token() {
+            builder = builder.token(token);
+        }
+        builder
+    }
+
+    /// `--token`, else a non-empty `BATON_TOKEN`.
+    pub fn token(&self) -> Option<String> {
+        self.token.clone().or_else(|| variable("BATON_TOKEN"))
     }
 
     /// `--namespace`, else a non-empty `BATON_NAMESPACE`.
@@ -146,6 +170,12 @@ pub enum Command {
     /// Cluster membership and status.
     #[command(subcommand)]
     Cluster(ClusterCommand),
+    /// Access tokens (admin): create, list, revoke.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// The limits every node decides with: get, or set some (admin).
+    #[command(subcommand)]
+    Limits(LimitsCommand),
     /// Hold a lease while a command runs: `baton run RESOURCE -- CMD ARGS...`.
     Run(RunArgs),
     /// Work queues: add, claim, complete, fail, release and list tasks.
@@ -469,6 +499,58 @@ pub enum ClusterCommand {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token; prints its secret, which is shown this once.
+    Create {
+        /// Its name: 1..=128 of `A-Z a-z 0-9 . _ : -`.
+        name: String,
+        /// reader (reads and events), agent (every lease, kv and queue call), admin (all).
+        #[arg(long, value_enum)]
+        role: TokenRoleArg,
+        /// The namespaces it may use, comma-separated; `*` for all.
+        #[arg(long, value_delimiter = ',', required = true)]
+        namespaces: Vec<String>,
+    },
+    /// List the tokens (never their secrets).
+    List,
+    /// Revoke a token: every node refuses it from then on.
+    Revoke {
+        /// The token's name.
+        name: String,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TokenRoleArg {
+    Reader,
+    Agent,
+    Admin,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LimitsCommand {
+    /// Print every limit, `name=value` per line.
+    Get,
+    /// Change limits: `baton limits set ttl_ms_max=600000 leases_per_session_max=100`.
+    Set {
+        /// `NAME=VALUE` pairs; VALUE a non-negative integer.
+        #[arg(required = true, value_parser = parse_limit)]
+        changes: Vec<(String, u64)>,
+    },
+}
+
+/// `NAME=VALUE` with an integer value.
+fn parse_limit(text: &str) -> Result<(String, u64), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("{text:?} is not NAME=VALUE"))?;
+    let value = value.parse().map_err(|_| {
+        format!("the value of {name} must be a non-negative integer, got {value:?}")
+    })?;
+    Ok((name.to_owned(), value))
+}
+
 #[derive(Debug, Args)]
 pub struct RunArgs {
     /// The resource to hold while CMD runs.
@@ -562,10 +644,7 @@ pub(crate) fn client(global: &Global) -> Result<Client, Error> {
     if let Some(holder) = global.holder() {
         builder = builder.holder(holder);
     }
-    if let Some(namespace) = global.namespace() {
-        builder = builder.namespace(namespace);
-    }
-    builder.build()
+    global.configure(builder).build()
 }
 
 #[cfg(test)]

@@ -41,22 +41,19 @@ wait (claim with wait_seconds), or escalate. Never work on a resource someone el
 Release what you are done with. If a result says your session was lost, stop acting on the \
 claims it names.";
 
-/// `baton mcp` flags (besides the global `--endpoints`, `--holder`, `--namespace`).
+/// `baton mcp` flags (besides the global `--endpoints`, `--holder`, `--namespace`, `--token`).
 #[derive(Debug, Args)]
 pub struct McpArgs {
     /// TTL of this agent's Baton session; it is renewed every third of it while the server
     /// runs, and everything it holds is freed this long after the server dies.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub ttl: Duration,
-    /// Bearer token for Baton (docs/api.md, "Security").
-    #[arg(long, env = "BATON_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
 }
 
 /// Serves MCP on stdin/stdout until stdin closes, SIGTERM or Ctrl-C; then ends the session.
 /// Returns the exit code.
 pub async fn serve(global: &Global, args: McpArgs) -> u8 {
-    let client = match client(global, &args) {
+    let client = match client(global) {
         Ok(client) => client,
         Err(error) => {
             eprintln!("error[{}]: {}", error.code(), error.message());
@@ -105,21 +102,15 @@ pub async fn serve(global: &Global, args: McpArgs) -> u8 {
     code
 }
 
-fn client(global: &Global, args: &McpArgs) -> Result<Client, Error> {
+fn client(global: &Global) -> Result<Client, Error> {
     let holder = global
         .holder()
         .unwrap_or_else(|| format!("{}:{}", default_holder(), std::process::id()));
-    let mut builder = Client::builder(global.endpoints())
+    let builder = Client::builder(global.endpoints())
         .holder(holder)
         .request_timeout(REQUEST_TIMEOUT)
         .retry_budget(RETRY_BUDGET);
-    if let Some(namespace) = global.namespace() {
-        builder = builder.namespace(namespace);
-    }
-    if let Some(token) = &args.token {
-        builder = builder.token(token);
-    }
-    builder.build()
+    global.configure(builder).build()
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

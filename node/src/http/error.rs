@@ -158,6 +158,10 @@ impl IntoResponse for ApiError {
         if let Some(cluster_time_ms) = self.cluster_time_ms {
             headers.insert(HEADER_CLUSTER_TIME, HeaderValue::from(cluster_time_ms));
         }
+        if self.problem.code == ErrorCode::Unauthenticated {
+            // RFC 6750: a 401 names the scheme it wants.
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
         response
     }
 }

@@ -7,7 +7,7 @@ use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
 use axum::http::request::Parts;
 use axum::http::StatusCode;
 use baton_api::{HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
-use baton_raft_store::machine::{validate_idempotency_key, Name, Namespace, ResourcePath};
+use baton_raft_store::machine::{validate_idempotency_key, Caller, Name, Namespace, ResourcePath};
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
@@ -53,6 +53,22 @@ impl FromRequestParts<AppState> for Ns {
         app.with_limits(|limits| Namespace::parse(text, limits))
             .map(Ns)
             .map_err(ApiError::from_invalid)
+    }
+}
+
+/// The token a request was made with, when access control is on: the `Caller` the auth
+/// middleware (`auth.rs`) put in the request, by name. Writes carry it into the log.
+#[derive(Debug)]
+pub struct By(pub Option<Name>);
+
+impl FromRequestParts<AppState> for By {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _app: &AppState) -> Result<By, ApiError> {
+        Ok(By(parts
+            .extensions
+            .get::<Caller>()
+            .map(|caller| caller.name.clone())))
     }
 }
 

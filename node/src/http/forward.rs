@@ -34,7 +34,8 @@ const ANSWER_BYTES_MAX: usize = 16 << 20;
 /// How long to wait before trying a leader that could not be reached again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
 /// Request headers relayed to the leader.
-const RELAYED_HEADERS: [&str; 5] = [
+const RELAYED_HEADERS: [&str; 6] = [
+    "authorization",
     "content-type",
     "accept",
     HEADER_NAMESPACE,

@@ -9,7 +9,7 @@ use baton_api::{
 use baton_raft_store::machine::{ResourceFence, SessionId};
 
 use super::error::ApiError;
-use super::extract::{read_path, write_path, ApiJson, ApiPath, IdempotencyKey, Ns};
+use super::extract::{read_path, write_path, ApiJson, ApiPath, By, IdempotencyKey, Ns};
 use super::service::Mutation;
 use super::{ApiAnswer, AppState};
 
@@ -47,6 +47,7 @@ fn fence_claim(
 pub async fn put(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvPutRequest>,
@@ -65,6 +66,7 @@ pub async fn put(
     let size_bytes = value.len() + 128;
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes,
     };
@@ -136,6 +138,7 @@ pub async fn get(
 pub async fn delete(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvDeleteRequest>,
@@ -152,6 +155,7 @@ pub async fn delete(
     let fence = fence_claim(body.value.fenced_by())?;
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes: 256,
     };

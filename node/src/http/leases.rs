@@ -12,7 +12,7 @@ use baton_raft_store::machine::{NewSession, SessionId};
 
 use super::convert;
 use super::error::ApiError;
-use super::extract::{read_path, write_path, ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
+use super::extract::{read_path, write_path, ApiJson, ApiPath, ApiQuery, By, IdempotencyKey, Ns};
 use super::service::Mutation;
 use super::{ApiAnswer, AppState};
 
@@ -44,6 +44,7 @@ fn parse_session_id(text: &str) -> Result<SessionId, ApiError> {
 pub async fn create_session(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     body: ApiJson<CreateSessionRequest>,
 ) -> Result<ApiAnswer, ApiError> {
@@ -57,6 +58,7 @@ pub async fn create_session(
     );
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes: size_of(&body.canonical),
     };
@@ -93,6 +95,7 @@ pub async fn create_session(
 pub async fn keepalive(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(id): ApiPath<String>,
 ) -> Result<ApiAnswer, ApiError> {
@@ -107,6 +110,7 @@ pub async fn keepalive(
     );
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes: 64,
     };
@@ -141,6 +145,7 @@ pub async fn keepalive(
 pub async fn release(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(id): ApiPath<String>,
     body: ApiJson<ReleaseRequest>,
@@ -157,6 +162,7 @@ pub async fn release(
     );
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes: size_of(&body.canonical),
     };
@@ -188,6 +194,7 @@ pub async fn release(
 pub async fn end_session(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(id): ApiPath<String>,
 ) -> Result<ApiAnswer, ApiError> {
@@ -195,6 +202,7 @@ pub async fn end_session(
     let tag = app.idempotency_tag(key, &namespace, "DELETE", "/v1/sessions/{id}", &[&id], b"");
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes: 64,
     };
@@ -262,6 +270,7 @@ pub async fn get_session(
 pub async fn acquire(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     body: ApiJson<AcquireRequest>,
 ) -> Result<ApiAnswer, ApiError> {
@@ -275,6 +284,7 @@ pub async fn acquire(
     }
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes: size_of(&body.canonical),
     };

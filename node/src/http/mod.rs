@@ -7,6 +7,7 @@
 //! forwards every non-local request to the leader, so any node answers any request. This module
 //! tree is the only place that knows HTTP status codes (`error::status_of`).
 
+mod auth;
 mod cluster;
 mod convert;
 mod error;
@@ -43,6 +44,7 @@ use crate::clock::NodeClock;
 use crate::metrics::Metrics;
 use crate::proposer::Proposer;
 
+pub use auth::bootstrap as bootstrap_token;
 pub use convert::Clocks;
 pub use error::ApiError;
 
@@ -67,6 +69,8 @@ pub struct Shared {
     /// The election timeout (`--election-timeout-ms`): a forward to a leader that stops
     /// answering gives up on it after twice this.
     pub election_timeout: Duration,
+    /// `--auth`: requests need a token (see `auth.rs`).
+    pub auth: bool,
     /// The highest cluster time this node has put in an answer, so an answer it makes up
     /// itself never shows an earlier one.
     pub cluster_time_shown: AtomicU64,
@@ -309,6 +313,12 @@ pub fn router(app: AppState) -> Router {
             post(queues::release),
         )
         .route("/v1/events", get(events::events))
+        .route(
+            "/v1/auth/tokens",
+            post(auth::create_token).get(auth::list_tokens),
+        )
+        .route("/v1/auth/tokens/{name}", delete(auth::revoke_token))
+        .route("/v1/limits", get(auth::get_limits).put(auth::put_limits))
         .route("/v1/cluster/members", post(cluster::add_member))
         .route("/v1/cluster/members/{id}", delete(cluster::remove_member))
         .layer(from_fn_with_state(
@@ -327,6 +337,7 @@ pub fn router(app: AppState) -> Router {
         .merge(local_routes)
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
+        .layer(from_fn_with_state(app.clone(), auth::authenticate))
         .layer(from_fn_with_state(app.clone(), observe))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app)

@@ -6,7 +6,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use utoipa::OpenApi;
 
-use super::{cluster, events, kv, leases, queues};
+use super::{auth, cluster, events, kv, leases, queues};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -15,7 +15,9 @@ use super::{cluster, events, kv, leases, queues};
         description = "Leases with fence tokens for fleets of AI agents. Any node answers; \
                        followers forward to the leader. Every answer carries `Baton-Leader` \
                        and `Baton-Cluster-Time`; a replayed idempotent answer carries \
-                       `Idempotent-Replayed: true`. Errors are `application/problem+json`.",
+                       `Idempotent-Replayed: true`. Errors are `application/problem+json`. A node \
+                       started with `--auth` wants `Authorization: Bearer <token>` on every \
+                       route but `/healthz` and `/readyz`.",
         license(name = "Apache-2.0"),
     ),
     paths(
@@ -39,6 +41,11 @@ use super::{cluster, events, kv, leases, queues};
         queues::fail,
         queues::release,
         events::events,
+        auth::create_token,
+        auth::list_tokens,
+        auth::revoke_token,
+        auth::get_limits,
+        auth::put_limits,
         cluster::status,
         cluster::add_member,
         cluster::remove_member,
@@ -55,6 +62,7 @@ use super::{cluster, events, kv, leases, queues};
         (name = "kv", description = "The fenced key-value store"),
         (name = "queues", description = "Work queues with leased claims"),
         (name = "events", description = "Every state change, by revision"),
+        (name = "auth", description = "Tokens and limits (docs/security.md)"),
         (name = "cluster", description = "Membership and this node's view"),
         (name = "health", description = "Liveness, readiness and metrics of this node"),
         (name = "debug", description = "State digests and the test-only clock control"),
@@ -132,7 +140,7 @@ mod tests {
                 documented.insert((method.clone(), path.clone()));
             }
         }
-        assert_eq!(served.len(), 29, "the router's routes as read: {served:?}");
+        assert_eq!(served.len(), 34, "the router's routes as read: {served:?}");
         assert_eq!(served, documented);
     }
 }

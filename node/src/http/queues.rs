@@ -12,7 +12,7 @@ use baton_raft_store::machine::{IdempotencyTag, Name, Namespace, SessionId, Task
 
 use super::convert;
 use super::error::ApiError;
-use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, IdempotencyKey, Ns};
+use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, By, IdempotencyKey, Ns};
 use super::service::{Mutation, NewTask, TaskEnd};
 use super::{ApiAnswer, AppState};
 
@@ -45,6 +45,7 @@ fn json_text(value: &serde_json::Value) -> Result<String, ApiError> {
 pub async fn enqueue(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(queue_text): ApiPath<String>,
     body: ApiJson<EnqueueRequest>,
@@ -81,6 +82,7 @@ pub async fn enqueue(
     };
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes,
     };
@@ -109,6 +111,7 @@ pub async fn enqueue(
 pub async fn claim(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath(queue_text): ApiPath<String>,
     body: ApiJson<ClaimRequest>,
@@ -125,6 +128,7 @@ pub async fn claim(
     let owner = app.owner(body.value.owner())?;
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes: 256,
     };
@@ -148,6 +152,7 @@ pub async fn claim(
 async fn end_task(
     app: &AppState,
     namespace: Namespace,
+    by: Option<Name>,
     TaskTarget {
         queue,
         task_id,
@@ -159,6 +164,7 @@ async fn end_task(
 ) -> Result<ApiAnswer, ApiError> {
     let mutation = Mutation {
         namespace,
+        by,
         tag,
         size_bytes,
     };
@@ -223,6 +229,7 @@ impl TaskTarget {
 pub async fn complete(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<CompleteRequest>,
@@ -242,6 +249,7 @@ pub async fn complete(
     end_task(
         &app,
         namespace,
+        by,
         target,
         TaskEnd::Complete { result },
         size_bytes,
@@ -270,6 +278,7 @@ pub async fn complete(
 pub async fn fail(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<FailRequest>,
@@ -288,7 +297,7 @@ pub async fn fail(
         reason: request.reason.clone(),
         retry: request.retry,
     };
-    end_task(&app, namespace, target, end, request.reason.len() + 256).await
+    end_task(&app, namespace, by, target, end, request.reason.len() + 256).await
 }
 
 #[utoipa::path(
@@ -312,6 +321,7 @@ pub async fn fail(
 pub async fn release(
     State(app): State<AppState>,
     Ns(namespace): Ns,
+    By(by): By,
     IdempotencyKey(key): IdempotencyKey,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<TaskReleaseRequest>,
@@ -330,7 +340,7 @@ pub async fn release(
     let end = TaskEnd::Release {
         note: request.note.clone(),
     };
-    end_task(&app, namespace, target, end, size_bytes).await
+    end_task(&app, namespace, by, target, end, size_bytes).await
 }
 
 #[utoipa::path(

@@ -16,9 +16,12 @@ use serde::Serialize;
 
 use super::{ApiAnswer, ApiError, AppState, Clocks};
 
-/// Where a mutation acts, how a retry of it is recognised, and its share of a log entry.
+/// Where a mutation acts, by whom, how a retry of it is recognised, and its share of a log
+/// entry.
 pub struct Mutation {
     pub namespace: Namespace,
+    /// The token it is made with, when access control is on: the machine checks it again.
+    pub by: Option<Name>,
     pub tag: Option<IdempotencyTag>,
     pub size_bytes: usize,
 }
@@ -272,11 +275,34 @@ impl AppState {
             idempotency: mutation.tag,
             op,
         };
+        let command = authorized(mutation.by, command);
+        self.propose_and_take(command, mutation.size_bytes, tag_wall_ms, result)
+            .await
+    }
+
+    /// A cluster-wide command (tokens, limits) made with token `by`; the result as `commit`.
+    pub async fn administer<T>(
+        &self,
+        by: Option<Name>,
+        command: Command,
+        result: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
+    ) -> Result<Committed<T>, ApiError> {
+        self.propose_and_take(authorized(by, command), 1_024, None, result)
+            .await
+    }
+
+    async fn propose_and_take<T>(
+        &self,
+        command: Command,
+        size_bytes: usize,
+        tag_wall_ms: Option<i64>,
+        result: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
+    ) -> Result<Committed<T>, ApiError> {
         // Refused here, a bad request costs no log entry; apply admits it again under the
         // limits of its own moment.
         self.with_limits(|limits| admit(&command, limits))
             .map_err(|rejection| ApiError::rejected(rejection, None, None))?;
-        let committed = self.proposer.propose(command, mutation.size_bytes).await?;
+        let committed = self.proposer.propose(command, size_bytes).await?;
         let clocks = match (committed.response.replayed, tag_wall_ms) {
             (Some(recorded), _) => Clocks {
                 wall_ms: recorded.wall_ms,
@@ -302,5 +328,17 @@ impl AppState {
             },
             Err(rejection) => Err(self.refusal(rejection, self.clocks(committed.time_ms))),
         }
+    }
+}
+
+/// `command` made with token `by` when there is one (access control on): the machine checks
+/// the token again when it applies it.
+fn authorized(by: Option<Name>, command: Command) -> Command {
+    match by {
+        Some(token) => Command::Authorized {
+            token,
+            command: Box::new(command),
+        },
+        None => command,
     }
 }

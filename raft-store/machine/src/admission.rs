@@ -28,7 +28,8 @@ pub fn admit(command: &Command, limits: &Limits) -> Result<(), Rejection> {
         Command::CreateToken(new_token) => admit_new_token(new_token, limits),
         Command::RevokeToken { name } => Ok(name.check("token name", limits)?),
         Command::Authorized { command, .. } => admit(command, limits),
-        Command::Sweep { .. } | Command::SetLimits(_) | Command::BootstrapToken { .. } => Ok(()),
+        Command::SetLimits(limits) => Ok(limits.check()?),
+        Command::Sweep { .. } | Command::BootstrapToken { .. } => Ok(()),
     }
 }
 

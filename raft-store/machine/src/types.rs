@@ -80,6 +80,69 @@ impl Default for Limits {
     }
 }
 
+impl Limits {
+    /// Whether these limits can be decided with: every bound positive and every minimum at
+    /// most its maximum. `SetLimits` is admitted only when they hold.
+    pub fn check(&self) -> Result<(), Invalid> {
+        let positive = [
+            ("ttl_ms_min", self.ttl_ms_min),
+            ("max_hold_ms_max", self.max_hold_ms_max),
+            ("path_bytes_max", self.path_bytes_max as u64),
+            ("path_segments_max", self.path_segments_max as u64),
+            ("namespace_bytes_max", self.namespace_bytes_max as u64),
+            ("holder_chars_max", self.holder_chars_max as u64),
+            ("label_chars_max", self.label_chars_max as u64),
+            ("leases_per_session_max", self.leases_per_session_max as u64),
+            (
+                "sessions_per_namespace_max",
+                self.sessions_per_namespace_max as u64,
+            ),
+            (
+                "kv_keys_per_namespace_max",
+                self.kv_keys_per_namespace_max as u64,
+            ),
+            ("kv_value_bytes_max", self.kv_value_bytes_max as u64),
+            ("task_payload_bytes_max", self.task_payload_bytes_max as u64),
+            ("tasks_per_queue_max", self.tasks_per_queue_max as u64),
+            (
+                "queues_per_namespace_max",
+                self.queues_per_namespace_max as u64,
+            ),
+            ("task_attempts_max", u64::from(self.task_attempts_max)),
+            ("task_text_chars_max", self.task_text_chars_max as u64),
+            ("name_chars_max", self.name_chars_max as u64),
+            ("list_page_max", self.list_page_max as u64),
+            (
+                "idempotency_key_chars_min",
+                self.idempotency_key_chars_min as u64,
+            ),
+            ("idempotency_ttl_ms", self.idempotency_ttl_ms),
+            ("idempotency_keys_max", self.idempotency_keys_max as u64),
+            ("events_kept_max", self.events_kept_max as u64),
+            ("sweep_batch_max", self.sweep_batch_max as u64),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
+            return Err(Invalid::new(format!("limit {name} must be positive")));
+        }
+        if self.ttl_ms_min > self.ttl_ms_max {
+            return Err(Invalid::new(format!(
+                "ttl_ms_min {} is above ttl_ms_max {}",
+                self.ttl_ms_min, self.ttl_ms_max
+            )));
+        }
+        if self.idempotency_key_chars_min > self.idempotency_key_chars_max {
+            return Err(Invalid::new(format!(
+                "idempotency_key_chars_min {} is above idempotency_key_chars_max {}",
+                self.idempotency_key_chars_min, self.idempotency_key_chars_max
+            )));
+        }
+        if u32::try_from(self.sweep_batch_max).is_err() {
+            return Err(Invalid::new("sweep_batch_max must fit in 32 bits"));
+        }
+        Ok(())
+    }
+}
+
 /// Input that breaks a naming or range rule: refused as `INVALID_ARGUMENT` (the command layer
 /// turns it into a `Rejection`). Kept here so that the types need nothing from the commands.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -732,10 +732,40 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
                 owner: Owner::Session(baton_machine::SessionId(1)),
             }),
             Command::Sweep { max: 3 },
+            // Access control: tokens, a revocation, the bootstrap, a session with an owner.
+            Command::CreateToken(baton_machine::NewToken {
+                name: common::name("team-a"),
+                role: baton_machine::Role::Agent,
+                scope: baton_machine::Scope::Only([namespace.clone()].into()),
+                secret_sha256: [7; 32],
+            }),
+            Command::CreateToken(baton_machine::NewToken {
+                name: common::name("gone"),
+                role: baton_machine::Role::Reader,
+                scope: baton_machine::Scope::All,
+                secret_sha256: [8; 32],
+            }),
+            Command::RevokeToken {
+                name: common::name("gone"),
+            },
+            Command::BootstrapToken {
+                secret_sha256: [9; 32],
+            },
+            Command::Authorized {
+                token: common::name("team-a"),
+                command: Box::new(on(Op::CreateSession(new_session(2, "owned")))),
+            },
         ],
     };
     let mut machine = Machine::new(limits);
     machine.apply(&batch);
+    assert!(
+        machine
+            .auth()
+            .owner(&namespace, baton_machine::SessionId(2))
+            .is_some(),
+        "the encodings hold an owned session"
+    );
     let batch_bytes = encode_batch(&batch).expect("a batch encodes");
     assert_eq!(
         decode_batch(&batch_bytes).expect("a real batch decodes"),
@@ -797,7 +827,7 @@ fn decode_refuses_every_truncation_and_version_bump() {
         );
     }
     // A snapshot from another format version, or with a bad magic.
-    for version in [0u32, 2, u32::MAX] {
+    for version in [0u32, 3, u32::MAX] {
         let mut bumped = snapshot_bytes.clone();
         bumped[4..8].copy_from_slice(&version.to_le_bytes());
         assert!(
@@ -818,11 +848,14 @@ proptest! {
     #[test]
     fn decode_survives_random_garbage(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         decode_both(&bytes);
-        // The same garbage behind a valid snapshot header, to reach the body decoder.
-        let mut with_header = b"BTNM".to_vec();
-        with_header.extend_from_slice(&1u32.to_le_bytes());
-        with_header.extend_from_slice(&bytes);
-        decode_both(&with_header);
+        // The same garbage behind a valid snapshot header (each format version read), to
+        // reach the body decoder.
+        for version in [1u32, 2] {
+            let mut with_header = b"BTNM".to_vec();
+            with_header.extend_from_slice(&version.to_le_bytes());
+            with_header.extend_from_slice(&bytes);
+            decode_both(&with_header);
+        }
         // And behind a valid batch prefix (variant V1, a stamp).
         let mut with_prefix = vec![0u8, 0x20];
         with_prefix.extend_from_slice(&bytes);

@@ -1,0 +1,426 @@
+//! Access control at the edge (docs/security.md): the middleware that turns a bearer token
+//! into a `Caller` and refuses what its role or namespaces do not allow, and the token and
+//! limits routes.
+//!
+//! Every node holds the token table (replicated state), so checking a token costs no Raft round
+//! trip; a follower refuses on its own and forwards only what it allows, and the leader checks
+//! again. Writes carry the token's name into the log (`Command::Authorized`), where the machine
+//! checks it a last time: a revocation takes effect at the entry that applies it. Secrets are
+//! never logged, stored or echoed; only their SHA-256 is compared.
+
+use axum::extract::{Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use baton_api::{
+    CreateTokenRequest, CreatedToken, ErrorCode, RevokedToken, TokenInfo, TokenList, TokenRole,
+    HEADER_NAMESPACE,
+};
+use baton_raft_store::machine::{
+    Caller, Command, Limits, Name, Namespace, NewToken, Reply, Role, Scope, TokenView,
+};
+use sha2::{Digest, Sha256};
+
+use super::convert::Clocks;
+use super::error::ApiError;
+use super::extract::{ApiJson, ApiPath, By};
+use super::{ApiAnswer, AppState};
+use crate::config::check_secret;
+
+/// The prefix of every secret Baton makes, so a leaked one is recognisable.
+const SECRET_PREFIX: &str = "baton_";
+
+/// The SHA-256 a token's secret is known by.
+pub fn secret_sha256(secret: &str) -> [u8; 32] {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
+/// Proposes the `bootstrap` admin token with `secret`'s hash until the cluster has had one.
+/// Every node started with `BATON_BOOTSTRAP_TOKEN` runs this; only the leader's proposals are
+/// taken, and the machine keeps the first one applied, ever (a revoked bootstrap token stays
+/// revoked when a node restarts with the old secret).
+pub async fn bootstrap(app: AppState, secret: String) {
+    let secret_sha256 = secret_sha256(&secret);
+    drop(secret);
+    loop {
+        let bootstrapped = app
+            .machine
+            .read(|machine, _| machine.auth().is_bootstrapped())
+            .unwrap_or(true);
+        if bootstrapped {
+            return;
+        }
+        if let Ok(committed) = app
+            .proposer
+            .propose(Command::BootstrapToken { secret_sha256 }, 64)
+            .await
+        {
+            if let Ok(Reply::TokenBootstrapped { created: true }) = committed.response.outcome {
+                tracing::info!(
+                    "created the bootstrap admin token from {}",
+                    crate::config::BOOTSTRAP_TOKEN_ENV
+                );
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// What a route needs: `None` for the health checks, which stay open.
+fn required_role(method: &Method, path: &str) -> Option<Role> {
+    if path == "/healthz" || path == "/readyz" {
+        return None;
+    }
+    let admin_only = path.starts_with("/v1/auth/")
+        || path.starts_with("/v1/cluster/members")
+        || path.starts_with("/v1/debug/clock")
+        || (path == "/v1/limits" && method != Method::GET);
+    if admin_only {
+        return Some(Role::Admin);
+    }
+    if method == Method::GET || method == Method::HEAD || path == "/v1/fence/check" {
+        return Some(Role::Reader);
+    }
+    Some(Role::Agent)
+}
+
+/// Whether a route acts in the request's namespace (and so needs it in the token's scope).
+fn is_namespaced(path: &str) -> bool {
+    [
+        "/v1/sessions",
+        "/v1/leases",
+        "/v1/fence",
+        "/v1/kv",
+        "/v1/queues",
+        "/v1/events",
+    ]
+    .iter()
+    .any(|prefix| path.starts_with(prefix))
+}
+
+/// The middleware: with access control off, everything passes; on, a request needs a known
+/// token whose role and namespaces allow it, and carries its `Caller` on to the handlers.
+pub async fn authenticate(
+    State(app): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    if !app.auth {
+        return next.run(request).await;
+    }
+    let Some(role) = required_role(request.method(), request.uri().path()) else {
+        return next.run(request).await;
+    };
+    let caller = match caller_of(&app, &request) {
+        Ok(caller) => caller,
+        Err(error) => return error.into_response(),
+    };
+    if caller.role < role {
+        return ApiError::new(
+            ErrorCode::PermissionDenied,
+            format!(
+                "token {} has role {}; {} {} needs {}",
+                caller.name,
+                caller.role.as_str(),
+                request.method(),
+                request.uri().path(),
+                role.as_str()
+            ),
+        )
+        .into_response();
+    }
+    if caller.role != Role::Admin && is_namespaced(request.uri().path()) {
+        let namespace = request
+            .headers()
+            .get(HEADER_NAMESPACE)
+            .and_then(|value| value.to_str().ok())
+            .map_or_else(|| Ok(Namespace::default_namespace()), Namespace::new);
+        // A malformed namespace is the handler's to refuse (400), with its own message.
+        if let Ok(namespace) = namespace {
+            if !caller.scope.allows(&namespace) {
+                return ApiError::new(
+                    ErrorCode::PermissionDenied,
+                    format!("token {} may not use namespace {namespace}", caller.name),
+                )
+                .into_response();
+            }
+        }
+    }
+    request.extensions_mut().insert(caller);
+    next.run(request).await
+}
+
+/// The caller a request's `Authorization: Bearer` names, or 401.
+fn caller_of(app: &AppState, request: &Request) -> Result<Caller, ApiError> {
+    let unauthenticated = |message: &str| ApiError::new(ErrorCode::Unauthenticated, message);
+    let Some(value) = request.headers().get(header::AUTHORIZATION) else {
+        return Err(unauthenticated(
+            "this cluster needs a token: pass --token or set BATON_TOKEN",
+        ));
+    };
+    let secret = value
+        .to_str()
+        .ok()
+        .and_then(|value| value.strip_prefix("Bearer "))
+        .ok_or_else(|| unauthenticated("the Authorization header must be `Bearer <token>`"))?;
+    check_secret(secret).map_err(|problem| unauthenticated(&problem))?;
+    let hash = secret_sha256(secret);
+    app.machine
+        .read(|machine, _| machine.auth().authenticate(&hash))
+        .map_err(ApiError::internal)?
+        .ok_or_else(|| unauthenticated("unknown or revoked token"))
+}
+
+fn wire_role(role: Role) -> TokenRole {
+    match role {
+        Role::Reader => TokenRole::Reader,
+        Role::Agent => TokenRole::Agent,
+        Role::Admin => TokenRole::Admin,
+    }
+}
+
+fn token_info(token: &TokenView, clocks: Clocks) -> TokenInfo {
+    TokenInfo {
+        name: token.name.to_string(),
+        role: wire_role(token.role),
+        namespaces: match &token.scope {
+            Scope::All => vec!["*".to_owned()],
+            Scope::Only(namespaces) => namespaces.iter().map(ToString::to_string).collect(),
+        },
+        created_at: clocks.at(token.created_at_ms),
+    }
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/auth/tokens",
+    tag = "auth",
+    summary = "Create a token (admin); its secret is in this answer only",
+    request_body = baton_api::CreateTokenRequest,
+    responses(
+        (status = 201, description = "The token and its secret", body = baton_api::CreatedToken),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn create_token(
+    State(app): State<AppState>,
+    By(by): By,
+    body: ApiJson<CreateTokenRequest>,
+) -> Result<ApiAnswer, ApiError> {
+    let request = body.value;
+    let name = Name::new("token name", request.name).map_err(ApiError::from_invalid)?;
+    let scope = if request.namespaces == ["*"] {
+        Scope::All
+    } else {
+        Scope::Only(
+            request
+                .namespaces
+                .iter()
+                .map(|namespace| Namespace::new(namespace.as_str()))
+                .collect::<Result<_, _>>()
+                .map_err(ApiError::from_invalid)?,
+        )
+    };
+    let role = match request.role {
+        TokenRole::Reader => Role::Reader,
+        TokenRole::Agent => Role::Agent,
+        TokenRole::Admin => Role::Admin,
+    };
+    let secret = format!("{SECRET_PREFIX}{:032x}", rand::random::<u128>());
+    let new_token = NewToken {
+        name,
+        role,
+        scope,
+        secret_sha256: secret_sha256(&secret),
+    };
+    let created = app
+        .administer(by, Command::CreateToken(new_token), |reply| match reply {
+            Reply::TokenCreated(view) => Ok(view),
+            other => Err(Box::new(other)),
+        })
+        .await?;
+    let answer = CreatedToken {
+        token: token_info(&created.value, created.clocks),
+        secret,
+    };
+    Ok(created.answer(StatusCode::CREATED, &answer))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/auth/tokens",
+    tag = "auth",
+    summary = "List the tokens (admin), never their secrets",
+    responses(
+        (status = 200, description = "Every token", body = baton_api::TokenList),
+        (status = "4XX", description = "Refused: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn list_tokens(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
+    let (tokens, clocks) = app.read(|machine| machine.auth().tokens()).await?;
+    let list = TokenList {
+        tokens: tokens
+            .iter()
+            .map(|token| token_info(token, clocks))
+            .collect(),
+    };
+    Ok(ApiAnswer::new(StatusCode::OK, &list, clocks.cluster_ms))
+}
+
+#[utoipa::path(
+    delete,
+    path = "/v1/auth/tokens/{name}",
+    tag = "auth",
+    summary = "Revoke a token (admin): refused cluster-wide from this entry on",
+    params(("name" = String, Path, description = "The token's name")),
+    responses(
+        (status = 200, description = "Revoked", body = baton_api::RevokedToken),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn revoke_token(
+    State(app): State<AppState>,
+    By(by): By,
+    ApiPath(name): ApiPath<String>,
+) -> Result<ApiAnswer, ApiError> {
+    let name = Name::new("token name", name).map_err(ApiError::from_invalid)?;
+    let revoked = app
+        .administer(by, Command::RevokeToken { name }, |reply| match reply {
+            Reply::TokenRevoked { name } => Ok(name),
+            other => Err(Box::new(other)),
+        })
+        .await?;
+    let answer = RevokedToken {
+        name: revoked.value.to_string(),
+    };
+    Ok(revoked.answer(StatusCode::OK, &answer))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/limits",
+    tag = "auth",
+    summary = "The limits every node decides with",
+    responses(
+        (status = 200, description = "Every limit, by name", body = Object),
+        (status = "4XX", description = "Refused: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn get_limits(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
+    let (limits, clocks) = app.read(|machine| machine.limits().clone()).await?;
+    Ok(ApiAnswer::new(StatusCode::OK, &limits, clocks.cluster_ms))
+}
+
+#[utoipa::path(
+    put,
+    path = "/v1/limits",
+    tag = "auth",
+    summary = "Change some limits (admin); the others keep their values",
+    request_body(content = Object, description = "Limits by name, e.g. {\"ttl_ms_max\": 600000}"),
+    responses(
+        (status = 200, description = "Every limit after the change", body = Object),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn put_limits(
+    State(app): State<AppState>,
+    By(by): By,
+    body: ApiJson<serde_json::Map<String, serde_json::Value>>,
+) -> Result<ApiAnswer, ApiError> {
+    let (current, _) = app.read(|machine| machine.limits().clone()).await?;
+    let limits = changed_limits(&current, body.value)?;
+    let set = app
+        .administer(
+            by,
+            Command::SetLimits(limits.clone()),
+            |reply| match reply {
+                Reply::LimitsSet => Ok(()),
+                other => Err(Box::new(other)),
+            },
+        )
+        .await?;
+    Ok(set.answer(StatusCode::OK, &limits))
+}
+
+/// `current` with the named limits changed; an unknown name, a value of the wrong type, or a
+/// set of limits that contradicts itself is `INVALID_ARGUMENT`.
+fn changed_limits(
+    current: &Limits,
+    changes: serde_json::Map<String, serde_json::Value>,
+) -> Result<Limits, ApiError> {
+    if changes.is_empty() {
+        return Err(ApiError::invalid(
+            "name at least one limit to change, e.g. {\"ttl_ms_max\": 600000}",
+        ));
+    }
+    let serde_json::Value::Object(mut all) =
+        serde_json::to_value(current).map_err(ApiError::internal)?
+    else {
+        return Err(ApiError::internal("limits are not a JSON object"));
+    };
+    for (name, value) in changes {
+        let Some(slot) = all.get_mut(&name) else {
+            return Err(ApiError::invalid(format!(
+                "unknown limit {name:?}: GET /v1/limits lists them"
+            )));
+        };
+        if !value.is_u64() {
+            return Err(ApiError::invalid(format!(
+                "limit {name} must be a non-negative integer, got {value}"
+            )));
+        }
+        *slot = value;
+    }
+    let limits: Limits = serde_json::from_value(serde_json::Value::Object(all))
+        .map_err(|error| ApiError::invalid(format!("a limit is out of range: {error}")))?;
+    limits.check().map_err(ApiError::from_invalid)?;
+    Ok(limits)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_need_the_role_their_method_and_family_ask() {
+        let role = |method: Method, path: &str| required_role(&method, path);
+        assert_eq!(role(Method::GET, "/healthz"), None);
+        assert_eq!(role(Method::GET, "/readyz"), None);
+        assert_eq!(role(Method::GET, "/metrics"), Some(Role::Reader));
+        assert_eq!(role(Method::GET, "/v1/leases/a/b"), Some(Role::Reader));
+        assert_eq!(role(Method::POST, "/v1/fence/check"), Some(Role::Reader));
+        assert_eq!(role(Method::POST, "/v1/leases"), Some(Role::Agent));
+        assert_eq!(role(Method::PUT, "/v1/kv/x"), Some(Role::Agent));
+        assert_eq!(role(Method::GET, "/v1/limits"), Some(Role::Reader));
+        assert_eq!(role(Method::PUT, "/v1/limits"), Some(Role::Admin));
+        assert_eq!(role(Method::GET, "/v1/auth/tokens"), Some(Role::Admin));
+        assert_eq!(role(Method::POST, "/v1/cluster/members"), Some(Role::Admin));
+        assert_eq!(role(Method::GET, "/v1/cluster"), Some(Role::Reader));
+    }
+
+    #[test]
+    fn limits_change_by_name_and_refuse_unknown_or_contradictory_ones() {
+        let current = Limits::default();
+        let change = |json: serde_json::Value| {
+            let serde_json::Value::Object(map) = json else {
+                unreachable!()
+            };
+            changed_limits(&current, map)
+        };
+        let changed = change(serde_json::json!({"ttl_ms_max": 600_000})).unwrap();
+        assert_eq!(changed.ttl_ms_max, 600_000);
+        assert_eq!(changed.ttl_ms_min, current.ttl_ms_min);
+        for refused in [
+            serde_json::json!({}),
+            serde_json::json!({"ttl_max": 1}),
+            serde_json::json!({"ttl_ms_max": -1}),
+            serde_json::json!({"ttl_ms_max": "60s"}),
+            serde_json::json!({"ttl_ms_max": 10}),
+        ] {
+            assert!(change(refused.clone()).is_err(), "{refused} was taken");
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Access control on a real three-node cluster started with `--auth` and a bootstrap token
+//! (docs/security.md): roles, namespaces, session ownership, revocation through every node,
+//! limits that survive a full restart, the CLI and the client crate with tokens, and no secret
+//! in any node's log.
+
+use std::time::Duration;
+
+use baton_client::api::{CreateTokenRequest, ErrorCode, TokenRole};
+use baton_tests::{poll_until, Cluster, ClusterConfig, Method};
+use serde_json::{json, Value};
+
+use crate::cli::{baton, url};
+
+const BOOTSTRAP: &str = "bootstrap-secret-for-tests-0001";
+
+async fn secured(nodes: u64) -> Cluster {
+    Cluster::start_with(ClusterConfig {
+        bootstrap_token: Some(BOOTSTRAP.to_owned()),
+        ..ClusterConfig::new(nodes)
+    })
+    .await
+}
+
+/// Creates a token as the bootstrap admin; its secret.
+async fn token(cluster: &Cluster, name: &str, role: &str, namespaces: &[&str]) -> String {
+    let created: Value = cluster
+        .api()
+        .post(
+            cluster.node(1),
+            "/v1/auth/tokens",
+            &json!({ "name": name, "role": role, "namespaces": namespaces }),
+        )
+        .await
+        .expect_json(201);
+    created["secret"].as_str().expect("a secret").to_owned()
+}
+
+#[tokio::test]
+async fn roles_namespaces_and_session_owners_are_enforced_on_every_node() {
+    let cluster = secured(3).await;
+    let api = cluster.api();
+    let team_a = token(&cluster, "team-a", "agent", &["team-a"]).await;
+    let team_a2 = token(&cluster, "team-a-2", "agent", &["team-a"]).await;
+    let reader = token(&cluster, "watcher", "reader", &["*"]).await;
+    let follower = cluster.followers().await[0];
+
+    // No token, an unknown one, a malformed header: 401, with the scheme named.
+    for secret in [None, Some("not-a-token-of-this-cluster")] {
+        let reply = api
+            .call(Method::GET, follower, "/v1/leases")
+            .token(secret)
+            .send()
+            .await;
+        reply.expect_problem(401, ErrorCode::Unauthenticated);
+        assert_eq!(reply.headers["www-authenticate"], "Bearer");
+    }
+    // The health checks stay open.
+    api.call(Method::GET, follower, "/readyz")
+        .token(None)
+        .send()
+        .await
+        .expect_status(200);
+
+    // A reader reads but does not write.
+    api.call(Method::GET, follower, "/v1/leases")
+        .token(Some(&reader))
+        .send()
+        .await
+        .expect_status(200);
+    let session = json!({ "holder": "agent-a", "ttl_ms": 30_000 });
+    api.call(Method::POST, follower, "/v1/sessions")
+        .token(Some(&reader))
+        .json(&session)
+        .send()
+        .await
+        .expect_problem(403, ErrorCode::PermissionDenied);
+
+    // An agent token for team-a works there and gets 403 in team-b.
+    let created: Value = api
+        .call(Method::POST, follower, "/v1/sessions")
+        .token(Some(&team_a))
+        .namespace("team-a")
+        .json(&session)
+        .send()
+        .await
+        .expect_json(201);
+    let session_id = created["session_id"].as_str().unwrap().to_owned();
+    api.call(Method::POST, follower, "/v1/sessions")
+        .token(Some(&team_a))
+        .namespace("team-b")
+        .json(&session)
+        .send()
+        .await
+        .expect_problem(403, ErrorCode::PermissionDenied);
+
+    // Another agent token in the same namespace may not use team-a's session, even with its
+    // id; nothing changes (the session keeps its leases and deadline).
+    let acquire = json!({ "resource": "src/auth.rs", "session_id": session_id });
+    api.call(Method::POST, follower, "/v1/leases")
+        .token(Some(&team_a))
+        .namespace("team-a")
+        .json(&acquire)
+        .send()
+        .await
+        .expect_status(201);
+    for (method, path, body) in [
+        (
+            Method::POST,
+            format!("/v1/sessions/{session_id}/keepalive"),
+            None,
+        ),
+        (
+            Method::POST,
+            format!("/v1/sessions/{session_id}/release"),
+            Some(json!({ "resource": "src/auth.rs" })),
+        ),
+        (Method::DELETE, format!("/v1/sessions/{session_id}"), None),
+        (
+            Method::POST,
+            "/v1/leases".to_owned(),
+            Some(json!({ "resource": "src/other.rs", "session_id": session_id })),
+        ),
+    ] {
+        let mut call = api
+            .call(method, follower, &path)
+            .token(Some(&team_a2))
+            .namespace("team-a");
+        if let Some(body) = &body {
+            call = call.json(body);
+        }
+        call.send()
+            .await
+            .expect_problem(403, ErrorCode::PermissionDenied);
+    }
+    let lease: Value = api
+        .call(Method::GET, follower, "/v1/leases/src/auth.rs")
+        .token(Some(&team_a))
+        .namespace("team-a")
+        .send()
+        .await
+        .expect_json(200);
+    assert_eq!(
+        lease["holder"], "agent-a",
+        "the lease is untouched: {lease}"
+    );
+    // The admin may.
+    api.call(
+        Method::POST,
+        follower,
+        &format!("/v1/sessions/{session_id}/keepalive"),
+    )
+    .namespace("team-a")
+    .send()
+    .await
+    .expect_status(200);
+
+    // An agent cannot make tokens or change limits.
+    api.call(Method::GET, follower, "/v1/auth/tokens")
+        .token(Some(&team_a))
+        .send()
+        .await
+        .expect_problem(403, ErrorCode::PermissionDenied);
+
+    // Revoked: 401 from the next request on, through every node.
+    api.delete(follower, "/v1/auth/tokens/team-a")
+        .await
+        .expect_status(200);
+    for node in cluster.nodes() {
+        // A follower applies the revocation within a heartbeat or two of the leader.
+        poll_until(
+            Duration::from_secs(5),
+            "the revocation on every node",
+            async || {
+                let status = api
+                    .call(
+                        Method::POST,
+                        node,
+                        &format!("/v1/sessions/{session_id}/keepalive"),
+                    )
+                    .token(Some(&team_a))
+                    .namespace("team-a")
+                    .send()
+                    .await
+                    .status;
+                (status == 401).then_some(())
+            },
+        )
+        .await;
+    }
+    let listed: Value = api.get(follower, "/v1/auth/tokens").await.expect_json(200);
+    let names: Vec<&str> = listed["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|token| token["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["bootstrap", "team-a-2", "watcher"]);
+    assert!(!listed.to_string().contains("secret"), "{listed}");
+
+    // Nothing secret reaches a log: no token secret, no session id.
+    cluster.kill_all();
+    for node in cluster.nodes() {
+        let log = std::fs::read_to_string(node.log_path()).unwrap();
+        for secret in [BOOTSTRAP, &team_a, &team_a2, &reader, &session_id] {
+            assert!(!log.contains(secret), "node {} logged a secret", node.id);
+        }
+    }
+}
+
+#[tokio::test]
+async fn limits_set_by_an_admin_apply_everywhere_and_survive_a_full_restart() {
+    let cluster = secured(3).await;
+    let api = cluster.api();
+    let agent = token(&cluster, "agent", "agent", &["*"]).await;
+    let follower = cluster.followers().await[0];
+    let change = json!({ "ttl_ms_max": 20_000 });
+    api.call(Method::PUT, follower, "/v1/limits")
+        .token(Some(&agent))
+        .json(&change)
+        .send()
+        .await
+        .expect_problem(403, ErrorCode::PermissionDenied);
+    for refused in [
+        json!({ "ttl_max": 1 }),
+        json!({ "ttl_ms_max": 10 }),
+        json!({}),
+    ] {
+        api.put(follower, "/v1/limits", &refused)
+            .await
+            .expect_problem(400, ErrorCode::InvalidArgument);
+    }
+    let limits: Value = api
+        .put(follower, "/v1/limits", &change)
+        .await
+        .expect_json(200);
+    assert_eq!(limits["ttl_ms_max"], 20_000);
+    let too_long = json!({ "holder": "a", "ttl_ms": 30_000 });
+    for node in cluster.nodes() {
+        api.call(Method::POST, node, "/v1/sessions")
+            .token(Some(&agent))
+            .json(&too_long)
+            .send()
+            .await
+            .expect_problem(400, ErrorCode::InvalidArgument);
+    }
+    cluster.kill_all();
+    cluster.restart_all();
+    cluster.wait_ready(Duration::from_secs(30)).await;
+    for node in cluster.nodes() {
+        let limits: Value = api
+            .call(Method::GET, node, "/v1/limits")
+            .token(Some(&agent))
+            .send()
+            .await
+            .expect_json(200);
+        assert_eq!(limits["ttl_ms_max"], 20_000, "node {}", node.id);
+    }
+    // The tokens survived too.
+    api.call(Method::GET, cluster.node(2), "/v1/leases")
+        .token(Some(&agent))
+        .send()
+        .await
+        .expect_status(200);
+}
+
+#[tokio::test]
+async fn the_cli_and_the_client_crate_work_with_tokens() {
+    let cluster = secured(1).await;
+    let endpoints = url(&cluster);
+    let bootstrap = format!("--token={BOOTSTRAP}");
+
+    let created = baton(
+        &endpoints,
+        &[
+            &bootstrap,
+            "token",
+            "create",
+            "ci-agent",
+            "--role",
+            "agent",
+            "--namespaces",
+            "ci",
+        ],
+    )
+    .await;
+    created.expect_code(0);
+    let secret = created.stdout.trim().to_owned();
+    assert!(secret.starts_with("baton_"), "{created:#?}");
+    assert!(created.stderr.contains("ci-agent role=agent namespaces=ci"));
+
+    let without = baton(&endpoints, &["acquire", "build/lock"]).await;
+    without.expect_code(1);
+    assert!(
+        without.error_line().contains("UNAUTHENTICATED"),
+        "{without:#?}"
+    );
+    let token_flag = format!("--token={secret}");
+    baton(
+        &endpoints,
+        &[&token_flag, "--namespace", "ci", "acquire", "build/lock"],
+    )
+    .await
+    .expect_code(0);
+    let elsewhere = baton(&endpoints, &[&token_flag, "acquire", "build/lock"]).await;
+    elsewhere.expect_code(1);
+    assert!(
+        elsewhere.error_line().contains("PERMISSION_DENIED"),
+        "{elsewhere:#?}"
+    );
+
+    let listed = baton(&endpoints, &[&bootstrap, "token", "list"]).await;
+    listed.expect_code(0);
+    assert!(listed.stdout.contains("ci-agent role=agent"), "{listed:#?}");
+    let set = baton(
+        &endpoints,
+        &[&bootstrap, "limits", "set", "leases_per_session_max=5"],
+    )
+    .await;
+    set.expect_code(0);
+    assert!(set.stdout.contains("leases_per_session_max=5"), "{set:#?}");
+    let bad = baton(
+        &endpoints,
+        &[&bootstrap, "limits", "set", "no_such_limit=1"],
+    )
+    .await;
+    bad.expect_code(2);
+
+    // The client crate: a token through the builder.
+    let client = baton_client::Client::builder([endpoints.as_str()])
+        .token(BOOTSTRAP)
+        .build()
+        .unwrap();
+    let made = client
+        .create_token(&CreateTokenRequest {
+            name: "from-crate".to_owned(),
+            role: TokenRole::Reader,
+            namespaces: vec!["*".to_owned()],
+        })
+        .await
+        .unwrap();
+    assert_eq!(made.token.role, TokenRole::Reader);
+    let reader = baton_client::Client::builder([endpoints.as_str()])
+        .token(made.secret)
+        .holder("reader")
+        .build()
+        .unwrap();
+    assert!(reader.limits().await.is_ok());
+    let refused = reader.kv_put("k", json!(1)).await.unwrap_err();
+    assert_eq!(refused.code(), "PERMISSION_DENIED", "{refused:?}");
+    client.revoke_token("ci-agent").await.unwrap();
+    let revoked = baton(&endpoints, &[&token_flag, "--namespace", "ci", "list"]).await;
+    revoked.expect_code(1);
+    assert!(
+        revoked.error_line().contains("UNAUTHENTICATED"),
+        "{revoked:#?}"
+    );
+}
