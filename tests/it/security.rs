@@ -335,6 +335,7 @@ async fn the_cli_and_the_client_crate_work_with_tokens() {
             name: "from-crate".to_owned(),
             role: TokenRole::Reader,
             namespaces: vec!["*".to_owned()],
+            quotas: None,
         })
         .await
         .unwrap();
@@ -354,4 +355,52 @@ async fn the_cli_and_the_client_crate_work_with_tokens() {
         revoked.error_line().contains("UNAUTHENTICATED"),
         "{revoked:#?}"
     );
+}
+
+#[tokio::test]
+async fn a_token_past_its_quota_gets_429_and_nothing_changes() {
+    let cluster = secured(1).await;
+    let api = cluster.api();
+    let node = cluster.node(1);
+    let created: Value = api
+        .post(
+            node,
+            "/v1/auth/tokens",
+            &json!({ "name": "small", "role": "agent", "namespaces": ["*"],
+                     "quotas": { "sessions_max": 1, "leases_max": 1 } }),
+        )
+        .await
+        .expect_json(201);
+    assert_eq!(
+        created["quotas"],
+        json!({ "sessions_max": 1, "leases_max": 1 })
+    );
+    let secret = created["secret"].as_str().unwrap();
+    let session = json!({ "holder": "a", "ttl_ms": 30_000 });
+    let first: Value = api
+        .call(Method::POST, node, "/v1/sessions")
+        .token(Some(secret))
+        .json(&session)
+        .send()
+        .await
+        .expect_json(201);
+    let second = api
+        .call(Method::POST, node, "/v1/sessions")
+        .token(Some(secret))
+        .json(&session)
+        .send()
+        .await;
+    second.expect_problem(429, ErrorCode::ResourceExhausted);
+    assert!(second.headers.contains_key("retry-after"), "{second:?}");
+    let session_id = first["session_id"].as_str().unwrap();
+    for (resource, status) in [("a", 201), ("b", 429)] {
+        api.call(Method::POST, node, "/v1/leases")
+            .token(Some(secret))
+            .json(&json!({ "resource": resource, "session_id": session_id }))
+            .send()
+            .await
+            .expect_status(status);
+    }
+    let leases: Value = api.get(node, "/v1/leases").await.expect_json(200);
+    assert_eq!(leases["leases"].as_array().unwrap().len(), 1, "{leases}");
 }

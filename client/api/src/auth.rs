@@ -15,7 +15,17 @@ pub enum TokenRole {
     Admin,
 }
 
-/// `POST /v1/auth/tokens` body: `{name, role, namespaces}`.
+/// Most live sessions and leases a token may hold; past them, 429 `RESOURCE_EXHAUSTED`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenQuotas {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sessions_max: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leases_max: Option<u64>,
+}
+
+/// `POST /v1/auth/tokens` body: `{name, role, namespaces, quotas?}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTokenRequest {
@@ -24,6 +34,8 @@ pub struct CreateTokenRequest {
     pub role: TokenRole,
     /// The namespaces it may use; `["*"]` for all.
     pub namespaces: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quotas: Option<TokenQuotas>,
 }
 
 /// A token as listed: never its secret.
@@ -33,6 +45,9 @@ pub struct TokenInfo {
     pub role: TokenRole,
     /// `["*"]` for all.
     pub namespaces: Vec<String>,
+    /// Its quotas; `{}` when it has none.
+    #[serde(default)]
+    pub quotas: TokenQuotas,
     /// When it was created (informational, RFC 3339 UTC).
     pub created_at: String,
 }

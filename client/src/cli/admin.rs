@@ -1,6 +1,6 @@
 //! `baton token` and `baton limits`: the admin calls of access control (docs/security.md).
 
-use baton_client::api::{CreateTokenRequest, TokenInfo, TokenRole};
+use baton_client::api::{CreateTokenRequest, TokenInfo, TokenQuotas, TokenRole};
 use baton_client::Client;
 use serde_json::Value;
 
@@ -13,6 +13,8 @@ pub async fn token(client: &Client, command: TokenCommand, json: bool) -> Result
             name,
             role,
             namespaces,
+            sessions_max,
+            leases_max,
         } => {
             let request = CreateTokenRequest {
                 name,
@@ -22,6 +24,10 @@ pub async fn token(client: &Client, command: TokenCommand, json: bool) -> Result
                     TokenRoleArg::Admin => TokenRole::Admin,
                 },
                 namespaces,
+                quotas: (sessions_max.is_some() || leases_max.is_some()).then_some(TokenQuotas {
+                    sessions_max,
+                    leases_max,
+                }),
             };
             let created = client.create_token(&request).await?;
             if json {
@@ -65,8 +71,15 @@ fn describe(token: &TokenInfo) -> String {
         TokenRole::Agent => "agent",
         TokenRole::Admin => "admin",
     };
+    let mut quotas = String::new();
+    if let Some(sessions_max) = token.quotas.sessions_max {
+        quotas += &format!(" sessions_max={sessions_max}");
+    }
+    if let Some(leases_max) = token.quotas.leases_max {
+        quotas += &format!(" leases_max={leases_max}");
+    }
     format!(
-        "{} role={role} namespaces={} created {}",
+        "{} role={role} namespaces={}{quotas} created {}",
         token.name,
         token.namespaces.join(","),
         token.created_at

@@ -511,6 +511,12 @@ pub enum TokenCommand {
         /// The namespaces it may use, comma-separated; `*` for all.
         #[arg(long, value_delimiter = ',', required = true)]
         namespaces: Vec<String>,
+        /// Most live sessions it may hold (past it: RESOURCE_EXHAUSTED).
+        #[arg(long)]
+        sessions_max: Option<u64>,
+        /// Most live leases it may hold over all its sessions.
+        #[arg(long)]
+        leases_max: Option<u64>,
     },
     /// List the tokens (never their secrets).
     List,

@@ -13,11 +13,11 @@ use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use baton_api::{
-    CreateTokenRequest, CreatedToken, ErrorCode, RevokedToken, TokenInfo, TokenList, TokenRole,
-    HEADER_NAMESPACE,
+    CreateTokenRequest, CreatedToken, ErrorCode, RevokedToken, TokenInfo, TokenList, TokenQuotas,
+    TokenRole, HEADER_NAMESPACE,
 };
 use baton_raft_store::machine::{
-    Caller, Command, Limits, Name, Namespace, NewToken, Reply, Role, Scope, TokenView,
+    Caller, Command, Limits, Name, Namespace, NewToken, Quotas, Reply, Role, Scope, TokenView,
 };
 use sha2::{Digest, Sha256};
 
@@ -187,6 +187,10 @@ fn token_info(token: &TokenView, clocks: Clocks) -> TokenInfo {
             Scope::All => vec!["*".to_owned()],
             Scope::Only(namespaces) => namespaces.iter().map(ToString::to_string).collect(),
         },
+        quotas: TokenQuotas {
+            sessions_max: token.quotas.sessions_max,
+            leases_max: token.quotas.leases_max,
+        },
         created_at: clocks.at(token.created_at_ms),
     }
 }
@@ -228,10 +232,15 @@ pub async fn create_token(
         TokenRole::Admin => Role::Admin,
     };
     let secret = format!("{SECRET_PREFIX}{:032x}", rand::random::<u128>());
+    let quotas = request.quotas.unwrap_or_default();
     let new_token = NewToken {
         name,
         role,
         scope,
+        quotas: Quotas {
+            sessions_max: quotas.sessions_max,
+            leases_max: quotas.leases_max,
+        },
         secret_sha256: secret_sha256(&secret),
     };
     let created = app

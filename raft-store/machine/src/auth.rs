@@ -54,12 +54,20 @@ impl Scope {
     }
 }
 
+/// Most live sessions and leases a token may hold at once; `None` is no limit of its own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quotas {
+    pub sessions_max: Option<u64>,
+    pub leases_max: Option<u64>,
+}
+
 /// A token to create: the secret itself never reaches the log, only its SHA-256.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NewToken {
     pub name: Name,
     pub role: Role,
     pub scope: Scope,
+    pub quotas: Quotas,
     pub secret_sha256: [u8; 32],
 }
 
@@ -69,6 +77,7 @@ pub struct TokenView {
     pub name: Name,
     pub role: Role,
     pub scope: Scope,
+    pub quotas: Quotas,
     pub created_at_ms: u64,
 }
 
@@ -76,6 +85,7 @@ pub struct TokenView {
 struct Token {
     role: Role,
     scope: Scope,
+    quotas: Quotas,
     secret_sha256: [u8; 32],
     created_at_ms: u64,
 }
@@ -101,6 +111,9 @@ pub struct AuthState {
     /// Token names by secret hash (rebuilt on decode).
     #[serde(skip)]
     by_hash: BTreeMap<[u8; 32], Name>,
+    /// The sessions each token owns (rebuilt on decode): what its quotas count.
+    #[serde(skip)]
+    owned_by: BTreeMap<Name, BTreeSet<(Namespace, SessionId)>>,
 }
 
 impl AuthState {
@@ -110,6 +123,26 @@ impl AuthState {
             .iter()
             .map(|(name, token)| (token.secret_sha256, name.clone()))
             .collect();
+        self.owned_by.clear();
+        for (session, owner) in &self.owners {
+            self.owned_by
+                .entry(owner.clone())
+                .or_default()
+                .insert(session.clone());
+        }
+    }
+
+    /// The sessions `token` owns.
+    pub(super) fn sessions_of(
+        &self,
+        token: &Name,
+    ) -> impl Iterator<Item = &(Namespace, SessionId)> {
+        self.owned_by.get(token).into_iter().flatten()
+    }
+
+    /// `token`'s quotas, if the token exists.
+    pub(super) fn quotas(&self, token: &Name) -> Option<Quotas> {
+        self.tokens.get(token).map(|token| token.quotas)
     }
 
     /// The caller a secret's hash belongs to, if any token has it.
@@ -136,6 +169,7 @@ impl AuthState {
                 name: name.clone(),
                 role: token.role,
                 scope: token.scope.clone(),
+                quotas: token.quotas,
                 created_at_ms: token.created_at_ms,
             })
             .collect()
@@ -178,6 +212,7 @@ impl AuthState {
             Token {
                 role: new_token.role,
                 scope: new_token.scope.clone(),
+                quotas: new_token.quotas,
                 secret_sha256: new_token.secret_sha256,
                 created_at_ms: time_ms,
             },
@@ -188,6 +223,7 @@ impl AuthState {
             name: new_token.name.clone(),
             role: new_token.role,
             scope: new_token.scope.clone(),
+            quotas: new_token.quotas,
             created_at_ms: time_ms,
         }))
     }
@@ -207,6 +243,7 @@ impl AuthState {
                 name: Name::new("token name", BOOTSTRAP_TOKEN_NAME).expect("a valid name"),
                 role: Role::Admin,
                 scope: Scope::All,
+                quotas: Quotas::default(),
                 secret_sha256,
             },
             time_ms,
@@ -225,12 +262,25 @@ impl AuthState {
     }
 
     pub(super) fn set_owner(&mut self, namespace: &Namespace, session_id: SessionId, owner: &Name) {
-        self.owners
-            .insert((namespace.clone(), session_id), owner.clone());
+        let session = (namespace.clone(), session_id);
+        self.owners.insert(session.clone(), owner.clone());
+        self.owned_by
+            .entry(owner.clone())
+            .or_default()
+            .insert(session);
     }
 
     pub(super) fn forget_session(&mut self, namespace: &Namespace, session_id: SessionId) {
-        self.owners.remove(&(namespace.clone(), session_id));
+        let session = (namespace.clone(), session_id);
+        let Some(owner) = self.owners.remove(&session) else {
+            return;
+        };
+        if let Some(sessions) = self.owned_by.get_mut(&owner) {
+            sessions.remove(&session);
+            if sessions.is_empty() {
+                self.owned_by.remove(&owner);
+            }
+        }
     }
 
     /// Whether `caller` may run `op` in `namespace`: a role that writes, the namespace in its

@@ -32,7 +32,7 @@ use std::ops::Bound;
 use serde::{Deserialize, Serialize};
 
 pub use admission::admit;
-pub use auth::{AuthState, Caller, NewToken, Role, Scope, TokenView, BOOTSTRAP_TOKEN_NAME};
+pub use auth::{AuthState, Caller, NewToken, Quotas, Role, Scope, TokenView, BOOTSTRAP_TOKEN_NAME};
 pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecError};
 pub use command::{
     Batch, Command, Event, EventKind, FenceStatus, Grant, IdempotencyTag, KvView, LeaseView,
@@ -372,9 +372,13 @@ impl Machine {
                 namespace,
                 idempotency,
                 op,
-            } => match self.auth.authorize(&caller, namespace, op) {
+            } => match self
+                .auth
+                .authorize(&caller, namespace, op)
+                .and_then(|()| self.within_quotas(token, op))
+            {
                 Ok(()) => self.apply_namespaced(namespace, idempotency.as_ref(), op, Some(token)),
-                Err(denied) => Response::fresh(Err(denied)),
+                Err(refused) => Response::fresh(Err(refused)),
             },
             Command::CreateToken(_) | Command::RevokeToken { .. } | Command::SetLimits(_) => {
                 if caller.role == Role::Admin {
@@ -392,6 +396,41 @@ impl Machine {
                 )))
             }
         }
+    }
+
+    /// Refuses an operation that would take `token` past its quotas: a new session past
+    /// `sessions_max`, an acquire past `leases_max` (live ones, counted over the token's
+    /// sessions).
+    fn within_quotas(&self, token: &Name, op: &Op) -> Result<(), Rejection> {
+        let quotas = self.auth.quotas(token).unwrap_or_default();
+        let sessions = || self.auth.sessions_of(token);
+        if let (Some(sessions_max), Some(_)) = (quotas.sessions_max, op.session_created()) {
+            if sessions().count() as u64 >= sessions_max {
+                return Err(Rejection::ResourceExhausted(format!(
+                    "token {token} holds {sessions_max} sessions, its sessions_max: end one first"
+                )));
+            }
+        }
+        if let (Some(leases_max), Op::Acquire { .. }) = (quotas.leases_max, op) {
+            let held: usize = sessions()
+                .filter_map(|(namespace, session_id)| {
+                    Some(
+                        self.namespaces
+                            .get(namespace)?
+                            .sessions
+                            .get(session_id)?
+                            .leases
+                            .len(),
+                    )
+                })
+                .sum();
+            if held as u64 >= leases_max {
+                return Err(Rejection::ResourceExhausted(format!(
+                    "token {token} holds {leases_max} leases, its leases_max: release one first"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// A client operation in `namespace`, made by token `by` when access control is on.

@@ -1617,6 +1617,7 @@ fn token(name: &str, role: Role, scope: &[&str], secret: u8) -> Command {
         name: Name::new("token name", name).expect("a name"),
         role,
         scope,
+        quotas: Quotas::default(),
         secret_sha256: [secret; 32],
     })
 }
@@ -1781,4 +1782,80 @@ fn the_bootstrap_token_is_created_once_in_the_clusters_life() {
         "a node restarted with the old secret does not bring it back"
     );
     assert!(machine.auth().authenticate(&[9; 32]).is_none());
+}
+
+#[test]
+fn quotas_bound_a_tokens_live_sessions_and_leases() {
+    let mut machine = Machine::default();
+    let Command::CreateToken(mut limited) = token("small", Role::Agent, &["*"], 1) else {
+        unreachable!()
+    };
+    limited.quotas = Quotas {
+        sessions_max: Some(2),
+        leases_max: Some(2),
+    };
+    assert_eq!(
+        step(&mut machine, 0, Command::CreateToken(limited)),
+        "token small agent"
+    );
+    for (command, expected) in [
+        (
+            by("small", create(A, "a", 10_000)),
+            "session expires_in=10000",
+        ),
+        (
+            by("small", create(B, "b", 10_000)),
+            "session expires_in=10000",
+        ),
+        (by("small", create(C, "c", 10_000)), "RESOURCE_EXHAUSTED"),
+        (
+            by("small", acquire(A, "x")),
+            "granted fence=1 expires_in=10000",
+        ),
+        (
+            by("small", acquire(B, "y")),
+            "granted fence=2 expires_in=10000",
+        ),
+        (by("small", acquire(A, "z")), "RESOURCE_EXHAUSTED"),
+        // Freeing one makes room again.
+        (
+            by(
+                "small",
+                Op::Release {
+                    session_id: SessionId(A),
+                    resource: path("x"),
+                },
+            ),
+            "released fence=1",
+        ),
+        (
+            by("small", acquire(A, "z")),
+            "granted fence=3 expires_in=10000",
+        ),
+        (by("small", end(B)), "ended [y]"),
+        (
+            by("small", create(C, "c", 10_000)),
+            "session expires_in=10000",
+        ),
+    ] {
+        assert_eq!(
+            step(&mut machine, 0, command.clone()),
+            expected,
+            "{command:?}"
+        );
+    }
+    // Expired sessions stop counting once swept.
+    step(&mut machine, 20_000, Command::Sweep { max: 100 });
+    assert_eq!(
+        step(&mut machine, 20_000, by("small", create(B, "b", 10_000))),
+        "session expires_in=10000"
+    );
+    let decoded = Machine::decode_snapshot(&machine.encode_snapshot().unwrap()).unwrap();
+    assert_eq!(
+        decoded
+            .auth()
+            .sessions_of(&Name::new("t", "small").unwrap())
+            .count(),
+        1
+    );
 }

@@ -737,12 +737,17 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
                 name: common::name("team-a"),
                 role: baton_machine::Role::Agent,
                 scope: baton_machine::Scope::Only([namespace.clone()].into()),
+                quotas: baton_machine::Quotas {
+                    sessions_max: Some(10),
+                    leases_max: None,
+                },
                 secret_sha256: [7; 32],
             }),
             Command::CreateToken(baton_machine::NewToken {
                 name: common::name("gone"),
                 role: baton_machine::Role::Reader,
                 scope: baton_machine::Scope::All,
+                quotas: baton_machine::Quotas::default(),
                 secret_sha256: [8; 32],
             }),
             Command::RevokeToken {
