@@ -183,6 +183,9 @@ impl Cluster {
             })
             .collect::<Vec<_>>()
             .join(",");
+        // The harness's networks are private (loopback, or namespaces of its own): peers prove
+        // themselves with a secret of this run, and the open client API is on purpose.
+        let cluster_secret = format!("harness-{:032x}", rand::random::<u128>());
         let mut nodes = Vec::new();
         for id in ids {
             let (api, peer) = (net.api_addr(id), net.peer_listen_addr(id));
@@ -199,6 +202,11 @@ impl Cluster {
                 tick_ms: config.tick_ms,
             }
             .to_args();
+            args.extend([
+                "--insecure".into(),
+                "--cluster-secret".into(),
+                cluster_secret.clone().into(),
+            ]);
             if config.clock_control {
                 args.push("--clock-control".into());
             }

@@ -49,6 +49,10 @@ pub enum Mode {
         /// The first admin token comes from `BATON_BOOTSTRAP_TOKEN`.
         #[arg(long, env = "BATON_AUTH")]
         auth: bool,
+        /// Serve a non-loopback --listen without --auth, or a non-loopback --peer-listen
+        /// without --cluster-secret: only on a network nobody else can reach.
+        #[arg(long, env = "BATON_INSECURE")]
+        insecure: bool,
         #[command(flatten)]
         tuning: Tuning,
     },
@@ -163,28 +167,38 @@ impl NodeConfig {
                 peer_listen,
                 initial_cluster,
                 auth,
+                insecure,
                 tuning,
-            } => NodeConfig {
-                id,
-                data_dir,
-                listen,
-                peer_listen,
-                initial_cluster: initial_cluster
-                    .as_deref()
-                    .map(parse_initial_cluster)
-                    .transpose()?,
-                auth,
-                bootstrap_token: match std::env::var(BOOTSTRAP_TOKEN_ENV) {
-                    Ok(secret) if auth => {
-                        check_secret(&secret).map_err(|problem| {
-                            anyhow::anyhow!("{BOOTSTRAP_TOKEN_ENV}: {problem}")
-                        })?;
-                        Some(secret)
-                    }
-                    _ => None,
-                },
-                tuning,
-            },
+            } => {
+                refuse_open_network(
+                    listen,
+                    peer_listen,
+                    auth,
+                    tuning.cluster_secret.is_some(),
+                    insecure,
+                )?;
+                NodeConfig {
+                    id,
+                    data_dir,
+                    listen,
+                    peer_listen,
+                    initial_cluster: initial_cluster
+                        .as_deref()
+                        .map(parse_initial_cluster)
+                        .transpose()?,
+                    auth,
+                    bootstrap_token: match std::env::var(BOOTSTRAP_TOKEN_ENV) {
+                        Ok(secret) if auth => {
+                            check_secret(&secret).map_err(|problem| {
+                                anyhow::anyhow!("{BOOTSTRAP_TOKEN_ENV}: {problem}")
+                            })?;
+                            Some(secret)
+                        }
+                        _ => None,
+                    },
+                    tuning,
+                }
+            }
         };
         if config.id == 0 {
             bail!("--id must be a positive integer");
@@ -210,6 +224,35 @@ impl NodeConfig {
         }
         Ok(config)
     }
+}
+
+/// Refuses to serve anyone who can reach a non-loopback address without a check on who they
+/// are: the client API needs `--auth`, the peer port a `--cluster-secret`, unless `--insecure`.
+fn refuse_open_network(
+    listen: SocketAddr,
+    peer_listen: SocketAddr,
+    auth: bool,
+    cluster_secret: bool,
+    insecure: bool,
+) -> anyhow::Result<()> {
+    if insecure {
+        return Ok(());
+    }
+    if !listen.ip().is_loopback() && !auth {
+        bail!(
+            "--listen {listen} is reachable from other hosts but --auth is off: start with \
+             --auth (and {BOOTSTRAP_TOKEN_ENV} for the first admin token), listen on 127.0.0.1, \
+             or pass --insecure on a private network"
+        );
+    }
+    if !peer_listen.ip().is_loopback() && !cluster_secret {
+        bail!(
+            "--peer-listen {peer_listen} is reachable from other hosts but peers are not \
+             authenticated: give every node the same --cluster-secret (BATON_CLUSTER_SECRET), \
+             or pass --insecure on a private network"
+        );
+    }
+    Ok(())
 }
 
 /// Parses `1=127.0.0.1:7420@127.0.0.1:7421,2=...`.
@@ -251,6 +294,18 @@ pub fn parse_initial_cluster(text: &str) -> anyhow::Result<BTreeMap<u64, Member>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_addresses_need_auth_and_a_cluster_secret_or_insecure() {
+        let loopback: SocketAddr = "127.0.0.1:7420".parse().unwrap();
+        let open: SocketAddr = "0.0.0.0:7420".parse().unwrap();
+        assert!(refuse_open_network(loopback, loopback, false, false, false).is_ok());
+        assert!(refuse_open_network(open, loopback, false, false, false).is_err());
+        assert!(refuse_open_network(open, loopback, true, false, false).is_ok());
+        assert!(refuse_open_network(loopback, open, true, false, false).is_err());
+        assert!(refuse_open_network(loopback, open, true, true, false).is_ok());
+        assert!(refuse_open_network(open, open, false, false, true).is_ok());
+    }
 
     #[test]
     fn initial_cluster_parses_and_refuses_bad_members() {
