@@ -422,12 +422,23 @@ mod tests {
         let changed = change(serde_json::json!({"ttl_ms_max": 600_000})).unwrap();
         assert_eq!(changed.ttl_ms_max, 600_000);
         assert_eq!(changed.ttl_ms_min, current.ttl_ms_min);
+        let longer = change(serde_json::json!({"max_hold_ms_max": 60u64 * 86_400_000})).unwrap();
+        assert_eq!(
+            longer.max_hold_ms_max,
+            60 * 86_400_000,
+            "two months of max hold is fine"
+        );
         for refused in [
             serde_json::json!({}),
             serde_json::json!({"ttl_max": 1}),
             serde_json::json!({"ttl_ms_max": -1}),
             serde_json::json!({"ttl_ms_max": "60s"}),
             serde_json::json!({"ttl_ms_max": 10}),
+            // Bounds that could overflow a deadline or a count.
+            serde_json::json!({"ttl_ms_max": u64::MAX}),
+            serde_json::json!({"leases_per_session_max": 1u64 << 40}),
+            serde_json::json!({"task_attempts_max": 1u64 << 40}),
+            serde_json::json!({"sweep_batch_max": 0}),
         ] {
             assert!(change(refused.clone()).is_err(), "{refused} was taken");
         }

@@ -124,6 +124,40 @@ impl Limits {
         if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
             return Err(Invalid::new(format!("limit {name} must be positive")));
         }
+        // Bounds on the bounds, so that no deadline or count can overflow: durations at most
+        // ten years, counts and sizes at most 2^32.
+        const DURATION_MS_MAX: u64 = 10 * 365 * 24 * 60 * 60 * 1_000;
+        let durations = [
+            ("ttl_ms_max", self.ttl_ms_max),
+            ("max_hold_ms_max", self.max_hold_ms_max),
+            ("task_delay_ms_max", self.task_delay_ms_max),
+            ("idempotency_ttl_ms", self.idempotency_ttl_ms),
+        ];
+        if let Some((name, value)) = durations.iter().find(|(_, value)| *value > DURATION_MS_MAX) {
+            return Err(Invalid::new(format!(
+                "limit {name} must be at most {DURATION_MS_MAX} ms (ten years), got {value}"
+            )));
+        }
+        let extra_counts = [
+            ("labels_max", self.labels_max as u64),
+            ("task_dependencies_max", self.task_dependencies_max as u64),
+            (
+                "idempotency_key_chars_max",
+                self.idempotency_key_chars_max as u64,
+            ),
+        ];
+        let counts = positive
+            .iter()
+            .chain(extra_counts.iter())
+            .filter(|(name, _)| !name.contains("_ms"));
+        for (name, value) in counts {
+            if *value > u64::from(u32::MAX) {
+                return Err(Invalid::new(format!(
+                    "limit {name} must be at most {}, got {value}",
+                    u32::MAX
+                )));
+            }
+        }
         if self.ttl_ms_min > self.ttl_ms_max {
             return Err(Invalid::new(format!(
                 "ttl_ms_min {} is above ttl_ms_max {}",
@@ -135,9 +169,6 @@ impl Limits {
                 "idempotency_key_chars_min {} is above idempotency_key_chars_max {}",
                 self.idempotency_key_chars_min, self.idempotency_key_chars_max
             )));
-        }
-        if u32::try_from(self.sweep_batch_max).is_err() {
-            return Err(Invalid::new("sweep_batch_max must fit in 32 bits"));
         }
         Ok(())
     }
