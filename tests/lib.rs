@@ -70,6 +70,77 @@ pub struct ClusterConfig {
     /// With access control: every node runs with `--auth` and this `BATON_BOOTSTRAP_TOKEN`,
     /// and the cluster's [`Api`] sends it (the bootstrap admin) unless a call says otherwise.
     pub bootstrap_token: Option<String>,
+    /// With TLS: every node serves its client API over HTTPS and talks to its peers over
+    /// mutual TLS with these certificates, and the cluster's [`Api`] trusts their CA.
+    pub tls: Option<TestCerts>,
+}
+
+/// A test CA and one certificate it signed for `127.0.0.1` and `localhost`, usable as a server
+/// and as a client certificate, as PEM files in a directory (made with rcgen).
+#[derive(Debug, Clone)]
+pub struct TestCerts {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCerts {
+    /// A new CA named `name` and its certificate, written under `dir` as `NAME-ca.pem`,
+    /// `NAME-cert.pem` and `NAME-key.pem`.
+    pub fn generate(dir: &Path, name: &str) -> TestCerts {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair, KeyUsagePurpose,
+        };
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("{name} test CA"));
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("a CA key"))
+            .expect("a self-signed CA");
+        let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .expect("leaf parameters");
+        leaf.distinguished_name
+            .push(DnType::CommonName, format!("{name} node"));
+        leaf.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = KeyPair::generate().expect("a leaf key");
+        let cert = leaf.signed_by(&key, &ca).expect("a leaf signed by the CA");
+        let certs = TestCerts {
+            ca: dir.join(format!("{name}-ca.pem")),
+            cert: dir.join(format!("{name}-cert.pem")),
+            key: dir.join(format!("{name}-key.pem")),
+        };
+        fs::write(&certs.ca, ca.pem()).expect("write the CA");
+        fs::write(&certs.cert, cert.pem()).expect("write the certificate");
+        fs::write(&certs.key, key.serialize_pem()).expect("write the key");
+        certs
+    }
+
+    /// The CA certificate, PEM.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        fs::read(&self.ca).expect("read the CA")
+    }
+
+    /// `batond` flags: the client API over HTTPS and mutual TLS between peers.
+    pub fn batond_args(&self) -> Vec<OsString> {
+        let mut args = Vec::new();
+        for flag in ["--tls-cert", "--peer-tls-cert"] {
+            args.extend([flag.into(), self.cert.clone().into_os_string()]);
+        }
+        for flag in ["--tls-key", "--peer-tls-key"] {
+            args.extend([flag.into(), self.key.clone().into_os_string()]);
+        }
+        args.extend(["--peer-ca".into(), self.ca.clone().into_os_string()]);
+        args
+    }
 }
 
 impl ClusterConfig {
@@ -84,6 +155,7 @@ impl ClusterConfig {
             ready_timeout: READY_TIMEOUT,
             extra_args: Vec::new(),
             bootstrap_token: None,
+            tls: None,
         }
     }
 }
@@ -365,6 +437,9 @@ impl Cluster {
                 .to_args();
                 args.extend(["--log-format".into(), "human".into()]);
                 args.extend(config.extra_args.iter().map(OsString::from));
+                if let Some(certs) = &config.tls {
+                    args.extend(certs.batond_args());
+                }
                 let mut env = Vec::new();
                 if let Some(secret) = &config.bootstrap_token {
                     args.push("--auth".into());
@@ -379,6 +454,7 @@ impl Cluster {
                     args,
                 );
                 node.env = env;
+                node.https = config.tls.is_some();
                 node
             })
             .collect();
@@ -389,7 +465,7 @@ impl Cluster {
             nodes,
             api: Api {
                 token: config.bootstrap_token.clone(),
-                ..Api::new()
+                ..Api::with_ca(config.tls.as_ref().map(TestCerts::ca_pem))
             },
             config: config.clone(),
             directory: Some(directory),
@@ -551,6 +627,8 @@ pub struct Node {
     args: Vec<OsString>,
     /// Environment variables set for the process.
     env: Vec<(String, String)>,
+    /// Whether its client API is HTTPS.
+    https: bool,
     process: baton_kit::Process,
 }
 
@@ -570,13 +648,15 @@ impl Node {
             data_dir,
             args,
             env: Vec::new(),
+            https: false,
             process: baton_kit::Process::new(log_path),
         }
     }
 
     /// `http://127.0.0.1:PORT`, the base of every API request to this node.
     pub fn api_url(&self) -> String {
-        format!("http://{}", self.api_addr())
+        let scheme = if self.https { "https" } else { "http" };
+        format!("{scheme}://{}", self.api_addr())
     }
 
     /// `127.0.0.1:PORT` of `--listen`.
@@ -872,15 +952,22 @@ impl Default for Api {
 impl Api {
     /// A client with a [`REQUEST_TIMEOUT`] per request and no proxy.
     pub fn new() -> Api {
-        let client = reqwest::Client::builder()
+        Api::with_ca(None)
+    }
+
+    /// Like [`Api::new`], trusting the CA certificate `ca_pem` for HTTPS.
+    pub fn with_ca(ca_pem: Option<Vec<u8>>) -> Api {
+        let mut builder = reqwest::Client::builder()
             .no_proxy()
             .timeout(REQUEST_TIMEOUT)
             .connect_timeout(Duration::from_secs(1))
-            .pool_max_idle_per_host(0)
-            .build()
-            .expect("build an HTTP client");
+            .pool_max_idle_per_host(0);
+        if let Some(pem) = ca_pem {
+            builder = builder
+                .add_root_certificate(reqwest::Certificate::from_pem(&pem).expect("a PEM CA"));
+        }
         Api {
-            client,
+            client: builder.build().expect("build an HTTP client"),
             token: None,
         }
     }

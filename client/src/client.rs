@@ -140,6 +140,8 @@ pub struct ClientBuilder {
     namespace: Option<String>,
     holder: Option<String>,
     token: Option<Token>,
+    /// PEM CA certificates trusted for `https://` endpoints, besides the system's.
+    ca_pem: Option<Vec<u8>>,
     request_timeout: Duration,
     attempts_max: u32,
     retry_budget: Duration,
@@ -148,6 +150,13 @@ pub struct ClientBuilder {
 }
 
 impl ClientBuilder {
+    /// Trusts the CA certificates in `pem` (PEM, one or more) for `https://` endpoints, besides
+    /// the system's roots: for a cluster whose certificates a private CA signed.
+    pub fn ca_certificates(mut self, pem: impl Into<Vec<u8>>) -> ClientBuilder {
+        self.ca_pem = Some(pem.into());
+        self
+    }
+
     /// The namespace of every request (header `Baton-Namespace`); `default` when unset.
     pub fn namespace(mut self, namespace: impl Into<String>) -> ClientBuilder {
         self.namespace = Some(namespace.into());
@@ -204,7 +213,8 @@ impl ClientBuilder {
     /// # Errors
     ///
     /// [`Error::InvalidArgument`] when there is no endpoint, an endpoint is not
-    /// `http://host:port` (or `host:port`), or the clock rate error is not in `0.0..0.5`.
+    /// `http://host:port`, `https://host:port` (or `host:port`), the CA certificates are not
+    /// PEM, or the clock rate error is not in `0.0..0.5`.
     pub fn build(self) -> Result<Client> {
         if self.endpoints.is_empty() {
             return Err(invalid("give at least one endpoint"));
@@ -221,10 +231,20 @@ impl ClientBuilder {
             .iter()
             .map(|text| parse_endpoint(text))
             .collect::<Result<Vec<_>>>()?;
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .no_proxy()
             .connect_timeout(self.request_timeout.min(Duration::from_secs(2)))
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(30));
+        if let Some(pem) = &self.ca_pem {
+            let certificates = reqwest::Certificate::from_pem_bundle(pem)
+                .ok()
+                .filter(|certificates| !certificates.is_empty())
+                .ok_or_else(|| invalid("the CA file holds no PEM certificate"))?;
+            for certificate in certificates {
+                http = http.add_root_certificate(certificate);
+            }
+        }
+        let http = http
             .build()
             .map_err(|error| invalid(format!("cannot build an HTTP client: {error}")))?;
         Ok(Client {
@@ -327,6 +347,7 @@ impl Client {
             namespace: None,
             holder: None,
             token: None,
+            ca_pem: None,
             request_timeout: REQUEST_TIMEOUT_DEFAULT,
             attempts_max: ATTEMPTS_MAX_DEFAULT,
             retry_budget: RETRY_BUDGET_DEFAULT,
@@ -1382,7 +1403,7 @@ fn summarize(failures: &[String]) -> String {
     format!("{} attempt(s); {}", failures.len(), details.join("; "))
 }
 
-/// `http://host:port` (or `host:port`) as an [`Endpoint`].
+/// `http://host:port`, `https://host:port` (or `host:port`, plain HTTP) as an [`Endpoint`].
 fn parse_endpoint(text: &str) -> Result<Endpoint> {
     let trimmed = text.trim().trim_end_matches('/');
     let base = if trimmed.contains("://") {
@@ -1390,14 +1411,17 @@ fn parse_endpoint(text: &str) -> Result<Endpoint> {
     } else {
         format!("http://{trimmed}")
     };
-    let Some(authority) = base.strip_prefix("http://") else {
+    let Some(authority) = base
+        .strip_prefix("http://")
+        .or_else(|| base.strip_prefix("https://"))
+    else {
         return Err(invalid(format!(
-            "endpoint {text:?}: only http://host:port is supported"
+            "endpoint {text:?}: only http://host:port and https://host:port are supported"
         )));
     };
     if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
         return Err(invalid(format!(
-            "endpoint {text:?} is not http://host:port"
+            "endpoint {text:?} is not http://host:port or https://host:port"
         )));
     }
     Ok(Endpoint {

@@ -84,6 +84,22 @@ pub struct Tuning {
     /// Shared secret that authenticates peer RPC; unset means unauthenticated.
     #[arg(long, env = "BATON_CLUSTER_SECRET", hide_env_values = true)]
     pub cluster_secret: Option<String>,
+    /// Serve the client API over HTTPS with this certificate chain (PEM).
+    #[arg(long, env = "BATON_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "BATON_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Mutual TLS between peers: this node's certificate chain (PEM), signed by --peer-ca.
+    #[arg(long, env = "BATON_PEER_TLS_CERT", requires_all = ["peer_tls_key", "peer_ca"])]
+    pub peer_tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --peer-tls-cert.
+    #[arg(long, env = "BATON_PEER_TLS_KEY", requires = "peer_tls_cert")]
+    pub peer_tls_key: Option<PathBuf>,
+    /// The CA (PEM) every peer's certificate must be signed by; also trusted when a follower
+    /// forwards to the leader's HTTPS client API.
+    #[arg(long, env = "BATON_PEER_CA", requires = "peer_tls_cert")]
+    pub peer_ca: Option<PathBuf>,
     #[arg(long, env = "BATON_HEARTBEAT_MS", default_value_t = 50)]
     pub heartbeat_ms: u64,
     /// Minimum election timeout; the maximum is twice this.
@@ -110,6 +126,27 @@ pub struct Tuning {
     /// Test only: allow `POST /v1/debug/clock` to change this node's clock rate and offset.
     #[arg(long, env = "BATON_CLOCK_CONTROL", default_value_t = false)]
     pub clock_control: bool,
+}
+
+impl Tuning {
+    /// The client API's certificate and key, with --tls-cert.
+    pub fn api_tls(&self) -> Option<crate::tls::Identity> {
+        Some(crate::tls::Identity {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+        })
+    }
+
+    /// This node's peer certificate and key and the peer CA, with --peer-tls-cert.
+    pub fn peer_tls(&self) -> Option<(crate::tls::Identity, PathBuf)> {
+        Some((
+            crate::tls::Identity {
+                cert: self.peer_tls_cert.clone()?,
+                key: self.peer_tls_key.clone()?,
+            },
+            self.peer_ca.clone()?,
+        ))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -227,12 +264,13 @@ impl NodeConfig {
 }
 
 /// Refuses to serve anyone who can reach a non-loopback address without a check on who they
-/// are: the client API needs `--auth`, the peer port a `--cluster-secret`, unless `--insecure`.
+/// are: the client API needs `--auth`, the peer port a `--cluster-secret` or peer TLS, unless
+/// `--insecure`.
 fn refuse_open_network(
     listen: SocketAddr,
     peer_listen: SocketAddr,
     auth: bool,
-    cluster_secret: bool,
+    peers_checked: bool,
     insecure: bool,
 ) -> anyhow::Result<()> {
     if insecure {
@@ -245,11 +283,12 @@ fn refuse_open_network(
              or pass --insecure on a private network"
         );
     }
-    if !peer_listen.ip().is_loopback() && !cluster_secret {
+    if !peer_listen.ip().is_loopback() && !peers_checked {
         bail!(
             "--peer-listen {peer_listen} is reachable from other hosts but peers are not \
-             authenticated: give every node the same --cluster-secret (BATON_CLUSTER_SECRET), \
-             or pass --insecure on a private network"
+             authenticated: give every node peer TLS (--peer-tls-cert, --peer-tls-key, \
+             --peer-ca) or the same --cluster-secret (BATON_CLUSTER_SECRET), or pass \
+             --insecure on a private network"
         );
     }
     Ok(())

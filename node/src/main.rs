@@ -9,6 +9,7 @@ mod metrics;
 mod network;
 mod proposer;
 mod server;
+mod tls;
 
 use std::io::IsTerminal;
 

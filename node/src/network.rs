@@ -73,25 +73,50 @@ pub struct PeerNetwork {
     node_id: u64,
     http: reqwest::Client,
     secret: Option<HeaderValue>,
+    /// `https` with peer TLS.
+    scheme: &'static str,
+}
+
+/// Mutual TLS to peers: this node's certificate chain and key, and the CA every peer's
+/// certificate must be signed by (PEM).
+#[derive(Clone)]
+pub struct PeerTls {
+    pub identity_pem: Vec<u8>,
+    pub ca_pem: Vec<u8>,
 }
 
 impl PeerNetwork {
     /// A network for node `node_id` (named in timeout errors), sending `secret` with every peer
     /// request when it is `Some`. Fails on an empty or non-header-safe secret, so a node never
     /// starts with a secret its peers could not receive.
-    pub fn new(node_id: u64, secret: Option<String>) -> Result<Self, PeerNetworkError> {
+    /// With `tls`, every peer is reached over HTTPS, trusting only the peer CA and showing this
+    /// node's certificate.
+    pub fn new(
+        node_id: u64,
+        secret: Option<String>,
+        tls: Option<PeerTls>,
+    ) -> Result<Self, PeerNetworkError> {
         let secret = secret.map(|secret| secret_header(&secret)).transpose()?;
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(PEER_CONNECT_TIMEOUT_MS))
             // Peer traffic goes straight to the peer: an HTTP_PROXY meant for something else must
             // not carry Raft messages (or the secret).
             .no_proxy()
-            .tcp_nodelay(true)
-            .build()?;
+            .tcp_nodelay(true);
+        let scheme = match &tls {
+            Some(tls) => {
+                http = http
+                    .tls_certs_only(reqwest::Certificate::from_pem_bundle(&tls.ca_pem)?)
+                    .identity(reqwest::Identity::from_pem(&tls.identity_pem)?);
+                "https"
+            }
+            None => "http",
+        };
         Ok(Self {
             node_id,
-            http,
+            http: http.build()?,
             secret,
+            scheme,
         })
     }
 }
@@ -104,7 +129,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             node_id: self.node_id,
             target,
             member: node.clone(),
-            base_url: format!("http://{}", node.peer_addr),
+            base_url: format!("{}://{}", self.scheme, node.peer_addr),
             http: self.http.clone(),
             secret: self.secret.clone(),
         }
@@ -577,14 +602,14 @@ mod tests {
         assert!(!constant_time_eq(&digest(b"same"), &digest(b"sane")));
         assert!(!constant_time_eq(&digest(b"same"), &digest(b"same ")));
 
-        let network = PeerNetwork::new(1, Some(SECRET.to_owned())).expect("network");
+        let network = PeerNetwork::new(1, Some(SECRET.to_owned()), None).expect("network");
         assert!(!format!("{network:?}").contains(SECRET));
         assert!(matches!(
-            PeerNetwork::new(1, Some(String::new())),
+            PeerNetwork::new(1, Some(String::new()), None),
             Err(PeerNetworkError::InvalidSecret)
         ));
         assert!(matches!(
-            PeerNetwork::new(1, Some("line\nbreak".to_owned())),
+            PeerNetwork::new(1, Some("line\nbreak".to_owned()), None),
             Err(PeerNetworkError::InvalidSecret)
         ));
     }
@@ -745,7 +770,7 @@ mod tests {
                 ..Config::default()
             };
             let config = Arc::new(config.validate().expect("config"));
-            let network = PeerNetwork::new(1, secret.map(str::to_owned)).expect("network");
+            let network = PeerNetwork::new(1, secret.map(str::to_owned), None).expect("network");
             let raft = Raft::new(1, config, network, log_store, state_machine)
                 .await
                 .expect("raft");
@@ -771,7 +796,7 @@ mod tests {
 
     /// Node 2's client for node 1 at `address`.
     async fn client_for(address: SocketAddr, secret: Option<&str>) -> PeerClient {
-        let mut network = PeerNetwork::new(2, secret.map(str::to_owned)).expect("network");
+        let mut network = PeerNetwork::new(2, secret.map(str::to_owned), None).expect("network");
         let member = Member {
             api_addr: "127.0.0.1:1".to_owned(),
             peer_addr: address.to_string(),

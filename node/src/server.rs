@@ -15,13 +15,35 @@ use crate::clock::NodeClock;
 use crate::config::NodeConfig;
 use crate::http::{self, AppState, Shared};
 use crate::metrics::Metrics;
-use crate::network::{peer_router, PeerNetwork};
+use crate::network::{peer_router, PeerNetwork, PeerTls};
 use crate::proposer::{Proposer, ProposerSettings};
+use crate::tls::{self, TlsListener};
 
 /// Runs the node until it is told to stop. An error means the node could not start, or
 /// openraft stopped on a fatal error (a storage error stops the node: docs/guarantees.md G5, STYLE rule 4).
 pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let tuning = &config.tuning;
+    // Certificates are read before anything starts: a bad file stops the node at once.
+    let api_tls = tuning
+        .api_tls()
+        .map(|identity| tls::server_config(&identity, None))
+        .transpose()
+        .context("--tls-cert/--tls-key")?;
+    let peer_identity = tuning.peer_tls();
+    let peer_tls = peer_identity
+        .as_ref()
+        .map(|(identity, ca)| tls::server_config(identity, Some(ca)))
+        .transpose()
+        .context("--peer-tls-cert/--peer-tls-key/--peer-ca")?;
+    let peer_client_tls = peer_identity
+        .as_ref()
+        .map(|(identity, ca)| -> anyhow::Result<PeerTls> {
+            Ok(PeerTls {
+                identity_pem: tls::identity_pem(identity)?,
+                ca_pem: std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?,
+            })
+        })
+        .transpose()?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
     let (log_store, state_machine) = store::open(&config.data_dir)
@@ -39,7 +61,11 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     }
     .validate()
     .context("raft configuration")?;
-    let network = PeerNetwork::new(config.id, config.tuning.cluster_secret.clone())?;
+    let network = PeerNetwork::new(
+        config.id,
+        config.tuning.cluster_secret.clone(),
+        peer_client_tls.clone(),
+    )?;
     let raft = Raft::new(
         config.id,
         Arc::new(raft_config),
@@ -88,11 +114,17 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
             apply_timeout: leader_wait,
         },
     );
-    let forwarder = reqwest::Client::builder()
+    let mut forwarder = reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(Duration::from_secs(1))
-        .tcp_nodelay(true)
-        .build()?;
+        .tcp_nodelay(true);
+    if let Some(peer_tls) = &peer_client_tls {
+        // The leader's HTTPS client API may be signed by the peer CA too.
+        for ca in reqwest::Certificate::from_pem_bundle(&peer_tls.ca_pem)? {
+            forwarder = forwarder.add_root_certificate(ca);
+        }
+    }
+    let forwarder = forwarder.build()?;
     let app = AppState::new(Shared {
         node_id: config.id,
         raft: raft.clone(),
@@ -105,6 +137,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         event_streams: Arc::new(tokio::sync::Semaphore::new(tuning.event_streams_max)),
         election_timeout,
         auth: config.auth,
+        api_scheme: if api_tls.is_some() { "https" } else { "http" },
         cluster_time_shown: Default::default(),
     });
 
@@ -116,15 +149,20 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let until_stopped = |mut stopped: watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
-    let peer_server = axum::serve(
+    let peer_task = serve(
         peer_listener,
+        peer_tls,
         peer_router(raft.clone(), tuning.cluster_secret.clone()),
-    )
-    .with_graceful_shutdown(until_stopped(stopped.clone()));
-    let api_server = axum::serve(api_listener, http::router(app))
-        .with_graceful_shutdown(until_stopped(stopped.clone()));
-    let peer_task = tokio::spawn(async move { peer_server.await });
-    let api_task = tokio::spawn(async move { api_server.await });
+        until_stopped(stopped.clone()),
+        "peer",
+    )?;
+    let api_task = serve(
+        api_listener,
+        api_tls,
+        http::router(app),
+        until_stopped(stopped.clone()),
+        "api",
+    )?;
     tracing::info!(id = config.id, listen = %config.listen, peer_listen = %config.peer_listen, "batond is serving");
 
     let outcome = tokio::select! {
@@ -144,6 +182,27 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         tracing::warn!(%error, "raft shutdown");
     }
     outcome
+}
+
+/// Serves `router` on `listener`, over TLS with `tls`, until `stopped` resolves.
+fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    router: axum::Router,
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+    port: &'static str,
+) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
+    Ok(match tls {
+        Some(config) => {
+            let listener = TlsListener::new(listener, config, port)?;
+            let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
+            tokio::spawn(async move { server.await })
+        }
+        None => {
+            let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
+            tokio::spawn(async move { server.await })
+        }
+    })
 }
 
 /// Resolves when openraft's core stops with a fatal error, with its description.

@@ -20,3 +20,4 @@ mod process;
 mod queues;
 mod security;
 mod time;
+mod tls;

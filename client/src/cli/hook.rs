@@ -343,7 +343,7 @@ fn hook_client(global: &Global, claude_session: &str) -> Result<Client, Error> {
         .holder(holder)
         .request_timeout(global.timeout.min(HOOK_REQUEST_TIMEOUT_MAX))
         .retry_budget(global.timeout.min(HOOK_RETRY_BUDGET_MAX));
-    global.configure(builder).build()
+    global.configure(builder)?.build()
 }
 
 /// The file keeping one Claude session's Baton session id.

@@ -38,7 +38,7 @@ pub struct Cli {
 }
 
 /// Flags every subcommand takes, before or after its name. `--endpoints`, `--holder`,
-/// `--namespace` and `--token` fall back to their `BATON_*` variable here, not through clap's `env`, so
+/// `--namespace`, `--token` and `--ca-file` fall back to their `BATON_*` variable here, not through clap's `env`, so
 /// that a usage error never shows a flag the caller did not type as if it were required.
 #[derive(Debug, Args)]
 pub struct Global {
@@ -59,6 +59,9 @@ pub struct Global {
     /// Bearer token of a cluster with access control [env: BATON_TOKEN].
     #[arg(long, global = true)]
     pub token: Option<String>,
+    /// CA certificates (PEM) to trust for https:// endpoints [env: BATON_CA_FILE].
+    #[arg(long, global = true)]
+    pub ca_file: Option<std::path::PathBuf>,
     /// Print the API's answer object as JSON on stdout.
     #[arg(long, global = true)]
     pub json: bool,
@@ -98,19 +101,33 @@ impl Global {
         self.holder.clone().or_else(|| variable("BATON_HOLDER"))
     }
 
-    /// `builder` with the namespace and token these flags give, if any: every client a
-    /// command builds goes through here.
+    /// `builder` with the namespace, token and CA file these flags give, if any: every client
+    /// a command builds goes through here.
+    ///
+    /// # Errors
+    ///
+    /// [`Error::InvalidArgument`] when the CA file cannot be read.
     pub fn configure(
         &self,
         mut builder: baton_client::ClientBuilder,
-    ) -> baton_client::ClientBuilder {
+    ) -> Result<baton_client::ClientBuilder, Error> {
         if let Some(namespace) = self.namespace() {
             builder = builder.namespace(namespace);
         }
         if let Some(token) = self.token() {
             builder = builder.token(token);
         }
-        builder
+        let ca_file = self
+            .ca_file
+            .clone()
+            .or_else(|| variable("BATON_CA_FILE").map(std::path::PathBuf::from));
+        if let Some(path) = ca_file {
+            let pem = std::fs::read(&path).map_err(|error| Error::InvalidArgument {
+                message: format!("cannot read the CA file {}: {error}", path.display()),
+            })?;
+            builder = builder.ca_certificates(pem);
+        }
+        Ok(builder)
     }
 
     /// `--token`, else a non-empty `BATON_TOKEN`.
@@ -650,7 +667,7 @@ pub(crate) fn client(global: &Global) -> Result<Client, Error> {
     if let Some(holder) = global.holder() {
         builder = builder.holder(holder);
     }
-    global.configure(builder).build()
+    global.configure(builder)?.build()
 }
 
 #[cfg(test)]

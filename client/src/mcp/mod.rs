@@ -110,7 +110,7 @@ fn client(global: &Global) -> Result<Client, Error> {
         .holder(holder)
         .request_timeout(REQUEST_TIMEOUT)
         .retry_budget(RETRY_BUDGET);
-    global.configure(builder).build()
+    global.configure(builder)?.build()
 }
 
 /// Resolves on SIGTERM or Ctrl-C.

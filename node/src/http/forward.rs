@@ -163,7 +163,7 @@ async fn send(
 ) -> Result<Response, Failure> {
     let path_and_query = parts.uri.path_and_query().map_or("/", |path| path.as_str());
     let path_and_query = forwardable(path_and_query).map_err(Failure::Refused)?;
-    let url = format!("http://{api_addr}{path_and_query}");
+    let url = format!("{}://{api_addr}{path_and_query}", app.api_scheme);
     let method = reqwest::Method::from_bytes(parts.method.as_str().as_bytes())
         .map_err(|error| Failure::Refused(ApiError::internal(error)))?;
     let streaming = parts

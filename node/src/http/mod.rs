@@ -71,6 +71,8 @@ pub struct Shared {
     pub election_timeout: Duration,
     /// `--auth`: requests need a token (see `auth.rs`).
     pub auth: bool,
+    /// `https` with --tls-cert: how a follower reaches the leader's client API.
+    pub api_scheme: &'static str,
     /// The highest cluster time this node has put in an answer, so an answer it makes up
     /// itself never shows an earlier one.
     pub cluster_time_shown: AtomicU64,
