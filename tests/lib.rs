@@ -75,73 +75,7 @@ pub struct ClusterConfig {
     pub tls: Option<TestCerts>,
 }
 
-/// A test CA and one certificate it signed for `127.0.0.1` and `localhost`, usable as a server
-/// and as a client certificate, as PEM files in a directory (made with rcgen).
-#[derive(Debug, Clone)]
-pub struct TestCerts {
-    pub ca: PathBuf,
-    pub cert: PathBuf,
-    pub key: PathBuf,
-}
-
-impl TestCerts {
-    /// A new CA named `name` and its certificate, written under `dir` as `NAME-ca.pem`,
-    /// `NAME-cert.pem` and `NAME-key.pem`.
-    pub fn generate(dir: &Path, name: &str) -> TestCerts {
-        use rcgen::{
-            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
-            IsCa, KeyPair, KeyUsagePurpose,
-        };
-        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
-        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca.distinguished_name
-            .push(DnType::CommonName, format!("{name} test CA"));
-        ca.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("a CA key"))
-            .expect("a self-signed CA");
-        let mut leaf = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .expect("leaf parameters");
-        leaf.distinguished_name
-            .push(DnType::CommonName, format!("{name} node"));
-        leaf.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        let key = KeyPair::generate().expect("a leaf key");
-        let cert = leaf.signed_by(&key, &ca).expect("a leaf signed by the CA");
-        let certs = TestCerts {
-            ca: dir.join(format!("{name}-ca.pem")),
-            cert: dir.join(format!("{name}-cert.pem")),
-            key: dir.join(format!("{name}-key.pem")),
-        };
-        fs::write(&certs.ca, ca.pem()).expect("write the CA");
-        fs::write(&certs.cert, cert.pem()).expect("write the certificate");
-        fs::write(&certs.key, key.serialize_pem()).expect("write the key");
-        certs
-    }
-
-    /// The CA certificate, PEM.
-    pub fn ca_pem(&self) -> Vec<u8> {
-        fs::read(&self.ca).expect("read the CA")
-    }
-
-    /// `batond` flags: the client API over HTTPS and mutual TLS between peers.
-    pub fn batond_args(&self) -> Vec<OsString> {
-        let mut args = Vec::new();
-        for flag in ["--tls-cert", "--peer-tls-cert"] {
-            args.extend([flag.into(), self.cert.clone().into_os_string()]);
-        }
-        for flag in ["--tls-key", "--peer-tls-key"] {
-            args.extend([flag.into(), self.key.clone().into_os_string()]);
-        }
-        args.extend(["--peer-ca".into(), self.ca.clone().into_os_string()]);
-        args
-    }
-}
+pub use baton_kit::TestCerts;
 
 impl ClusterConfig {
     /// `nodes` nodes with the fast test timings: heartbeat 50 ms, election timeout 300 ms,

@@ -45,6 +45,17 @@ pub struct ClusterConfig {
     pub net: NetChoice,
     /// `--snapshot-log-entries`, when the run asks for more snapshots than batond's default.
     pub snapshot_log_entries: Option<u64>,
+    /// `--secure`: access control and TLS (HTTPS, mutual TLS between peers) with a CA and a
+    /// bootstrap token made for the run.
+    pub secure: bool,
+}
+
+/// What a secured cluster runs with: its certificates and the bootstrap admin token the
+/// harness's clients send.
+#[derive(Debug, Clone)]
+pub struct Security {
+    pub certs: baton_kit::TestCerts,
+    pub token: String,
 }
 
 /// How long a restarted node may take to answer `/readyz` before the restart counts as
@@ -149,6 +160,8 @@ pub struct Cluster {
     /// Why that network was chosen.
     pub net_selection: String,
     config: ClusterConfig,
+    /// With `--secure`.
+    security: Option<Security>,
     pids: Pids,
     http: reqwest::Client,
     /// Set by [`Cluster::stop_all`]: no process is started after it.
@@ -186,6 +199,23 @@ impl Cluster {
         // The harness's networks are private (loopback, or namespaces of its own): peers prove
         // themselves with a secret of this run, and the open client API is on purpose.
         let cluster_secret = format!("harness-{:032x}", rand::random::<u128>());
+        let security = config.secure.then(|| {
+            let hosts: Vec<String> = ids
+                .iter()
+                .flat_map(|&id| [net.advertised_api_addr(id), net.advertised_peer_addr(id)])
+                .map(|address| {
+                    address
+                        .rsplit_once(':')
+                        .map_or(address.clone(), |(host, _)| host.to_owned())
+                })
+                .collect();
+            let dir = config.run_dir.join("certs");
+            fs::create_dir_all(&dir).expect("create the certificates' directory");
+            Security {
+                certs: baton_kit::TestCerts::generate(&dir, "harness", &hosts),
+                token: format!("harness-admin-{:032x}", rand::random::<u128>()),
+            }
+        });
         let mut nodes = Vec::new();
         for id in ids {
             let (api, peer) = (net.api_addr(id), net.peer_listen_addr(id));
@@ -207,6 +237,10 @@ impl Cluster {
                 "--cluster-secret".into(),
                 cluster_secret.clone().into(),
             ]);
+            if let Some(security) = &security {
+                args.push("--auth".into());
+                args.extend(security.certs.batond_args());
+            }
             if config.clock_control {
                 args.push("--clock-control".into());
             }
@@ -221,8 +255,7 @@ impl Cluster {
                 process: baton_kit::Process::new(config.run_dir.join(format!("n{id}.log"))),
             });
         }
-        let http = reqwest::Client::builder()
-            .no_proxy()
+        let http = client_builder(security.as_ref())?
             .timeout(CONTROL_TIMEOUT)
             .build()?;
         let cluster = ClusterGuard(Arc::new(Cluster {
@@ -230,6 +263,7 @@ impl Cluster {
             net,
             net_selection,
             config,
+            security,
             pids,
             http,
             stopped: std::sync::atomic::AtomicBool::new(false),
@@ -244,6 +278,21 @@ impl Cluster {
     /// The node with this id.
     pub fn node(&self, id: u64) -> &Node {
         &self.nodes[usize::try_from(id - 1).unwrap_or(0)]
+    }
+
+    /// `https` for a secured cluster, else `http`.
+    pub fn scheme(&self) -> &'static str {
+        if self.security.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
+    /// An HTTP client builder for this cluster's client API: no proxy, and for a secured
+    /// cluster its CA and the bootstrap admin token on every request.
+    pub fn client_builder(&self) -> anyhow::Result<reqwest::ClientBuilder> {
+        client_builder(self.security.as_ref())
     }
 
     /// The pid of node `id`'s process while it runs.
@@ -337,7 +386,7 @@ impl Cluster {
             Readiness::Ready => "readyz",
             Readiness::Serving => "healthz",
         };
-        let url = format!("http://{}/{route}", self.node(id).api);
+        let url = format!("{}://{}/{route}", self.scheme(), self.node(id).api);
         loop {
             if let Some(status) = self.exit_status(id) {
                 let log_tail = self.log_tail(id);
@@ -520,7 +569,7 @@ impl Cluster {
 
     /// `GET` a node-local route of node `id`, parsed as JSON.
     pub async fn get_json(&self, id: u64, path: &str) -> anyhow::Result<Value> {
-        let url = format!("http://{}{path}", self.node(id).api);
+        let url = format!("{}://{}{path}", self.scheme(), self.node(id).api);
         let response = self.http.get(url).send().await?;
         let status = response.status();
         let body: Value = response.json().await.unwrap_or(Value::Null);
@@ -532,7 +581,7 @@ impl Cluster {
 
     /// One gauge from node `id`'s `/metrics` (a line `name value`).
     pub async fn gauge(&self, id: u64, name: &str) -> anyhow::Result<u64> {
-        let url = format!("http://{}/metrics", self.node(id).api);
+        let url = format!("{}://{}/metrics", self.scheme(), self.node(id).api);
         let text = self
             .http
             .get(url)
@@ -557,7 +606,7 @@ impl Cluster {
         body: Option<&Value>,
         timeout: Duration,
     ) -> anyhow::Result<(u16, Value)> {
-        let url = format!("http://{}{path}", self.node(id).api);
+        let url = format!("{}://{}{path}", self.scheme(), self.node(id).api);
         let mut request = self.http.request(method, url).timeout(timeout);
         if let Some(body) = body {
             request = request.json(body);
@@ -610,7 +659,7 @@ impl Cluster {
                 if !self.is_running(node.id) {
                     continue;
                 }
-                let url = format!("http://{}/readyz", node.api);
+                let url = format!("{}://{}/readyz", self.scheme(), node.api);
                 let ok = matches!(self.http.get(url).send().await, Ok(answer) if answer.status().is_success());
                 ready &= ok;
             }
@@ -634,6 +683,9 @@ impl Cluster {
         }
         let mut command = self.net.command(node.id, &self.config.batond);
         command.args(&node.args);
+        if let Some(security) = &self.security {
+            command.env("BATON_BOOTSTRAP_TOKEN", &security.token);
+        }
         let pid = node
             .process
             .start(command, &format!("baton-jepsen: node {}", node.id))
@@ -647,6 +699,21 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+fn client_builder(security: Option<&Security>) -> anyhow::Result<reqwest::ClientBuilder> {
+    let mut builder = reqwest::Client::builder().no_proxy();
+    if let Some(security) = security {
+        let mut headers = reqwest::header::HeaderMap::new();
+        let mut bearer =
+            reqwest::header::HeaderValue::from_str(&format!("Bearer {}", security.token))?;
+        bearer.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, bearer);
+        builder = builder
+            .default_headers(headers)
+            .add_root_certificate(reqwest::Certificate::from_pem(&security.certs.ca_pem())?);
+    }
+    Ok(builder)
 }
 
 /// Where node `id` of a cluster run in `run_dir` keeps its data.

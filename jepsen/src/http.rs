@@ -58,16 +58,17 @@ pub struct NodeClient {
 }
 
 impl NodeClient {
-    /// A client of node `node` at `address` whose requests time out after `timeout`.
+    /// A client of node `node` at `scheme://address` whose requests time out after `timeout`.
     pub fn new(
         http: reqwest::Client,
+        scheme: &str,
         node: u64,
         address: SocketAddr,
         timeout: Duration,
     ) -> NodeClient {
         NodeClient {
             http,
-            base: format!("http://{address}"),
+            base: format!("{scheme}://{address}"),
             node,
             timeout,
         }

@@ -59,6 +59,10 @@ pub struct TestArgs {
     /// Like `--snapshot-heavy` with this many log entries between snapshots.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_log_entries: Option<u64>,
+    /// Run against a secured cluster: `--auth` with a bootstrap admin token, the client API
+    /// over HTTPS and mutual TLS between peers, with a CA made for the run.
+    #[arg(long)]
+    secure: bool,
 }
 
 /// `--snapshot-log-entries` of a `--snapshot-heavy` run: small enough that a follower down for
@@ -159,6 +163,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         clock_control,
         net: args.net,
         snapshot_log_entries,
+        secure: args.secure,
     };
     let guard: ClusterGuard = Cluster::start(config)
         .await
@@ -180,8 +185,8 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         .map(|_| Arc::new(GuardClock::new()))
         .collect();
     let client_pause = Arc::new(ClientPause::default());
-    let http = reqwest::Client::builder()
-        .no_proxy()
+    let http = cluster
+        .client_builder()?
         .pool_max_idle_per_host(64)
         .build()?;
     let ctx = Context {
@@ -192,6 +197,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
             .map(|node| (node.id, node.api))
             .collect(),
         http,
+        scheme: cluster.scheme(),
         deadline,
         seed: args.seed,
         clocks: clocks.clone(),
@@ -301,6 +307,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         "concurrency": args.concurrency,
         "seed": args.seed,
         "snapshot_log_entries": snapshot_log_entries,
+        "secure": args.secure,
         "out": out.display().to_string(),
         "network": net_name,
         "network_selection": net_selection,

@@ -20,7 +20,7 @@ struct Secured {
 
 async fn secured(nodes: u64) -> Secured {
     let dir = tempfile::tempdir().expect("a directory for certificates");
-    let certs = TestCerts::generate(dir.path(), "cluster");
+    let certs = TestCerts::generate(dir.path(), "cluster", &[]);
     let cluster = Cluster::start_with(ClusterConfig {
         bootstrap_token: Some(BOOTSTRAP.to_owned()),
         tls: Some(certs.clone()),
@@ -124,7 +124,7 @@ async fn a_peer_without_a_certificate_from_the_peer_ca_is_refused() {
     let anonymous = trusting(reqwest::Client::builder()).build().unwrap();
     assert!(anonymous.post(&vote).body(vec![0]).send().await.is_err());
     // A certificate another CA signed: the handshake fails too.
-    let other = TestCerts::generate(_dir.path(), "intruder");
+    let other = TestCerts::generate(_dir.path(), "intruder", &[]);
     let intruder = trusting(reqwest::Client::builder())
         .identity(identity(&other))
         .build()

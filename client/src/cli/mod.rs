@@ -56,9 +56,10 @@ pub struct Global {
     /// Namespace [env: BATON_NAMESPACE] [default: default].
     #[arg(long, global = true)]
     pub namespace: Option<String>,
-    /// Bearer token of a cluster with access control [env: BATON_TOKEN].
-    #[arg(long, global = true)]
-    pub token: Option<String>,
+    /// Bearer token of a cluster with access control [env: BATON_TOKEN]. (Its own id: a
+    /// global flag named `token` would clash with `fence check`'s TOKEN argument.)
+    #[arg(long = "token", value_name = "SECRET", global = true)]
+    pub auth_token: Option<String>,
     /// CA certificates (PEM) to trust for https:// endpoints [env: BATON_CA_FILE].
     #[arg(long, global = true)]
     pub ca_file: Option<std::path::PathBuf>,
@@ -132,7 +133,7 @@ impl Global {
 
     /// `--token`, else a non-empty `BATON_TOKEN`.
     pub fn token(&self) -> Option<String> {
-        self.token.clone().or_else(|| variable("BATON_TOKEN"))
+        self.auth_token.clone().or_else(|| variable("BATON_TOKEN"))
     }
 
     /// `--namespace`, else a non-empty `BATON_NAMESPACE`.
@@ -678,6 +679,28 @@ mod tests {
     #[test]
     fn the_command_line_is_well_formed() {
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn the_global_token_flag_and_a_fence_token_argument_do_not_clash() {
+        let cli = Cli::try_parse_from([
+            "baton",
+            "--token",
+            "secret-0123456789abcdef",
+            "fence",
+            "check",
+            "repo/a",
+            "7",
+        ])
+        .expect("parses");
+        assert_eq!(
+            cli.global.token().as_deref(),
+            Some("secret-0123456789abcdef")
+        );
+        let Command::Fence(FenceCommand::Check { token, .. }) = cli.command else {
+            panic!("not a fence check")
+        };
+        assert_eq!(token, 7);
     }
 
     #[test]

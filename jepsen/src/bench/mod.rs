@@ -148,6 +148,7 @@ async fn own_cluster(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Cluster
         clock_control: false,
         net: crate::net::NetChoice::Auto,
         snapshot_log_entries: None,
+        secure: false,
     })
     .await
 }

@@ -62,8 +62,10 @@ pub struct Context {
     pub history: History,
     /// Node id → API address.
     pub nodes: Vec<(u64, std::net::SocketAddr)>,
-    /// Shared HTTP connection pool (no proxy).
+    /// Shared HTTP connection pool (no proxy; a secured cluster's CA and token).
     pub http: reqwest::Client,
+    /// `http`, or `https` for a secured cluster.
+    pub scheme: &'static str,
     /// When workers stop starting operations.
     pub deadline: Instant,
     /// The run's seed.
@@ -85,7 +87,7 @@ impl Context {
             .find(|(node, _)| *node == id)
             .map(|(_, address)| *address)
             .unwrap_or(self.nodes[0].1);
-        NodeClient::new(self.http.clone(), id, address, timeout)
+        NodeClient::new(self.http.clone(), self.scheme, id, address, timeout)
     }
 
     /// The seeded generator of worker `worker`.

@@ -1,5 +1,5 @@
 //! One `batond` process across its restarts, for the integration tests (`tests/`) and the
-//! fault harness (`jepsen/`): how it is started (its log file, its environment), the faults
+//! fault harness (`jepsen/`), and the test certificates a cluster with TLS uses (`TestCerts`): how it is started (its log file, its environment), the faults
 //! applied to it (SIGKILL, SIGSTOP/SIGCONT, SIGTERM), how its end is told apart from a crash,
 //! and reading its log. Where the process runs (ports, a network namespace) and what waits for
 //! it to be ready belong to the caller, which builds the [`Command`]; [`RunArgs`] is the
@@ -14,6 +14,87 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard};
+
+/// A test CA and one certificate it signed, usable as a server and as a client certificate,
+/// as PEM files (made with rcgen): what a cluster with TLS runs with in the tests and the
+/// harness.
+#[derive(Debug, Clone)]
+pub struct TestCerts {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCerts {
+    /// A new CA named `name` and a certificate for `127.0.0.1`, `localhost` and `more_hosts`
+    /// (IP addresses or names), written under `dir` as `NAME-ca.pem`, `NAME-cert.pem` and
+    /// `NAME-key.pem`.
+    ///
+    /// # Panics
+    ///
+    /// When rcgen cannot make them or `dir` cannot be written: a broken test setup.
+    pub fn generate(dir: &Path, name: &str, more_hosts: &[String]) -> TestCerts {
+        use rcgen::{
+            BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose,
+            IsCa, KeyPair, KeyUsagePurpose,
+        };
+        let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name
+            .push(DnType::CommonName, format!("{name} test CA"));
+        ca.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("a CA key"))
+            .expect("a self-signed CA");
+        let mut hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+        hosts.extend(more_hosts.iter().cloned());
+        hosts.dedup();
+        let mut leaf = CertificateParams::new(hosts).expect("leaf parameters");
+        leaf.distinguished_name
+            .push(DnType::CommonName, format!("{name} node"));
+        leaf.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = KeyPair::generate().expect("a leaf key");
+        let cert = leaf.signed_by(&key, &ca).expect("a leaf signed by the CA");
+        let certs = TestCerts {
+            ca: dir.join(format!("{name}-ca.pem")),
+            cert: dir.join(format!("{name}-cert.pem")),
+            key: dir.join(format!("{name}-key.pem")),
+        };
+        fs::write(&certs.ca, ca.pem()).expect("write the CA");
+        fs::write(&certs.cert, cert.pem()).expect("write the certificate");
+        fs::write(&certs.key, key.serialize_pem()).expect("write the key");
+        certs
+    }
+
+    /// The CA certificate, PEM.
+    ///
+    /// # Panics
+    ///
+    /// When the file is gone (its directory was removed too early).
+    pub fn ca_pem(&self) -> Vec<u8> {
+        fs::read(&self.ca).expect("read the CA")
+    }
+
+    /// `batond` flags: the client API over HTTPS and mutual TLS between peers, all with this
+    /// one certificate.
+    pub fn batond_args(&self) -> Vec<OsString> {
+        let mut args = Vec::new();
+        for flag in ["--tls-cert", "--peer-tls-cert"] {
+            args.extend([flag.into(), self.cert.clone().into_os_string()]);
+        }
+        for flag in ["--tls-key", "--peer-tls-key"] {
+            args.extend([flag.into(), self.key.clone().into_os_string()]);
+        }
+        args.extend(["--peer-ca".into(), self.ca.clone().into_os_string()]);
+        args
+    }
+}
 
 /// The `batond run` command line of one member of a test cluster: its id, data directory,
 /// addresses, the whole cluster's `id=api@peer` list and the timing flags (`None`: batond's
