@@ -403,4 +403,14 @@ async fn a_token_past_its_quota_gets_429_and_nothing_changes() {
     }
     let leases: Value = api.get(node, "/v1/leases").await.expect_json(200);
     assert_eq!(leases["leases"].as_array().unwrap().len(), 1, "{leases}");
+    // The change names the token that made it.
+    let events: Value = api.get(node, "/v1/events").await.expect_json(200);
+    let granted: Vec<&Value> = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["kind"]["type"] == "granted")
+        .collect();
+    assert_eq!(granted.len(), 1, "{events}");
+    assert_eq!(granted[0]["by"], "small", "{events}");
 }

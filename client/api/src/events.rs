@@ -42,6 +42,10 @@ pub struct Event {
     pub cluster_time_ms: u64,
     /// What changed.
     pub kind: EventKind,
+    /// The name of the token whose request made the change, on a cluster with access control;
+    /// absent for expiries and without access control.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// What changed, tagged by `type` (`granted`, `released`, `expired`, `kv_written`,

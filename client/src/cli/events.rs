@@ -50,7 +50,8 @@ fn print_event(event: &Event, json: bool) {
     }
 }
 
-/// `REVISION TYPE details`, e.g. `12 granted resource=a holder=agent-a fence=3 mode=exclusive`.
+/// `REVISION TYPE details`, e.g. `12 granted resource=a holder=agent-a fence=3 mode=exclusive`,
+/// ending in `by=TOKEN` on a cluster with access control.
 pub fn describe_event(event: &Event) -> String {
     let (kind, details) = match &event.kind {
         EventKind::Granted {
@@ -95,7 +96,12 @@ pub fn describe_event(event: &Event) -> String {
         EventKind::TaskExpired(change) => ("task_expired", task_details(change)),
         _ => ("unknown", String::new()),
     };
-    format!("{} {kind} {details}", event.revision)
+    let by = event
+        .by
+        .as_ref()
+        .map(|token| format!(" by={token}"))
+        .unwrap_or_default();
+    format!("{} {kind} {details}{by}", event.revision)
         .trim_end()
         .to_owned()
 }
@@ -125,6 +131,7 @@ mod tests {
             namespace: "default".to_owned(),
             cluster_time_ms: 1,
             kind,
+            by: None,
         };
         let change = TaskChange {
             queue: "q".to_owned(),
@@ -162,6 +169,18 @@ mod tests {
                 "7 task_claimed queue=q task=t1 fence=9 attempt=2",
             ),
             (event(8, EventKind::Unknown), "8 unknown"),
+            (
+                Event {
+                    by: Some("team-a".to_owned()),
+                    ..event(
+                        9,
+                        EventKind::KvDeleted {
+                            key: "k".to_owned(),
+                        },
+                    )
+                },
+                "9 kv_deleted key=k by=team-a",
+            ),
         ];
         for (event, line) in cases {
             assert_eq!(describe_event(&event), line);

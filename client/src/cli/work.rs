@@ -286,6 +286,7 @@ mod tests {
             namespace: "default".to_owned(),
             cluster_time_ms: 1,
             kind,
+            by: None,
         };
         let change = |queue: &str| TaskChange {
             queue: queue.to_owned(),

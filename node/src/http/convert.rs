@@ -257,6 +257,7 @@ pub fn event(event: &Event) -> api::Event {
         namespace: event.namespace.to_string(),
         cluster_time_ms: event.time_ms,
         kind,
+        by: event.by.as_ref().map(ToString::to_string),
     }
 }
 

@@ -7,13 +7,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::events::EventLog;
+use super::events::{EventLog, EventLogV1};
 use super::idempotency::IdempotencyTable;
 use super::{AuthState, Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
-/// Version 2 added the access-control state (`auth`) at the end; version 1 snapshots (no
-/// tokens) are still read.
+/// Version 2 added the access-control state (`auth`) at the end and the token to each event
+/// (`by`); version 1 snapshots are still read.
 const SNAPSHOT_VERSION: u32 = 2;
 const SNAPSHOT_VERSION_WITHOUT_AUTH: u32 = 1;
 /// Larger than any snapshot the limits allow.
@@ -65,7 +65,7 @@ struct SnapshotOwned {
     auth: AuthState,
 }
 
-/// A version 1 snapshot: everything but `auth`.
+/// A version 1 snapshot: no `auth`, and events without `by`.
 #[derive(Deserialize)]
 struct SnapshotOwnedV1 {
     limits: Limits,
@@ -73,7 +73,7 @@ struct SnapshotOwnedV1 {
     fence_counter: u64,
     namespaces: BTreeMap<Namespace, NamespaceState>,
     idempotency: IdempotencyTable,
-    events: EventLog,
+    events: EventLogV1,
 }
 
 /// Encodes any serde value in the same bincode configuration `decode_value` reads. The store
@@ -165,7 +165,7 @@ impl Machine {
                     fence_counter: v1.fence_counter,
                     namespaces: v1.namespaces,
                     idempotency: v1.idempotency,
-                    events: v1.events,
+                    events: v1.events.into(),
                     auth: AuthState::default(),
                 }
             }
@@ -183,6 +183,7 @@ impl Machine {
             idempotency: body.idempotency,
             events: body.events,
             auth: body.auth,
+            acting: None,
         };
         machine
             .rebuild_indexes()

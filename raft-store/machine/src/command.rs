@@ -434,6 +434,9 @@ pub struct Event {
     pub time_ms: u64,
     pub namespace: Namespace,
     pub kind: EventKind,
+    /// The token whose request made the change, with access control on; `None` for changes
+    /// nobody asked for (expiry) and when access control is off.
+    pub by: Option<Name>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use super::command::{Event, EventKind};
-use super::{Limits, Namespace};
+use super::{Limits, Name, Namespace};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct EventLog {
@@ -23,6 +23,7 @@ impl EventLog {
         time_ms: u64,
         namespace: &Namespace,
         kind: EventKind,
+        by: Option<&Name>,
         limits: &Limits,
     ) -> u64 {
         self.last_revision += 1;
@@ -31,6 +32,7 @@ impl EventLog {
             time_ms,
             namespace: namespace.clone(),
             kind,
+            by: by.cloned(),
         });
         self.trim(limits);
         self.last_revision
@@ -66,5 +68,40 @@ impl EventLog {
 
     pub(super) fn window(&self) -> &VecDeque<Event> {
         &self.window
+    }
+}
+
+/// An event as snapshot format 1 stored it, before events named their token.
+#[derive(Debug, Deserialize)]
+pub(super) struct EventV1 {
+    revision: u64,
+    time_ms: u64,
+    namespace: Namespace,
+    kind: EventKind,
+}
+
+/// The event log as snapshot format 1 stored it.
+#[derive(Debug, Deserialize)]
+pub(super) struct EventLogV1 {
+    last_revision: u64,
+    window: VecDeque<EventV1>,
+}
+
+impl From<EventLogV1> for EventLog {
+    fn from(v1: EventLogV1) -> EventLog {
+        EventLog {
+            last_revision: v1.last_revision,
+            window: v1
+                .window
+                .into_iter()
+                .map(|event| Event {
+                    revision: event.revision,
+                    time_ms: event.time_ms,
+                    namespace: event.namespace,
+                    kind: event.kind,
+                    by: None,
+                })
+                .collect(),
+        }
     }
 }

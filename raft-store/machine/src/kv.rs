@@ -31,9 +31,13 @@ impl Machine {
             key: key.clone(),
             fence: fence.as_ref().map(|(_, fence)| *fence),
         };
-        let revision = self
-            .events
-            .push(self.time_ms, namespace, event, &self.limits);
+        let revision = self.events.push(
+            self.time_ms,
+            namespace,
+            event,
+            self.acting.as_ref(),
+            &self.limits,
+        );
         let entry = KvEntry {
             value: value.to_owned(),
             revision,
@@ -70,6 +74,7 @@ impl Machine {
             self.time_ms,
             namespace,
             EventKind::KvDeleted { key: key.clone() },
+            self.acting.as_ref(),
             &self.limits,
         );
         Ok(Reply::KvDeleted { revision })

@@ -206,6 +206,7 @@ impl Machine {
                 fence,
                 mode,
             },
+            self.acting.as_ref(),
             &self.limits,
         );
 
@@ -414,8 +415,13 @@ impl Machine {
             self.max_hold_deadlines
                 .remove(&(deadline_ms, namespace.clone(), resource.clone()));
         }
-        self.events
-            .push(self.time_ms, namespace, event, &self.limits);
+        self.events.push(
+            self.time_ms,
+            namespace,
+            event,
+            self.acting.as_ref(),
+            &self.limits,
+        );
     }
 
     fn remove_session(&mut self, namespace: &Namespace, session_id: SessionId) {

@@ -69,6 +69,9 @@ pub struct Machine {
     idempotency: IdempotencyTable,
     events: EventLog,
     auth: AuthState,
+    /// The token of the command being applied (access control on), for its events' `by`;
+    /// `None` between commands, so never part of the state.
+    acting: Option<Name>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,6 +144,7 @@ impl Machine {
             idempotency: IdempotencyTable::default(),
             events: EventLog::default(),
             auth: AuthState::default(),
+            acting: None,
         }
     }
 
@@ -377,7 +381,13 @@ impl Machine {
                 .authorize(&caller, namespace, op)
                 .and_then(|()| self.within_quotas(token, op))
             {
-                Ok(()) => self.apply_namespaced(namespace, idempotency.as_ref(), op, Some(token)),
+                Ok(()) => {
+                    self.acting = Some(token.clone());
+                    let response =
+                        self.apply_namespaced(namespace, idempotency.as_ref(), op, Some(token));
+                    self.acting = None;
+                    response
+                }
                 Err(refused) => Response::fresh(Err(refused)),
             },
             Command::CreateToken(_) | Command::RevokeToken { .. } | Command::SetLimits(_) => {

@@ -259,7 +259,13 @@ impl Machine {
             queue: queue.clone(),
             task_id: task_id.clone(),
         };
-        let revision = self.events.push(time_ms, namespace, event, &self.limits);
+        let revision = self.events.push(
+            time_ms,
+            namespace,
+            event,
+            self.acting.as_ref(),
+            &self.limits,
+        );
         let state = self.namespaces.entry(namespace.clone()).or_default();
         let queue_state = state.queues.entry(queue.clone()).or_default();
         for dependency in &dependencies {
@@ -355,8 +361,13 @@ impl Machine {
             fence,
             attempt,
         };
-        self.events
-            .push(self.time_ms, namespace, event, &self.limits);
+        self.events.push(
+            self.time_ms,
+            namespace,
+            event,
+            self.acting.as_ref(),
+            &self.limits,
+        );
         let expires_in_ms =
             self.namespaces[namespace].sessions[&session_id].deadline_ms - self.time_ms;
         Ok(Reply::TaskClaimed(TaskClaimed {
@@ -393,8 +404,13 @@ impl Machine {
             task_id: task_id.clone(),
             fence: claim.fence,
         };
-        self.events
-            .push(self.time_ms, namespace, event, &self.limits);
+        self.events.push(
+            self.time_ms,
+            namespace,
+            event,
+            self.acting.as_ref(),
+            &self.limits,
+        );
         self.wake_dependents(namespace, queue, task_id);
         Ok(Reply::TaskUpdated(
             self.task_view(namespace, queue, task_id).expect("exists"),
@@ -419,8 +435,13 @@ impl Machine {
             fence: claim.fence,
             retry: retried,
         };
-        self.events
-            .push(self.time_ms, namespace, event, &self.limits);
+        self.events.push(
+            self.time_ms,
+            namespace,
+            event,
+            self.acting.as_ref(),
+            &self.limits,
+        );
         if retried {
             self.end_claim(namespace, queue, task_id, Life::Ready);
             let task = self
@@ -462,8 +483,13 @@ impl Machine {
             task_id: task_id.clone(),
             fence: claim.fence,
         };
-        self.events
-            .push(self.time_ms, namespace, event, &self.limits);
+        self.events.push(
+            self.time_ms,
+            namespace,
+            event,
+            self.acting.as_ref(),
+            &self.limits,
+        );
         self.make_ready(namespace, queue, task_id);
         Ok(Reply::TaskUpdated(
             self.task_view(namespace, queue, task_id).expect("exists"),
@@ -522,8 +548,13 @@ impl Machine {
                 task_id: task_id.clone(),
                 fence,
             };
-            self.events
-                .push(self.time_ms, namespace, event, &self.limits);
+            self.events.push(
+                self.time_ms,
+                namespace,
+                event,
+                self.acting.as_ref(),
+                &self.limits,
+            );
             if last_attempt {
                 self.kill_task(
                     namespace,
@@ -808,8 +839,13 @@ impl Machine {
                 queue: queue.clone(),
                 task_id: id.clone(),
             };
-            self.events
-                .push(self.time_ms, namespace, event, &self.limits);
+            self.events.push(
+                self.time_ms,
+                namespace,
+                event,
+                self.acting.as_ref(),
+                &self.limits,
+            );
             let dependents = std::mem::take(
                 &mut self
                     .queue_mut(namespace, queue)

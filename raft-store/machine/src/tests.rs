@@ -1091,11 +1091,52 @@ fn snapshots_round_trip_and_refuse_garbage() {
         Machine::decode_snapshot(&future),
         Err(CodecError::UnsupportedVersion(3))
     ));
-    // A version 1 snapshot (written before access control) is the same bytes without the
-    // empty access-control state at the end (three zero lengths and flags).
-    assert_eq!(&bytes[bytes.len() - 3..], &[0, 0, 0]);
-    let mut version_1 = bytes[..bytes.len() - 3].to_vec();
-    version_1[4] = 1;
+    // A version 1 snapshot (written before access control): no tokens, events without `by`.
+    #[derive(serde::Serialize)]
+    struct EventV1<'a> {
+        revision: u64,
+        time_ms: u64,
+        namespace: &'a Namespace,
+        kind: &'a EventKind,
+    }
+    #[derive(serde::Serialize)]
+    struct EventLogV1<'a> {
+        last_revision: u64,
+        window: Vec<EventV1<'a>>,
+    }
+    #[derive(serde::Serialize)]
+    struct SnapshotV1<'a> {
+        limits: &'a Limits,
+        time_ms: u64,
+        fence_counter: u64,
+        namespaces: &'a BTreeMap<Namespace, NamespaceState>,
+        idempotency: &'a IdempotencyTable,
+        events: EventLogV1<'a>,
+    }
+    let body = SnapshotV1 {
+        limits: &machine.limits,
+        time_ms: machine.time_ms,
+        fence_counter: machine.fence_counter,
+        namespaces: &machine.namespaces,
+        idempotency: &machine.idempotency,
+        events: EventLogV1 {
+            last_revision: machine.events.last_revision(),
+            window: machine
+                .events
+                .window()
+                .iter()
+                .map(|event| EventV1 {
+                    revision: event.revision,
+                    time_ms: event.time_ms,
+                    namespace: &event.namespace,
+                    kind: &event.kind,
+                })
+                .collect(),
+        },
+    };
+    let mut version_1 = b"BTNM".to_vec();
+    version_1.extend_from_slice(&1u32.to_le_bytes());
+    version_1.extend(encode_value(&body).unwrap());
     assert_eq!(
         Machine::decode_snapshot(&version_1).expect("a version 1 snapshot decodes"),
         machine
@@ -1857,5 +1898,37 @@ fn quotas_bound_a_tokens_live_sessions_and_leases() {
             .sessions_of(&Name::new("t", "small").unwrap())
             .count(),
         1
+    );
+}
+
+#[test]
+fn events_name_the_token_whose_request_made_them() {
+    let mut machine = Machine::default();
+    step(&mut machine, 0, token("team-a", Role::Agent, &["*"], 1));
+    step(&mut machine, 0, by("team-a", create(A, "agent-a", 1_000)));
+    step(&mut machine, 0, by("team-a", acquire(A, "src/auth.rs")));
+    step(&mut machine, 0, command(create(B, "open", 1_000)));
+    step(&mut machine, 0, command(acquire(B, "src/open.rs")));
+    step(&mut machine, 2_000, Command::Sweep { max: 10 });
+    let events = machine.events_after(0, 10).expect("all kept");
+    let by: Vec<(String, Option<&str>)> = events
+        .iter()
+        .map(|event| {
+            let kind = match &event.kind {
+                EventKind::Granted { resource, .. } => format!("granted {resource}"),
+                EventKind::Expired { resource, .. } => format!("expired {resource}"),
+                other => format!("{other:?}"),
+            };
+            (kind, event.by.as_ref().map(Name::as_str))
+        })
+        .collect();
+    assert_eq!(
+        by,
+        [
+            ("granted src/auth.rs".to_owned(), Some("team-a")),
+            ("granted src/open.rs".to_owned(), None),
+            ("expired src/auth.rs".to_owned(), None),
+            ("expired src/open.rs".to_owned(), None),
+        ]
     );
 }

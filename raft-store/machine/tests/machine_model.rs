@@ -1339,6 +1339,8 @@ impl Model {
             time_ms: self.time_ms,
             namespace: namespace.clone(),
             kind,
+            // The model's commands are never made with a token.
+            by: None,
         });
         self.revision
     }
