@@ -375,6 +375,28 @@ async fn a_token_past_its_quota_gets_429_and_nothing_changes() {
         created["quotas"],
         json!({ "sessions_max": 1, "leases_max": 1 })
     );
+    // Names have limits and clear errors; nothing is created.
+    for body in [
+        json!({ "name": "no spaces", "role": "agent", "namespaces": ["*"] }),
+        json!({ "name": "x".repeat(129), "role": "agent", "namespaces": ["*"] }),
+        json!({ "name": "small", "role": "agent", "namespaces": ["*"] }),
+        json!({ "name": "nowhere", "role": "agent", "namespaces": [] }),
+        json!({ "name": "odd", "role": "root", "namespaces": ["*"] }),
+    ] {
+        let problem = api
+            .post(node, "/v1/auth/tokens", &body)
+            .await
+            .expect_problem(400, ErrorCode::InvalidArgument);
+        assert!(!problem.message.is_empty(), "{body}");
+    }
+    // A bearer secret of the wrong shape is refused before any lookup.
+    api.call(Method::GET, node, "/v1/leases")
+        .token(Some("short"))
+        .send()
+        .await
+        .expect_problem(401, ErrorCode::Unauthenticated);
+    let listed: Value = api.get(node, "/v1/auth/tokens").await.expect_json(200);
+    assert_eq!(listed["tokens"].as_array().unwrap().len(), 2, "{listed}");
     let secret = created["secret"].as_str().unwrap();
     let session = json!({ "holder": "a", "ttl_ms": 30_000 });
     let first: Value = api
