@@ -1514,8 +1514,14 @@ mod tests {
         let endpoint = parse_endpoint("127.0.0.1:7420/").expect("host:port");
         assert_eq!(endpoint.base, "http://127.0.0.1:7420");
         assert_eq!(endpoint.authority, "127.0.0.1:7420");
-        assert!(parse_endpoint("https://a:1").is_err());
+        let secure = parse_endpoint("https://a:1").expect("https://host:port");
+        assert_eq!(
+            (secure.base.as_str(), secure.authority.as_str()),
+            ("https://a:1", "a:1")
+        );
+        assert!(parse_endpoint("ftp://a:1").is_err());
         assert!(parse_endpoint("http://a:1/v1").is_err());
+        assert!(parse_endpoint("https://a:1/v1").is_err());
         assert!(parse_endpoint("nohost").is_err());
         assert_eq!(
             encode_path("repo/src/a b?.rs").expect("a path"),
