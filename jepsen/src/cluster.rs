@@ -289,6 +289,14 @@ impl Cluster {
         }
     }
 
+    /// Every node's client API URL, in id order (`https://` for a secured cluster).
+    pub fn api_urls(&self) -> Vec<String> {
+        self.nodes
+            .iter()
+            .map(|node| format!("{}://{}", self.scheme(), node.api))
+            .collect()
+    }
+
     /// An HTTP client builder for this cluster's client API: no proxy, and for a secured
     /// cluster its CA and the bootstrap admin token on every request.
     pub fn client_builder(&self) -> anyhow::Result<reqwest::ClientBuilder> {

@@ -39,11 +39,7 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
     }
     let guard = own_cluster(args, run_dir).await?;
     let cluster = guard.0.clone();
-    let endpoints: Vec<String> = cluster
-        .ids()
-        .iter()
-        .map(|id| format!("http://{}", cluster.node(*id).api))
-        .collect();
+    let endpoints = cluster.api_urls();
     let http = super::http_client()?;
     let sessions = create_sessions(
         &http,

@@ -84,14 +84,21 @@ impl Limits {
     /// Whether these limits can be decided with: every bound positive and every minimum at
     /// most its maximum. `SetLimits` is admitted only when they hold.
     pub fn check(&self) -> Result<(), Invalid> {
-        let positive = [
+        const DURATION_MS_MAX: u64 = 10 * 365 * 24 * 60 * 60 * 1_000;
+        let durations = [
             ("ttl_ms_min", self.ttl_ms_min),
+            ("ttl_ms_max", self.ttl_ms_max),
             ("max_hold_ms_max", self.max_hold_ms_max),
+            ("task_delay_ms_max", self.task_delay_ms_max),
+            ("idempotency_ttl_ms", self.idempotency_ttl_ms),
+        ];
+        let counts = [
             ("path_bytes_max", self.path_bytes_max as u64),
             ("path_segments_max", self.path_segments_max as u64),
             ("namespace_bytes_max", self.namespace_bytes_max as u64),
             ("holder_chars_max", self.holder_chars_max as u64),
             ("label_chars_max", self.label_chars_max as u64),
+            ("labels_max", self.labels_max as u64),
             ("leases_per_session_max", self.leases_per_session_max as u64),
             (
                 "sessions_per_namespace_max",
@@ -108,6 +115,7 @@ impl Limits {
                 "queues_per_namespace_max",
                 self.queues_per_namespace_max as u64,
             ),
+            ("task_dependencies_max", self.task_dependencies_max as u64),
             ("task_attempts_max", u64::from(self.task_attempts_max)),
             ("task_text_chars_max", self.task_text_chars_max as u64),
             ("name_chars_max", self.name_chars_max as u64),
@@ -116,45 +124,33 @@ impl Limits {
                 "idempotency_key_chars_min",
                 self.idempotency_key_chars_min as u64,
             ),
-            ("idempotency_ttl_ms", self.idempotency_ttl_ms),
-            ("idempotency_keys_max", self.idempotency_keys_max as u64),
-            ("events_kept_max", self.events_kept_max as u64),
-            ("sweep_batch_max", self.sweep_batch_max as u64),
-        ];
-        if let Some((name, _)) = positive.iter().find(|(_, value)| *value == 0) {
-            return Err(Invalid::new(format!("limit {name} must be positive")));
-        }
-        // Bounds on the bounds, so that no deadline or count can overflow: durations at most
-        // ten years, counts and sizes at most 2^32.
-        const DURATION_MS_MAX: u64 = 10 * 365 * 24 * 60 * 60 * 1_000;
-        let durations = [
-            ("ttl_ms_max", self.ttl_ms_max),
-            ("max_hold_ms_max", self.max_hold_ms_max),
-            ("task_delay_ms_max", self.task_delay_ms_max),
-            ("idempotency_ttl_ms", self.idempotency_ttl_ms),
-        ];
-        if let Some((name, value)) = durations.iter().find(|(_, value)| *value > DURATION_MS_MAX) {
-            return Err(Invalid::new(format!(
-                "limit {name} must be at most {DURATION_MS_MAX} ms (ten years), got {value}"
-            )));
-        }
-        let extra_counts = [
-            ("labels_max", self.labels_max as u64),
-            ("task_dependencies_max", self.task_dependencies_max as u64),
             (
                 "idempotency_key_chars_max",
                 self.idempotency_key_chars_max as u64,
             ),
+            ("idempotency_keys_max", self.idempotency_keys_max as u64),
+            ("events_kept_max", self.events_kept_max as u64),
+            ("sweep_batch_max", self.sweep_batch_max as u64),
         ];
-        let counts = positive
+        // Zero is a usable setting for these (no labels, no dependencies, no delays).
+        let may_be_zero = ["labels_max", "task_dependencies_max", "task_delay_ms_max"];
+        // Bounds on the bounds, so that no deadline or count can overflow: durations at most
+        // ten years, counts and sizes at most 2^32.
+        for (name, value, max) in durations
             .iter()
-            .chain(extra_counts.iter())
-            .filter(|(name, _)| !name.contains("_ms"));
-        for (name, value) in counts {
-            if *value > u64::from(u32::MAX) {
+            .map(|(name, value)| (name, value, DURATION_MS_MAX))
+            .chain(
+                counts
+                    .iter()
+                    .map(|(name, value)| (name, value, u64::from(u32::MAX))),
+            )
+        {
+            if *value == 0 && !may_be_zero.contains(name) {
+                return Err(Invalid::new(format!("limit {name} must be positive")));
+            }
+            if *value > max {
                 return Err(Invalid::new(format!(
-                    "limit {name} must be at most {}, got {value}",
-                    u32::MAX
+                    "limit {name} must be at most {max}, got {value}"
                 )));
             }
         }
