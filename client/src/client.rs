@@ -25,9 +25,9 @@ use crate::api::{
     CreateSessionResponse, CreateTokenRequest, CreatedToken, EndSessionResponse, FenceCheckRequest,
     FenceCheckResponse, Grant, KeepaliveResponse, KvDeleteRequest, KvDeleteResponse, KvEntry,
     KvPutRequest, KvPutResponse, Labels, Lease, LeaseList, ListLeasesQuery, Problem,
-    ReleaseRequest, ReleaseResponse, RevokedToken, SessionId, SessionInfo, TokenList,
-    DEFAULT_NAMESPACE, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY, HEADER_IDEMPOTENT_REPLAYED,
-    HEADER_LEADER, HEADER_NAMESPACE,
+    ReleaseRequest, ReleaseResponse, RevokedToken, SessionId, SessionInfo, TokenList, TxnRequest,
+    TxnResponse, DEFAULT_NAMESPACE, HEADER_CLUSTER_TIME, HEADER_IDEMPOTENCY_KEY,
+    HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER, HEADER_NAMESPACE,
 };
 use crate::clock::{rate_error_ppm, Clock, SystemClock, CLOCK_RATE_ERROR_DEFAULT};
 use crate::error::{Error, Result};
@@ -629,6 +629,49 @@ impl Client {
         let path = format!("/v1/kv/{}", encode_path(key)?);
         Ok(self
             .mutate(Method::DELETE, path, Some(request))
+            .await?
+            .value)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Transactions
+    // -----------------------------------------------------------------------------------------
+
+    /// `POST /v1/txn`: if every compare holds, the `success` ops, else the `failure` ops, all
+    /// applied in one write or none (the outbox: complete a task, enqueue its follow-ups,
+    /// record the result and release the lease at once). Retried with one idempotency key, so
+    /// it applies at most once.
+    ///
+    /// ```no_run
+    /// # async fn example(client: baton_client::Client, session: baton_client::api::SessionId) -> Result<(), baton_client::Error> {
+    /// use baton_client::api::{TxnCompare, TxnOp, TxnRequest};
+    /// use serde_json::json;
+    ///
+    /// let done = client
+    ///     .txn(&TxnRequest {
+    ///         session_id: Some(session),
+    ///         compare: vec![TxnCompare::fence("repo/src/auth.rs", 41)],
+    ///         success: vec![
+    ///             TxnOp::Put { key: "results/auth".to_owned(), value: json!({"ok": true}) },
+    ///             TxnOp::Release { resource: "repo/src/auth.rs".to_owned() },
+    ///         ],
+    ///         failure: vec![],
+    ///     })
+    ///     .await?;
+    /// assert!(done.succeeded, "the fence was no longer live: nothing was written");
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The code of the first op that would be refused ([`Error::StaleFence`] for a fence that is
+    /// not live, [`Error::Lost`] for a release of a lease the session does not hold,
+    /// [`Error::InvalidArgument`] for over 64 ops or a key, resource or task named twice, ...):
+    /// then nothing was applied.
+    pub async fn txn(&self, request: &TxnRequest) -> Result<TxnResponse> {
+        Ok(self
+            .mutate(Method::POST, "/v1/txn".to_owned(), Some(request))
             .await?
             .value)
     }

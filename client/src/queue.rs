@@ -172,6 +172,7 @@ impl Client {
     ///             depends_on: vec![],
     ///             max_attempts: Some(3),
     ///             not_before_ms: None,
+    ///             on_dead: None,
     ///         },
     ///     )
     ///     .await?;

@@ -33,6 +33,7 @@ async fn enqueue(client: &Client, queue: &str, id: &str, payload: Value, max_att
                 depends_on: Vec::new(),
                 max_attempts: Some(max_attempts),
                 not_before_ms: None,
+                on_dead: None,
             },
         )
         .await

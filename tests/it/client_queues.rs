@@ -39,6 +39,7 @@ fn task(id: &str, payload: Value) -> EnqueueRequest {
         depends_on: Vec::new(),
         max_attempts: None,
         not_before_ms: None,
+        on_dead: None,
     }
 }
 

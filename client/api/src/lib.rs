@@ -12,8 +12,8 @@
 //! a fence check's `fence`) are always present. Times are cluster-time milliseconds
 //! (`*_ms`) or informational RFC 3339 UTC strings (`*_at`).
 //!
-//! One module per route family (`sessions`, `leases`, `kv`, `queues`, `events`, `cluster`,
-//! `auth`),
+//! One module per route family (`sessions`, `leases`, `kv`, `queues`, `txn`, `events`,
+//! `cluster`, `auth`),
 //! with `error` (the problem body, its codes, the outcome classifier), `common` (the pieces
 //! several families share) and `format` (RFC 3339, UUID v4); all of it is re-exported here.
 
@@ -29,6 +29,7 @@ mod kv;
 mod leases;
 mod queues;
 mod sessions;
+mod txn;
 
 pub use auth::*;
 pub use cluster::*;
@@ -40,6 +41,7 @@ pub use kv::*;
 pub use leases::*;
 pub use queues::*;
 pub use sessions::*;
+pub use txn::*;
 
 /// Response header: the id of the node the answering node believes is leader.
 pub const HEADER_LEADER: &str = "Baton-Leader";

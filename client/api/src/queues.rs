@@ -24,7 +24,7 @@ pub enum TaskState {
 }
 
 /// `POST /v1/queues/{queue}/tasks` body: `{id?, payload, priority?, depends_on?, max_attempts?,
-/// not_before_ms?}`.
+/// not_before_ms?, on_dead?}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnqueueRequest {
@@ -46,6 +46,23 @@ pub struct EnqueueRequest {
     /// was enqueued.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_before_ms: Option<u64>,
+    /// A compensating task, enqueued in the same write that makes this one dead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_dead: Option<OnDead>,
+}
+
+/// `on_dead` of a task: `{queue, payload, max_attempts?}`, the task enqueued (with the id
+/// `on-dead-R`, R the revision of the death) when the task goes dead: a saga step's undo.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OnDead {
+    /// The queue of the compensating task (any queue of the namespace, perhaps this one).
+    pub queue: String,
+    /// Its JSON payload.
+    pub payload: Value,
+    /// Its attempts; the server's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
 }
 
 /// The task object (enqueue answer (201), claim answer, complete/fail/release answers, lists).

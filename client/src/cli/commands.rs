@@ -6,13 +6,15 @@ use std::time::Duration;
 
 use baton_client::api::{
     AcquireRequest, AddMemberRequest, FenceRef, KvDeleteRequest, KvPutRequest, Labels, Lease,
-    LeaseList, LeaseMode, ListLeasesQuery, SessionId,
+    LeaseList, LeaseMode, ListLeasesQuery, SessionId, TxnOpResult, TxnRequest,
 };
 use baton_client::{Client, Error};
 use serde_json::Value;
 
 use super::duration::format_duration;
-use super::output::{note, print_json, say, Failure, EXIT_CONFLICT, EXIT_OK, EXIT_WAIT_EXPIRED};
+use super::output::{
+    note, print_json, say, Failure, EXIT_CONFLICT, EXIT_OK, EXIT_USAGE, EXIT_WAIT_EXPIRED,
+};
 use super::{
     AcquireArgs, ClusterCommand, Command, FenceArg, FenceCommand, KvCommand, SessionCommand,
 };
@@ -78,6 +80,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
             ))
         }
         Command::Kv(command) => kv(client, command, json).await,
+        Command::Txn { file } => txn(client, file, json).await,
         Command::Cluster(command) => cluster(client, command, json).await,
         Command::Token(command) => super::admin::token(client, command, json).await,
         Command::Limits(command) => super::admin::limits(client, command, json).await,
@@ -252,6 +255,66 @@ async fn session(client: &Client, command: SessionCommand, json: bool) -> Result
                 for lease in &info.leases {
                     say!("{}", describe_lease(lease));
                 }
+            }
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+/// `baton txn [FILE]`: the transaction's JSON from FILE or stdin; exit 0 whether the compares
+/// held or not (the output says which), the refusal's code when an op was refused.
+async fn txn(client: &Client, file: Option<std::path::PathBuf>, json: bool) -> Result<u8, Failure> {
+    let text = match file.as_deref() {
+        Some(path) if path != std::path::Path::new("-") => {
+            std::fs::read_to_string(path).map_err(|error| {
+                Failure::new(
+                    EXIT_USAGE,
+                    "INVALID_ARGUMENT",
+                    format!("cannot read {}: {error}", path.display()),
+                )
+            })?
+        }
+        _ => {
+            let mut text = String::new();
+            std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).map_err(|error| {
+                Failure::new(
+                    EXIT_USAGE,
+                    "INVALID_ARGUMENT",
+                    format!("cannot read stdin: {error}"),
+                )
+            })?;
+            text
+        }
+    };
+    let request: TxnRequest = serde_json::from_str(&text).map_err(|error| {
+        Failure::new(
+            EXIT_USAGE,
+            "INVALID_ARGUMENT",
+            format!("the transaction is not valid JSON for POST /v1/txn: {error}"),
+        )
+    })?;
+    let done = client.txn(&request).await?;
+    if json {
+        print_json(&done);
+        return Ok(EXIT_OK);
+    }
+    say!(
+        "{}",
+        if done.succeeded {
+            "succeeded"
+        } else {
+            "compare failed: ran the failure ops"
+        }
+    );
+    for result in &done.results {
+        match result {
+            TxnOpResult::Put { revision } => say!("put revision={revision}"),
+            TxnOpResult::Delete { revision } => say!("delete revision={revision}"),
+            TxnOpResult::Release { released, fence } => say!("release {released} fence={fence}"),
+            TxnOpResult::AddTask { task } => say!("add_task {}/{}", task.queue, task.id),
+            TxnOpResult::CompleteTask { task } => say!("complete_task {}/{}", task.queue, task.id),
+            TxnOpResult::FailTask { task } => {
+                say!("fail_task {}/{} {:?}", task.queue, task.id, task.state)
             }
         }
     }

@@ -185,6 +185,13 @@ pub enum Command {
     /// The fenced key-value store.
     #[command(subcommand)]
     Kv(KvCommand),
+    /// Apply a transaction: compares, then ops, all or none. Reads the `POST /v1/txn` body
+    /// (`{session_id?, compare, success, failure?}`) as JSON from FILE, or from stdin when FILE
+    /// is absent or `-`. Prints `succeeded` or `compare failed` and one line per op run.
+    Txn {
+        /// A JSON file with the transaction.
+        file: Option<std::path::PathBuf>,
+    },
     /// Cluster membership and status.
     #[command(subcommand)]
     Cluster(ClusterCommand),
@@ -252,6 +259,12 @@ pub enum TaskCommand {
         /// Claimable only after this delay.
         #[arg(long, value_parser = parse_duration)]
         delay: Option<Duration>,
+        /// When the task goes dead, enqueue a compensating task in this queue.
+        #[arg(long, requires = "on_dead_payload")]
+        on_dead: Option<String>,
+        /// The compensating task's payload (JSON; text that is not JSON is stored as a string).
+        #[arg(long, requires = "on_dead")]
+        on_dead_payload: Option<String>,
     },
     /// Claim the best ready task; prints its id (exit 3 when none is ready). The claim's
     /// session is not kept alive: renew it with `baton keepalive --session S` while working,

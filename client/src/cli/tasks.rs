@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use baton_client::api::{
-    ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, SessionId, Task,
-    TaskList, TaskReleaseRequest, TaskState,
+    ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, OnDead, SessionId,
+    Task, TaskList, TaskReleaseRequest, TaskState,
 };
 use baton_client::Client;
 use serde_json::Value;
@@ -31,7 +31,14 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
             depends_on,
             max_attempts,
             delay,
+            on_dead,
+            on_dead_payload,
         } => {
+            let on_dead = on_dead.zip(on_dead_payload).map(|(queue, payload)| OnDead {
+                queue,
+                payload: json_or_text(&payload),
+                max_attempts: None,
+            });
             let request = EnqueueRequest {
                 id,
                 payload: json_or_text(&payload),
@@ -42,6 +49,7 @@ pub async fn execute(client: &Client, command: TaskCommand, json: bool) -> Resul
                     .collect(),
                 max_attempts,
                 not_before_ms: delay.map(millis),
+                on_dead,
             };
             let task = client.enqueue(&queue, request).await?;
             if json {

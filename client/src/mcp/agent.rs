@@ -608,6 +608,7 @@ impl Agent {
             depends_on: args.depends_on.unwrap_or_default(),
             max_attempts: None,
             not_before_ms: None,
+            on_dead: None,
         };
         match self.client.enqueue(&args.queue, request).await {
             Ok(task) => {

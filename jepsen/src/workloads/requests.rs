@@ -56,6 +56,7 @@ pub fn enqueue(id: &str, payload: Value, max_attempts: u32) -> Value {
         depends_on: Vec::new(),
         max_attempts: Some(max_attempts),
         not_before_ms: None,
+        on_dead: None,
     })
 }
 

@@ -92,6 +92,7 @@ fn is_namespaced(path: &str) -> bool {
         "/v1/fence",
         "/v1/kv",
         "/v1/queues",
+        "/v1/txn",
         "/v1/events",
     ]
     .iter()

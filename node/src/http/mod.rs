@@ -19,6 +19,7 @@ mod leases;
 mod openapi;
 mod queues;
 mod service;
+mod txn;
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -314,6 +315,7 @@ pub fn router(app: AppState) -> Router {
             "/v1/queues/{queue}/tasks/{id}/release",
             post(queues::release),
         )
+        .route("/v1/txn", post(txn::txn))
         .route("/v1/events", get(events::events))
         .route(
             "/v1/auth/tokens",

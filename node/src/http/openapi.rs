@@ -6,7 +6,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use utoipa::OpenApi;
 
-use super::{auth, cluster, events, kv, leases, queues};
+use super::{auth, cluster, events, kv, leases, queues, txn};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -40,6 +40,7 @@ use super::{auth, cluster, events, kv, leases, queues};
         queues::complete,
         queues::fail,
         queues::release,
+        txn::txn,
         events::events,
         auth::create_token,
         auth::list_tokens,
@@ -61,6 +62,7 @@ use super::{auth, cluster, events, kv, leases, queues};
         (name = "leases", description = "Exclusive and subtree leases with fences"),
         (name = "kv", description = "The fenced key-value store"),
         (name = "queues", description = "Work queues with leased claims"),
+        (name = "txn", description = "Transactions: compares, then ops applied all or none"),
         (name = "events", description = "Every state change, by revision"),
         (name = "auth", description = "Tokens and limits (docs/security.md)"),
         (name = "cluster", description = "Membership and this node's view"),
@@ -140,7 +142,7 @@ mod tests {
                 documented.insert((method.clone(), path.clone()));
             }
         }
-        assert_eq!(served.len(), 34, "the router's routes as read: {served:?}");
+        assert_eq!(served.len(), 35, "the router's routes as read: {served:?}");
         assert_eq!(served, documented);
     }
 }

@@ -8,12 +8,14 @@ use baton_api::{
     ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, QueueCounts,
     QueueInfo, TaskList, TaskReleaseRequest,
 };
-use baton_raft_store::machine::{IdempotencyTag, Name, Namespace, SessionId, TaskFence};
+use baton_raft_store::machine::{
+    Compensation, IdempotencyTag, Name, Namespace, SessionId, TaskFence, TaskSpec,
+};
 
 use super::convert;
 use super::error::ApiError;
 use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, By, IdempotencyKey, Ns};
-use super::service::{Mutation, NewTask, TaskEnd};
+use super::service::{Mutation, TaskEnd};
 use super::{ApiAnswer, AppState};
 
 fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence, ApiError> {
@@ -23,6 +25,40 @@ fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence
 
 fn json_text(value: &serde_json::Value) -> Result<String, ApiError> {
     serde_json::to_string(value).map_err(ApiError::internal)
+}
+
+/// Attempts of a task that does not say.
+const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// A new task from its wire form (an enqueue's body or a transaction's `add_task`); the id is
+/// generated when absent. Shapes are checked here, bounds by admission.
+pub(super) fn task_spec(request: &EnqueueRequest) -> Result<TaskSpec, ApiError> {
+    let task_id = match &request.id {
+        Some(id) => write_name("task id", id)?,
+        None => write_name("task id", &format!("{:032x}", rand::random::<u128>()))?,
+    };
+    let depends_on = request
+        .depends_on
+        .iter()
+        .map(|id| write_name("dependency", id))
+        .collect::<Result<Vec<_>, _>>()?;
+    let on_dead = match &request.on_dead {
+        Some(on_dead) => Some(Compensation {
+            queue: write_name("on_dead queue", &on_dead.queue)?,
+            payload: json_text(&on_dead.payload)?,
+            max_attempts: on_dead.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+        }),
+        None => None,
+    };
+    Ok(TaskSpec {
+        task_id,
+        payload: json_text(&request.payload)?,
+        priority: request.priority,
+        depends_on,
+        max_attempts: request.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+        delay_ms: request.not_before_ms.unwrap_or(0),
+        on_dead,
+    })
 }
 
 #[utoipa::path(
@@ -59,34 +95,15 @@ pub async fn enqueue(
         &[&queue_text],
         &body.canonical,
     );
-    let request = &body.value;
-    let task_id = match &request.id {
-        Some(id) => write_name("task id", id)?,
-        None => write_name("task id", &format!("{:032x}", rand::random::<u128>()))?,
-    };
-    let depends_on = request
-        .depends_on
-        .iter()
-        .map(|id| write_name("dependency", id))
-        .collect::<Result<Vec<_>, _>>()?;
-    let payload = json_text(&request.payload)?;
-    let size_bytes = payload.len() + 256;
-    let task = NewTask {
-        queue,
-        task_id,
-        payload,
-        priority: request.priority,
-        depends_on,
-        max_attempts: request.max_attempts.unwrap_or(3),
-        delay_ms: request.not_before_ms.unwrap_or(0),
-    };
+    let task = task_spec(&body.value)?;
+    let size_bytes = body.canonical.len() + 256;
     let mutation = Mutation {
         namespace,
         by,
         tag,
         size_bytes,
     };
-    let enqueued = app.enqueue(mutation, task).await?;
+    let enqueued = app.enqueue(mutation, queue, task).await?;
     Ok(enqueued.answer(StatusCode::CREATED, &convert::task(&enqueued.value)))
 }
 

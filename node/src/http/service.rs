@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use baton_raft_store::machine::{
     admit, Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op,
     Owner, Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed, TaskFence,
-    TaskView,
+    TaskSpec, TaskView, Txn, TxnOp,
 };
 use serde::Serialize;
 
@@ -45,15 +45,61 @@ impl<T> Committed<T> {
     }
 }
 
-/// A new task's parts (`Op::Enqueue`).
-pub struct NewTask {
-    pub queue: Name,
-    pub task_id: Name,
-    pub payload: String,
-    pub priority: i32,
-    pub depends_on: Vec<Name>,
-    pub max_attempts: u32,
-    pub delay_ms: u64,
+/// A transaction's outcome: whether its compares held, and what each op run did.
+pub struct TxnDone {
+    pub succeeded: bool,
+    pub results: Vec<TxnResult>,
+}
+
+/// What one op of a transaction did.
+pub enum TxnResult {
+    Put { revision: u64 },
+    Delete { revision: u64 },
+    Release { resource: ResourcePath, fence: u64 },
+    AddTask(TaskView),
+    CompleteTask(TaskView),
+    FailTask(TaskView),
+}
+
+/// Which op a transaction's reply answers (the ops themselves hold payloads, not kept).
+#[derive(Clone, Copy)]
+enum TxnOpKind {
+    Put,
+    Delete,
+    Release,
+    AddTask,
+    CompleteTask,
+    FailTask,
+}
+
+impl TxnOpKind {
+    fn of(op: &TxnOp) -> TxnOpKind {
+        match op {
+            TxnOp::Put { .. } => TxnOpKind::Put,
+            TxnOp::Delete { .. } => TxnOpKind::Delete,
+            TxnOp::Release { .. } => TxnOpKind::Release,
+            TxnOp::AddTask { .. } => TxnOpKind::AddTask,
+            TxnOp::CompleteTask { .. } => TxnOpKind::CompleteTask,
+            TxnOp::FailTask { .. } => TxnOpKind::FailTask,
+        }
+    }
+}
+
+impl TxnResult {
+    /// The result of an op of `kind` from its reply, if the reply is of that kind.
+    fn of(kind: TxnOpKind, reply: Reply) -> Result<TxnResult, Box<Reply>> {
+        Ok(match (kind, reply) {
+            (TxnOpKind::Put, Reply::KvWritten { revision }) => TxnResult::Put { revision },
+            (TxnOpKind::Delete, Reply::KvDeleted { revision }) => TxnResult::Delete { revision },
+            (TxnOpKind::Release, Reply::Released { resource, fence }) => {
+                TxnResult::Release { resource, fence }
+            }
+            (TxnOpKind::AddTask, Reply::TaskEnqueued(task)) => TxnResult::AddTask(task),
+            (TxnOpKind::CompleteTask, Reply::TaskUpdated(task)) => TxnResult::CompleteTask(task),
+            (TxnOpKind::FailTask, Reply::TaskUpdated(task)) => TxnResult::FailTask(task),
+            (_, other) => return Err(Box::new(other)),
+        })
+    }
 }
 
 /// What ends a claimed task's attempt (`Op::Complete`, `Op::Fail`, `Op::ReleaseTask`).
@@ -187,19 +233,34 @@ impl AppState {
     pub async fn enqueue(
         &self,
         mutation: Mutation,
-        task: NewTask,
+        queue: Name,
+        task: TaskSpec,
     ) -> Result<Committed<TaskView>, ApiError> {
-        let op = Op::Enqueue {
-            queue: task.queue,
-            task_id: task.task_id,
-            payload: task.payload,
-            priority: task.priority,
-            depends_on: task.depends_on,
-            max_attempts: task.max_attempts,
-            delay_ms: task.delay_ms,
-        };
-        self.commit(mutation, op, |reply| match reply {
+        self.commit(mutation, Op::Enqueue { queue, task }, |reply| match reply {
             Reply::TaskEnqueued(task) => Ok(task),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    pub async fn txn(&self, mutation: Mutation, txn: Txn) -> Result<Committed<TxnDone>, ApiError> {
+        let kinds = |ops: &[TxnOp]| ops.iter().map(TxnOpKind::of).collect::<Vec<_>>();
+        let (success, failure) = (kinds(&txn.success), kinds(&txn.failure));
+        self.commit(mutation, Op::Txn(txn), move |reply| match reply {
+            Reply::TxnDone { succeeded, results } => {
+                let ops = if succeeded { &success } else { &failure };
+                if ops.len() != results.len() {
+                    return Err(Box::new(Reply::TxnDone { succeeded, results }));
+                }
+                Ok(TxnDone {
+                    succeeded,
+                    results: ops
+                        .iter()
+                        .zip(results)
+                        .map(|(kind, reply)| TxnResult::of(*kind, reply))
+                        .collect::<Result<_, _>>()?,
+                })
+            }
             other => Err(Box::new(other)),
         })
         .await

@@ -6,7 +6,9 @@
 //! `ResourcePath` or `Name` proves its shape (types.rs).
 
 use super::auth::{NewToken, Scope};
-use super::command::{Command, NewSession, Op, Owner, Rejection, ResourceFence};
+use super::command::{
+    Command, Compare, NewSession, Op, Owner, Rejection, ResourceFence, TaskSpec, Txn, TxnOp,
+};
 use super::types::{
     validate_holder, validate_idempotency_key, validate_labels, validate_max_hold, validate_ttl,
     Limits, Name, Namespace,
@@ -72,54 +74,14 @@ pub(crate) fn admit_op(namespace: &Namespace, op: &Op, limits: &Limits) -> Resul
         }
         Op::KvPut { key, value, fence } => {
             key.check(limits)?;
-            if value.len() > limits.kv_value_bytes_max {
-                return Err(Rejection::PayloadTooLarge(format!(
-                    "the value is {} bytes, at most {} are allowed",
-                    value.len(),
-                    limits.kv_value_bytes_max
-                )));
-            }
+            admit_value(value, limits)?;
             admit_fence(fence.as_ref(), limits)
         }
         Op::KvDelete { key, fence } => {
             key.check(limits)?;
             admit_fence(fence.as_ref(), limits)
         }
-        Op::Enqueue {
-            queue,
-            task_id,
-            payload,
-            depends_on,
-            max_attempts,
-            delay_ms,
-            ..
-        } => {
-            admit_task(queue, task_id, limits)?;
-            admit_payload("payload", payload, limits)?;
-            if *max_attempts == 0 || *max_attempts > limits.task_attempts_max {
-                return Err(Rejection::invalid(format!(
-                    "max_attempts must be 1..={}, got {max_attempts}",
-                    limits.task_attempts_max
-                )));
-            }
-            if *delay_ms > limits.task_delay_ms_max {
-                return Err(Rejection::invalid(format!(
-                    "not_before_ms must be at most {}, got {delay_ms}",
-                    limits.task_delay_ms_max
-                )));
-            }
-            if depends_on.len() > limits.task_dependencies_max {
-                return Err(Rejection::invalid(format!(
-                    "at most {} dependencies are allowed, got {}",
-                    limits.task_dependencies_max,
-                    depends_on.len()
-                )));
-            }
-            for dependency in depends_on {
-                dependency.check("dependency", limits)?;
-            }
-            Ok(())
-        }
+        Op::Enqueue { queue, task } => admit_task_spec(queue, task, limits),
         Op::Claim { queue, owner } => {
             queue.check("queue", limits)?;
             admit_owner(owner, limits)
@@ -157,7 +119,124 @@ pub(crate) fn admit_op(namespace: &Namespace, op: &Op, limits: &Limits) -> Resul
                 None => Ok(()),
             }
         }
+        Op::Txn(txn) => admit_txn(txn, limits),
     }
+}
+
+fn admit_value(value: &str, limits: &Limits) -> Result<(), Rejection> {
+    if value.len() > limits.kv_value_bytes_max {
+        return Err(Rejection::PayloadTooLarge(format!(
+            "the value is {} bytes, at most {} are allowed",
+            value.len(),
+            limits.kv_value_bytes_max
+        )));
+    }
+    Ok(())
+}
+
+/// A transaction: at most `txn_ops_max` compares and as many ops, each admitted like the
+/// single operation it stands for, and a session when a compare or an op is fenced.
+fn admit_txn(txn: &Txn, limits: &Limits) -> Result<(), Rejection> {
+    let ops = txn.success.len() + txn.failure.len();
+    if txn.compare.len() > limits.txn_ops_max || ops > limits.txn_ops_max {
+        return Err(Rejection::invalid(format!(
+            "a transaction may have at most {} compares and {} ops, got {} and {ops}",
+            limits.txn_ops_max,
+            limits.txn_ops_max,
+            txn.compare.len()
+        )));
+    }
+    for compare in &txn.compare {
+        match compare {
+            Compare::Fence { resource, .. } => resource.check(limits)?,
+            Compare::KvRevision { key, .. } => key.check(limits)?,
+        }
+    }
+    let fenced = txn
+        .compare
+        .iter()
+        .any(|compare| matches!(compare, Compare::Fence { .. }))
+        || txn.success.iter().chain(&txn.failure).any(|op| {
+            matches!(
+                op,
+                TxnOp::Release { .. } | TxnOp::CompleteTask { .. } | TxnOp::FailTask { .. }
+            )
+        });
+    if fenced && txn.session_id.is_none() {
+        return Err(Rejection::invalid(
+            "this transaction has fence compares or fenced ops (release, complete_task, fail_task): give its session_id",
+        ));
+    }
+    for op in txn.success.iter().chain(&txn.failure) {
+        match op {
+            TxnOp::Put { key, value } => {
+                key.check(limits)?;
+                admit_value(value, limits)?;
+            }
+            TxnOp::Delete { key } => key.check(limits)?,
+            TxnOp::Release { resource } => resource.check(limits)?,
+            TxnOp::AddTask { queue, task } => admit_task_spec(queue, task, limits)?,
+            TxnOp::CompleteTask {
+                queue,
+                task_id,
+                result,
+                ..
+            } => {
+                admit_task(queue, task_id, limits)?;
+                if let Some(result) = result {
+                    admit_payload("result", result, limits)?;
+                }
+            }
+            TxnOp::FailTask {
+                queue,
+                task_id,
+                reason,
+                ..
+            } => {
+                admit_task(queue, task_id, limits)?;
+                admit_text("reason", reason, limits)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn admit_task_spec(queue: &Name, task: &TaskSpec, limits: &Limits) -> Result<(), Rejection> {
+    admit_task(queue, &task.task_id, limits)?;
+    admit_payload("payload", &task.payload, limits)?;
+    admit_attempts(task.max_attempts, limits)?;
+    if task.delay_ms > limits.task_delay_ms_max {
+        return Err(Rejection::invalid(format!(
+            "not_before_ms must be at most {}, got {}",
+            limits.task_delay_ms_max, task.delay_ms
+        )));
+    }
+    if task.depends_on.len() > limits.task_dependencies_max {
+        return Err(Rejection::invalid(format!(
+            "at most {} dependencies are allowed, got {}",
+            limits.task_dependencies_max,
+            task.depends_on.len()
+        )));
+    }
+    for dependency in &task.depends_on {
+        dependency.check("dependency", limits)?;
+    }
+    if let Some(compensation) = &task.on_dead {
+        compensation.queue.check("on_dead queue", limits)?;
+        admit_payload("on_dead payload", &compensation.payload, limits)?;
+        admit_attempts(compensation.max_attempts, limits)?;
+    }
+    Ok(())
+}
+
+fn admit_attempts(max_attempts: u32, limits: &Limits) -> Result<(), Rejection> {
+    if max_attempts == 0 || max_attempts > limits.task_attempts_max {
+        return Err(Rejection::invalid(format!(
+            "max_attempts must be 1..={}, got {max_attempts}",
+            limits.task_attempts_max
+        )));
+    }
+    Ok(())
 }
 
 fn admit_new_session(new_session: &NewSession, limits: &Limits) -> Result<(), Rejection> {

@@ -352,6 +352,7 @@ impl Op {
             Op::Complete { claim, .. } | Op::Fail { claim, .. } | Op::ReleaseTask { claim, .. } => {
                 Some(claim.session_id)
             }
+            Op::Txn(txn) => txn.session_id,
             Op::CreateSession(_) | Op::Enqueue { .. } => None,
         }
     }

@@ -9,12 +9,15 @@ use serde::{Deserialize, Serialize};
 
 use super::events::{EventLog, EventLogV1};
 use super::idempotency::IdempotencyTable;
+use super::legacy::{LimitsV1, NamespaceStateV2};
 use super::{AuthState, Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
 /// Version 2 added the access-control state (`auth`) at the end and the token to each event
-/// (`by`); version 1 snapshots are still read.
-const SNAPSHOT_VERSION: u32 = 2;
+/// (`by`); version 3 gave tasks `on_dead` and a finishing time and the limits two more
+/// (legacy.rs). Versions 1 and 2 are still read.
+const SNAPSHOT_VERSION: u32 = 3;
+const SNAPSHOT_VERSION_WITHOUT_TXN: u32 = 2;
 const SNAPSHOT_VERSION_WITHOUT_AUTH: u32 = 1;
 /// Larger than any snapshot the limits allow.
 const SNAPSHOT_BYTES_MAX: usize = 1 << 34;
@@ -65,15 +68,37 @@ struct SnapshotOwned {
     auth: AuthState,
 }
 
-/// A version 1 snapshot: no `auth`, and events without `by`.
+/// A version 2 snapshot: limits and tasks in their old shapes.
 #[derive(Deserialize)]
-struct SnapshotOwnedV1 {
-    limits: Limits,
+struct SnapshotOwnedV2 {
+    limits: LimitsV1,
     time_ms: u64,
     fence_counter: u64,
-    namespaces: BTreeMap<Namespace, NamespaceState>,
+    namespaces: BTreeMap<Namespace, NamespaceStateV2>,
+    idempotency: IdempotencyTable,
+    events: EventLog,
+    auth: AuthState,
+}
+
+/// A version 1 snapshot: as version 2, without `auth`, and events without `by`.
+#[derive(Deserialize)]
+struct SnapshotOwnedV1 {
+    limits: LimitsV1,
+    time_ms: u64,
+    fence_counter: u64,
+    namespaces: BTreeMap<Namespace, NamespaceStateV2>,
     idempotency: IdempotencyTable,
     events: EventLogV1,
+}
+
+fn upgrade_namespaces(
+    namespaces: BTreeMap<Namespace, NamespaceStateV2>,
+    time_ms: u64,
+) -> BTreeMap<Namespace, NamespaceState> {
+    namespaces
+        .into_iter()
+        .map(|(namespace, state)| (namespace, state.upgrade(time_ms)))
+        .collect()
 }
 
 /// Encodes any serde value in the same bincode configuration `decode_value` reads. The store
@@ -157,13 +182,25 @@ impl Machine {
         let version = u32::from_le_bytes(bytes[4..8].try_into().expect("four bytes"));
         let body: SnapshotOwned = match version {
             SNAPSHOT_VERSION => decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?,
+            SNAPSHOT_VERSION_WITHOUT_TXN => {
+                let v2: SnapshotOwnedV2 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                SnapshotOwned {
+                    limits: v2.limits.into(),
+                    time_ms: v2.time_ms,
+                    fence_counter: v2.fence_counter,
+                    namespaces: upgrade_namespaces(v2.namespaces, v2.time_ms),
+                    idempotency: v2.idempotency,
+                    events: v2.events,
+                    auth: v2.auth,
+                }
+            }
             SNAPSHOT_VERSION_WITHOUT_AUTH => {
                 let v1: SnapshotOwnedV1 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
                 SnapshotOwned {
-                    limits: v1.limits,
+                    limits: v1.limits.into(),
                     time_ms: v1.time_ms,
                     fence_counter: v1.fence_counter,
-                    namespaces: v1.namespaces,
+                    namespaces: upgrade_namespaces(v1.namespaces, v1.time_ms),
                     idempotency: v1.idempotency,
                     events: v1.events.into(),
                     auth: AuthState::default(),
@@ -180,10 +217,12 @@ impl Machine {
             max_hold_deadlines: Default::default(),
             claim_deadlines: Default::default(),
             delayed: Default::default(),
+            finished: Default::default(),
             idempotency: body.idempotency,
             events: body.events,
             auth: body.auth,
             acting: None,
+            compensations: Vec::new(),
         };
         machine
             .rebuild_indexes()

@@ -33,6 +33,14 @@ impl Machine {
             }
             for (queue, queue_state) in &mut state.queues {
                 queue_state.rebuild(self.time_ms);
+                for (finished_ms, task_id) in queue_state.finished() {
+                    self.finished.insert((
+                        finished_ms,
+                        namespace.clone(),
+                        queue.clone(),
+                        task_id.clone(),
+                    ));
+                }
                 for (ready_at_ms, sequence, task_id) in queue_state.delayed(self.time_ms) {
                     self.delayed.insert((
                         ready_at_ms,

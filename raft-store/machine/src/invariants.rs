@@ -12,6 +12,7 @@ impl Machine {
         let (mut sessions_seen, mut max_holds_seen) = (0usize, 0usize);
         let (mut claims_seen, mut sessions_with_claims, mut delayed_seen) =
             (0usize, 0usize, 0usize);
+        let mut finished_seen = 0usize;
         for (namespace, state) in &self.namespaces {
             if state.is_empty() {
                 return Err(format!("namespace {namespace} is empty but kept"));
@@ -131,6 +132,25 @@ impl Machine {
                     }
                     delayed_seen += 1;
                 }
+                for (finished_ms, task_id) in queue_state.finished() {
+                    let entry = (
+                        finished_ms,
+                        namespace.clone(),
+                        queue.clone(),
+                        task_id.clone(),
+                    );
+                    if !self.finished.contains(&entry) {
+                        return Err(format!(
+                            "finished task {queue}/{task_id} is missing from the retention index"
+                        ));
+                    }
+                    if finished_ms > self.time_ms {
+                        return Err(format!(
+                            "task {queue}/{task_id} finished at {finished_ms}, after now"
+                        ));
+                    }
+                    finished_seen += 1;
+                }
             }
             for (session_id, session) in &state.sessions {
                 if session.claims.is_empty() {
@@ -186,6 +206,15 @@ impl Machine {
                 "{claims_seen} claims on tasks but sessions list {session_claims}; {sessions_with_claims} claiming sessions but {} indexed",
                 self.claim_deadlines.len()
             ));
+        }
+        if finished_seen != self.finished.len() {
+            return Err(format!(
+                "{finished_seen} finished tasks but {} in the retention index",
+                self.finished.len()
+            ));
+        }
+        if !self.compensations.is_empty() {
+            return Err("compensations are owed between commands".to_owned());
         }
         if delayed_seen != self.delayed.len() {
             return Err(format!(

@@ -93,7 +93,7 @@ impl Machine {
 
     /// G4: the claim's token must be the fence of the live lease on its resource, held by the
     /// claim's session, at the current cluster time. Anything else is `STALE_FENCE`.
-    fn check_fence(
+    pub(super) fn check_fence(
         &self,
         namespace: &Namespace,
         fence: Option<&ResourceFence>,

@@ -6,7 +6,7 @@
 //! whatever the number of leases, because a lease's liveness is read from its session's
 //! deadline rather than stored on each lease.
 
-use super::command::{EventKind, Grant, NewSession, Owner, Rejection, Reply};
+use super::command::{EventKind, Grant, LeaseView, NewSession, Owner, Rejection, Reply};
 use super::{
     descendants, Labels, Lease, LeaseMode, Machine, Namespace, NamespaceState, ResourcePath,
     Session, SessionId,
@@ -55,18 +55,7 @@ impl Machine {
         session_id: SessionId,
         resource: &ResourcePath,
     ) -> Result<Reply, Rejection> {
-        self.live_session_mut(namespace, session_id)?;
-        let state = &self.namespaces[namespace];
-        let held = state
-            .leases
-            .get(resource)
-            .filter(|lease| lease.session_id == session_id)
-            .and_then(|lease| self.live_view(state, resource, lease));
-        let Some(view) = held else {
-            return Err(Rejection::LeaseLost(format!(
-                "this session holds no live lease on {resource}"
-            )));
-        };
+        let view = self.check_release(namespace, session_id, resource)?;
         self.remove_lease(
             namespace,
             resource,
@@ -383,6 +372,34 @@ impl Machine {
             .insert((deadline_ms, namespace.clone(), new_session.session_id));
     }
 
+    /// The live lease `session_id` holds on `resource`, which it may release; else
+    /// `LEASE_LOST`.
+    pub(super) fn check_release(
+        &self,
+        namespace: &Namespace,
+        session_id: SessionId,
+        resource: &ResourcePath,
+    ) -> Result<LeaseView, Rejection> {
+        let state = self
+            .namespaces
+            .get(namespace)
+            .filter(|state| {
+                state
+                    .sessions
+                    .get(&session_id)
+                    .is_some_and(|session| self.time_ms < session.deadline_ms)
+            })
+            .ok_or_else(session_gone)?;
+        state
+            .leases
+            .get(resource)
+            .filter(|lease| lease.session_id == session_id)
+            .and_then(|lease| self.live_view(state, resource, lease))
+            .ok_or_else(|| {
+                Rejection::LeaseLost(format!("this session holds no live lease on {resource}"))
+            })
+    }
+
     /// The session if it is alive at the current cluster time, else `LEASE_LOST`.
     pub(super) fn live_session_mut(
         &mut self,
@@ -394,11 +411,7 @@ impl Machine {
             .get_mut(namespace)
             .and_then(|state| state.sessions.get_mut(&session_id))
             .filter(|session| time_ms < session.deadline_ms)
-            .ok_or_else(|| {
-                Rejection::LeaseLost(
-                    "the session is gone (expired or ended): stop acting as holder".to_owned(),
-                )
-            })
+            .ok_or_else(session_gone)
     }
 
     /// Removes a lease and everything that points at it, and records `event`.
@@ -447,6 +460,10 @@ impl Machine {
 }
 
 /// `38s`, `2m5s`, `450ms`: how long a lease has left, for messages.
+fn session_gone() -> Rejection {
+    Rejection::LeaseLost("the session is gone (expired or ended): stop acting as holder".to_owned())
+}
+
 fn human_duration(milliseconds: u64) -> String {
     if milliseconds < 1_000 {
         return format!("{milliseconds}ms");

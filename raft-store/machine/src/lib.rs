@@ -20,7 +20,9 @@ mod indexes;
 mod invariants;
 mod kv;
 mod leases;
+mod legacy;
 mod queues;
+mod txn;
 mod types;
 
 #[cfg(test)]
@@ -35,9 +37,10 @@ pub use admission::admit;
 pub use auth::{AuthState, Caller, NewToken, Quotas, Role, Scope, TokenView, BOOTSTRAP_TOKEN_NAME};
 pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecError};
 pub use command::{
-    Batch, Command, Event, EventKind, FenceStatus, Grant, IdempotencyTag, KvView, LeaseView,
-    NewSession, Op, Owner, Page, Recorded, Rejection, Reply, ResourceFence, Response, SessionView,
-    TaskClaimed, TaskCounts, TaskFence, TaskState, TaskView,
+    Batch, Command, Compare, Compensation, Event, EventKind, FenceStatus, Grant, IdempotencyTag,
+    KvView, LeaseView, NewSession, Op, Owner, Page, Recorded, Rejection, Reply, ResourceFence,
+    Response, SessionView, TaskClaimed, TaskCounts, TaskFence, TaskSpec, TaskState, TaskView, Txn,
+    TxnOp,
 };
 pub use types::{
     validate_idempotency_key, Invalid, Labels, LeaseMode, Limits, Name, Namespace, ResourcePath,
@@ -47,7 +50,7 @@ pub use types::{
 use admission::admit_op;
 use events::EventLog;
 use idempotency::IdempotencyTable;
-use queues::{NewTask, QueueState};
+use queues::{PendingCompensation, QueueState};
 
 /// The whole replicated state. See the module docs for the rules it lives by.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,12 +69,18 @@ pub struct Machine {
     claim_deadlines: BTreeSet<(u64, Namespace, SessionId)>,
     /// Ready tasks whose delay has not run out, by the time it does.
     delayed: BTreeSet<(u64, Namespace, Name, u64, Name)>,
+    /// Done and dead tasks by the time they finished, for retention: `(finished_ms, namespace,
+    /// queue, task id)`.
+    finished: BTreeSet<(u64, Namespace, Name, Name)>,
     idempotency: IdempotencyTable,
     events: EventLog,
     auth: AuthState,
     /// The token of the command being applied (access control on), for its events' `by`;
     /// `None` between commands, so never part of the state.
     acting: Option<Name>,
+    /// Compensations owed by tasks that went dead in the command being applied; empty between
+    /// commands, so never part of the state.
+    compensations: Vec<PendingCompensation>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,10 +150,12 @@ impl Machine {
             max_hold_deadlines: BTreeSet::new(),
             claim_deadlines: BTreeSet::new(),
             delayed: BTreeSet::new(),
+            finished: BTreeSet::new(),
             idempotency: IdempotencyTable::default(),
             events: EventLog::default(),
             auth: AuthState::default(),
             acting: None,
+            compensations: Vec::new(),
         }
     }
 
@@ -153,10 +164,15 @@ impl Machine {
         self.time_ms = self.time_ms.max(batch.stamp_ms);
         self.idempotency.prune(self.time_ms, &self.limits);
         self.advance_queues();
+        self.enqueue_compensations();
         batch
             .commands
             .iter()
-            .map(|command| self.apply_command(command))
+            .map(|command| {
+                let response = self.apply_command(command);
+                self.enqueue_compensations();
+                response
+            })
             .collect()
     }
 
@@ -188,7 +204,8 @@ impl Machine {
             })
     }
 
-    /// Whether a `Sweep` would find something dead to remove at the applied cluster time: O(1).
+    /// Whether a `Sweep` would find something to remove at the applied cluster time (a dead
+    /// session or lease, a finished task past its retention): O(1).
     pub fn sweep_due(&self) -> bool {
         let due = |deadline_ms: u64| deadline_ms <= self.time_ms;
         self.session_deadlines
@@ -198,6 +215,7 @@ impl Machine {
                 .max_hold_deadlines
                 .first()
                 .is_some_and(|(deadline_ms, _, _)| due(*deadline_ms))
+            || self.retention_due()
     }
 
     /// The live lease on exactly `resource`, at the applied cluster time.
@@ -341,8 +359,15 @@ impl Machine {
                 op,
             } => self.apply_namespaced(namespace, idempotency.as_ref(), op, None),
             Command::Sweep { max } => {
-                let (leases, sessions) = self.sweep(*max as usize);
-                Response::fresh(Ok(Reply::Swept { leases, sessions }))
+                let max = (*max as usize).min(self.limits.sweep_batch_max);
+                let (leases, sessions) = self.sweep(max);
+                let tasks =
+                    self.remove_retired_tasks(max.saturating_sub((leases + sessions) as usize));
+                Response::fresh(Ok(Reply::Swept {
+                    leases,
+                    sessions,
+                    tasks,
+                }))
             }
             Command::SetLimits(limits) => {
                 self.limits = limits.clone();
@@ -510,26 +535,7 @@ impl Machine {
             } => self.acquire(namespace, resource, *mode, owner, *max_hold_ms, labels),
             Op::KvPut { key, value, fence } => self.kv_put(namespace, key, value, fence.as_ref()),
             Op::KvDelete { key, fence } => self.kv_delete(namespace, key, fence.as_ref()),
-            Op::Enqueue {
-                queue,
-                task_id,
-                payload,
-                priority,
-                depends_on,
-                max_attempts,
-                delay_ms,
-            } => self.enqueue(
-                namespace,
-                queue,
-                NewTask {
-                    task_id,
-                    payload,
-                    priority: *priority,
-                    depends_on,
-                    max_attempts: *max_attempts,
-                    delay_ms: *delay_ms,
-                },
-            ),
+            Op::Enqueue { queue, task } => self.enqueue(namespace, queue, task),
             Op::Claim { queue, owner } => self.claim(namespace, queue, owner),
             Op::Complete {
                 queue,
@@ -550,6 +556,7 @@ impl Machine {
                 claim,
                 note,
             } => self.release_task(namespace, queue, task_id, *claim, note.as_deref()),
+            Op::Txn(txn) => self.txn(namespace, txn),
         }
     }
 

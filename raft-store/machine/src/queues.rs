@@ -15,19 +15,21 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use super::command::{
-    EventKind, NewSession, Owner, Rejection, Reply, TaskClaimed, TaskCounts, TaskFence, TaskState,
-    TaskView,
+    Compensation, EventKind, NewSession, Owner, Rejection, Reply, TaskClaimed, TaskCounts,
+    TaskFence, TaskSpec, TaskState, TaskView,
 };
+use super::legacy::{LifeV2, TaskV2};
+use super::txn::Planned;
 use super::{Machine, Name, Namespace, SessionId};
 
-/// The fields of an `Op::Enqueue`, borrowed.
-pub(super) struct NewTask<'a> {
-    pub task_id: &'a Name,
-    pub payload: &'a str,
-    pub priority: i32,
-    pub depends_on: &'a [Name],
-    pub max_attempts: u32,
-    pub delay_ms: u64,
+/// A compensation owed by a task that went dead in the command being applied (see
+/// `Machine::enqueue_compensations`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct PendingCompensation {
+    namespace: Namespace,
+    compensation: Compensation,
+    /// The revision of the `TaskDead` event.
+    revision: u64,
 }
 
 /// One queue: its tasks by id, plus indexes rebuilt on decode.
@@ -63,14 +65,26 @@ struct Task {
     note: Option<String>,
     /// The reason of the last failure that sent the task back to ready.
     last_failure: Option<String>,
+    /// Enqueued when this task goes dead.
+    on_dead: Option<Compensation>,
 }
 
+/// A done or dead task keeps the cluster time it finished at: retention counts from it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 enum Life {
     Ready,
-    Claimed { session_id: SessionId, fence: u64 },
-    Done { result: Option<String> },
-    Dead { reason: String },
+    Claimed {
+        session_id: SessionId,
+        fence: u64,
+    },
+    Done {
+        result: Option<String>,
+        finished_ms: u64,
+    },
+    Dead {
+        reason: String,
+        finished_ms: u64,
+    },
 }
 
 impl Task {
@@ -100,6 +114,13 @@ impl Task {
     fn is_delayed(&self, time_ms: u64) -> bool {
         self.life == Life::Ready && self.waiting_on == 0 && self.ready_at_ms > time_ms
     }
+
+    fn finished_ms(&self) -> Option<u64> {
+        match self.life {
+            Life::Done { finished_ms, .. } | Life::Dead { finished_ms, .. } => Some(finished_ms),
+            Life::Ready | Life::Claimed { .. } => None,
+        }
+    }
 }
 
 impl TaskCounts {
@@ -116,6 +137,55 @@ impl TaskCounts {
 }
 
 impl QueueState {
+    /// A queue read from a snapshot of format 1 or 2 (legacy.rs): tasks that had finished count
+    /// as finished at `time_ms`, the snapshot's cluster time.
+    pub(super) fn upgrade(
+        tasks: BTreeMap<Name, TaskV2>,
+        next_sequence: u64,
+        time_ms: u64,
+    ) -> QueueState {
+        let tasks = tasks
+            .into_iter()
+            .map(|(id, task)| {
+                let life = match task.life {
+                    LifeV2::Ready => Life::Ready,
+                    LifeV2::Claimed { session_id, fence } => Life::Claimed { session_id, fence },
+                    LifeV2::Done { result } => Life::Done {
+                        result,
+                        finished_ms: time_ms,
+                    },
+                    LifeV2::Dead { reason } => Life::Dead {
+                        reason,
+                        finished_ms: time_ms,
+                    },
+                };
+                let task = Task {
+                    payload: task.payload,
+                    priority: task.priority,
+                    depends_on: task.depends_on,
+                    dependents: task.dependents,
+                    waiting_on: task.waiting_on,
+                    max_attempts: task.max_attempts,
+                    ready_at_ms: task.ready_at_ms,
+                    sequence: task.sequence,
+                    enqueued_revision: task.enqueued_revision,
+                    attempt: task.attempt,
+                    life,
+                    note: task.note,
+                    last_failure: task.last_failure,
+                    on_dead: None,
+                };
+                (id, task)
+            })
+            .collect();
+        QueueState {
+            tasks,
+            next_sequence,
+            ready: BTreeSet::new(),
+            counts: TaskCounts::default(),
+        }
+    }
+
     /// Recomputes the indexes a snapshot leaves out, at cluster time `time_ms`.
     pub(super) fn rebuild(&mut self, time_ms: u64) {
         self.ready.clear();
@@ -145,6 +215,13 @@ impl QueueState {
             .map(|(id, task)| (task.ready_at_ms, task.sequence, id))
     }
 
+    /// Done and dead tasks as `(finished_ms, id)`, for the machine's retention index.
+    pub(super) fn finished(&self) -> impl Iterator<Item = (u64, &Name)> {
+        self.tasks
+            .iter()
+            .filter_map(|(id, task)| Some((task.finished_ms()?, id)))
+    }
+
     /// Checks counts, the ready index and dependency bookkeeping.
     pub(super) fn check(&self, queue: &Name, time_ms: u64) -> Result<(), String> {
         let mut counts = TaskCounts::default();
@@ -163,13 +240,16 @@ impl QueueState {
                 .depends_on
                 .iter()
                 .filter(|dependency| {
-                    !matches!(
-                        self.tasks.get(*dependency).map(|task| &task.life),
-                        Some(Life::Done { .. })
-                    )
+                    // Retention removes only done and dead tasks, and a dead dependency kills
+                    // its dependents: one no longer here was done.
+                    self.tasks
+                        .get(*dependency)
+                        .is_some_and(|task| !matches!(task.life, Life::Done { .. }))
                 })
                 .count();
-            if waiting != task.waiting_on as usize {
+            // A finished task's count no longer matters (and retention may have removed a
+            // dead dependency before it).
+            if task.finished_ms().is_none() && waiting != task.waiting_on as usize {
                 return Err(format!(
                     "task {queue}/{id} waits on {} but counts {}",
                     waiting, task.waiting_on
@@ -197,67 +277,80 @@ impl Machine {
         &mut self,
         namespace: &Namespace,
         queue: &Name,
-        new_task: NewTask<'_>,
+        task: &TaskSpec,
     ) -> Result<Reply, Rejection> {
-        let NewTask {
-            task_id,
-            payload,
-            priority,
-            depends_on,
-            max_attempts,
-            delay_ms,
-        } = new_task;
+        self.check_enqueue(namespace, queue, task, &Planned::default())?;
+        self.insert_task(namespace, queue, task);
+        Ok(Reply::TaskEnqueued(
+            self.task_view(namespace, queue, &task.task_id)
+                .expect("just enqueued"),
+        ))
+    }
+
+    /// Whether `task` may be enqueued into `queue` once the ops `planned` describes have run
+    /// (the earlier ops of a transaction; nothing for a single enqueue).
+    pub(super) fn check_enqueue(
+        &self,
+        namespace: &Namespace,
+        queue: &Name,
+        task: &TaskSpec,
+        planned: &Planned,
+    ) -> Result<(), Rejection> {
+        let task_id = &task.task_id;
         let limits = &self.limits;
         let existing = self
             .namespaces
             .get(namespace)
             .and_then(|state| state.queues.get(queue));
-        let tasks = existing.map_or(0, |queue| queue.tasks.len());
-        if existing.is_some_and(|queue| queue.tasks.contains_key(task_id)) {
+        if existing.is_some_and(|queue| queue.tasks.contains_key(task_id))
+            || planned.adds(queue, task_id)
+        {
             return Err(Rejection::invalid(format!(
                 "task {task_id} already exists in queue {queue}: use another id (or the same Idempotency-Key to retry)"
             )));
         }
+        let tasks = existing.map_or(0, |queue| queue.tasks.len()) + planned.added_to(queue);
         if tasks >= limits.tasks_per_queue_max {
             return Err(Rejection::ResourceExhausted(format!(
                 "queue {queue} already holds {tasks} tasks, the most allowed"
             )));
         }
-        let queues = self
-            .namespaces
-            .get(namespace)
-            .map_or(0, |state| state.queues.len());
-        if existing.is_none() && queues >= limits.queues_per_namespace_max {
-            return Err(Rejection::ResourceExhausted(format!(
-                "namespace {namespace} already has {queues} queues, the most allowed"
-            )));
-        }
-        let dependencies: BTreeSet<&Name> = depends_on.iter().collect();
-        let mut waiting_on = 0u32;
-        for dependency in &dependencies {
-            match existing
-                .and_then(|queue| queue.tasks.get(*dependency))
-                .map(|task| &task.life)
-            {
-                None => {
-                    return Err(Rejection::invalid(format!(
-                        "dependency {dependency} is not a task of queue {queue}"
-                    )));
-                }
-                Some(Life::Dead { .. }) => {
-                    return Err(Rejection::invalid(format!(
-                        "dependency {dependency} is dead: it will never be done"
-                    )));
-                }
-                Some(Life::Done { .. }) => {}
-                Some(_) => waiting_on += 1,
+        if existing.is_none() && planned.added_to(queue) == 0 {
+            let queues = self
+                .namespaces
+                .get(namespace)
+                .map_or(0, |state| state.queues.len())
+                + planned.new_queues();
+            if queues >= limits.queues_per_namespace_max {
+                return Err(Rejection::ResourceExhausted(format!(
+                    "namespace {namespace} already has {queues} queues, the most allowed"
+                )));
             }
         }
+        for dependency in &task.depends_on {
+            let life = existing
+                .and_then(|queue| queue.tasks.get(dependency))
+                .map(|task| &task.life);
+            if planned.kills(queue, dependency) || matches!(life, Some(Life::Dead { .. })) {
+                return Err(Rejection::invalid(format!(
+                    "dependency {dependency} is dead: it will never be done"
+                )));
+            }
+            if life.is_none() && !planned.adds(queue, dependency) {
+                return Err(Rejection::invalid(format!(
+                    "dependency {dependency} is not a task of queue {queue}"
+                )));
+            }
+        }
+        Ok(())
+    }
 
+    /// Adds a task whose checks passed (or a compensation, which no limit refuses).
+    fn insert_task(&mut self, namespace: &Namespace, queue: &Name, spec: &TaskSpec) {
         let time_ms = self.time_ms;
         let event = EventKind::TaskEnqueued {
             queue: queue.clone(),
-            task_id: task_id.clone(),
+            task_id: spec.task_id.clone(),
         };
         let revision = self.events.push(
             time_ms,
@@ -268,39 +361,119 @@ impl Machine {
         );
         let state = self.namespaces.entry(namespace.clone()).or_default();
         let queue_state = state.queues.entry(queue.clone()).or_default();
+        let dependencies: BTreeSet<&Name> = spec.depends_on.iter().collect();
+        let mut waiting_on = 0u32;
         for dependency in &dependencies {
             let dependency = queue_state
                 .tasks
                 .get_mut(*dependency)
-                .expect("checked above");
+                .expect("checked: dependencies exist");
             if !matches!(dependency.life, Life::Done { .. }) {
-                dependency.dependents.push(task_id.clone());
+                dependency.dependents.push(spec.task_id.clone());
+                waiting_on += 1;
             }
         }
         let sequence = queue_state.next_sequence;
         queue_state.next_sequence += 1;
         let task = Task {
-            payload: payload.to_owned(),
-            priority,
+            payload: spec.payload.clone(),
+            priority: spec.priority,
             depends_on: dependencies.into_iter().cloned().collect(),
             dependents: Vec::new(),
             waiting_on,
-            max_attempts,
-            ready_at_ms: time_ms.saturating_add(delay_ms),
+            max_attempts: spec.max_attempts,
+            ready_at_ms: time_ms.saturating_add(spec.delay_ms),
             sequence,
             enqueued_revision: revision,
             attempt: 0,
             life: Life::Ready,
             note: None,
             last_failure: None,
+            on_dead: spec.on_dead.clone(),
         };
         queue_state.counts.add(TaskState::Ready, 1);
-        queue_state.tasks.insert(task_id.clone(), task);
-        self.make_ready(namespace, queue, task_id);
-        Ok(Reply::TaskEnqueued(
-            self.task_view(namespace, queue, task_id)
-                .expect("just enqueued"),
-        ))
+        queue_state.tasks.insert(spec.task_id.clone(), task);
+        self.make_ready(namespace, queue, &spec.task_id);
+    }
+
+    /// Enqueues the compensations of the tasks that went dead since the last call: run after
+    /// every command and after the time-driven transitions, so each lands in the same apply as
+    /// the death that asked for it (and after all of a transaction's ops). A compensation's id
+    /// is `on-dead-R`, R the revision of the `TaskDead` event, with a suffix if a task already
+    /// took that name; no limit refuses it.
+    pub(super) fn enqueue_compensations(&mut self) {
+        for pending in std::mem::take(&mut self.compensations) {
+            let taken = |machine: &Machine, id: &Name| {
+                machine
+                    .namespaces
+                    .get(&pending.namespace)
+                    .and_then(|state| state.queues.get(&pending.compensation.queue))
+                    .is_some_and(|queue| queue.tasks.contains_key(id))
+            };
+            let base = format!("on-dead-{}", pending.revision);
+            let mut task_id = Name::new("task id", base.clone()).expect("a valid name");
+            let mut suffix = 1u64;
+            while taken(self, &task_id) {
+                suffix += 1;
+                task_id = Name::new("task id", format!("{base}-{suffix}")).expect("a valid name");
+            }
+            let spec = TaskSpec {
+                task_id,
+                payload: pending.compensation.payload.clone(),
+                priority: 0,
+                depends_on: Vec::new(),
+                max_attempts: pending.compensation.max_attempts,
+                delay_ms: 0,
+                on_dead: None,
+            };
+            self.insert_task(&pending.namespace, &pending.compensation.queue, &spec);
+        }
+    }
+
+    /// Removes at most `max` done and dead tasks whose retention has run out, oldest first;
+    /// a queue left empty goes too. Their events stay. Returns how many were removed.
+    pub(super) fn remove_retired_tasks(&mut self, max: usize) -> u64 {
+        let mut removed = 0u64;
+        while (removed as usize) < max {
+            let Some((finished_ms, namespace, queue, task_id)) = self.finished.first().cloned()
+            else {
+                break;
+            };
+            if finished_ms.saturating_add(self.limits.task_retention_ms) > self.time_ms {
+                break;
+            }
+            self.finished.remove(&(
+                finished_ms,
+                namespace.clone(),
+                queue.clone(),
+                task_id.clone(),
+            ));
+            let state = self
+                .namespaces
+                .get_mut(&namespace)
+                .expect("indexed tasks exist");
+            let queue_state = state.queues.get_mut(&queue).expect("indexed tasks exist");
+            let task = queue_state
+                .tasks
+                .remove(&task_id)
+                .expect("indexed tasks exist");
+            queue_state.counts.add(task.state(), -1);
+            if queue_state.tasks.is_empty() {
+                state.queues.remove(&queue);
+            }
+            if state.is_empty() {
+                self.namespaces.remove(&namespace);
+            }
+            removed += 1;
+        }
+        removed
+    }
+
+    /// Whether some finished task's retention has run out: O(1).
+    pub(super) fn retention_due(&self) -> bool {
+        self.finished.first().is_some_and(|(finished_ms, _, _, _)| {
+            finished_ms.saturating_add(self.limits.task_retention_ms) <= self.time_ms
+        })
     }
 
     pub(super) fn claim(
@@ -397,8 +570,15 @@ impl Machine {
             task_id,
             Life::Done {
                 result: result.map(str::to_owned),
+                finished_ms: self.time_ms,
             },
         );
+        self.finished.insert((
+            self.time_ms,
+            namespace.clone(),
+            queue.clone(),
+            task_id.clone(),
+        ));
         let event = EventKind::TaskCompleted {
             queue: queue.clone(),
             task_id: task_id.clone(),
@@ -427,8 +607,7 @@ impl Machine {
         retry: bool,
     ) -> Result<Reply, Rejection> {
         self.check_claim(namespace, queue, task_id, claim)?;
-        let task = &self.namespaces[namespace].queues[queue].tasks[task_id];
-        let retried = retry && task.attempt < task.max_attempts;
+        let retried = self.retries(namespace, queue, task_id, retry);
         let event = EventKind::TaskFailed {
             queue: queue.clone(),
             task_id: task_id.clone(),
@@ -664,8 +843,8 @@ impl Machine {
         task: &Task,
     ) -> TaskView {
         let (result, reason) = match &task.life {
-            Life::Done { result } => (result.clone(), None),
-            Life::Dead { reason } => (None, Some(reason.clone())),
+            Life::Done { result, .. } => (result.clone(), None),
+            Life::Dead { reason, .. } => (None, Some(reason.clone())),
             _ => (None, task.last_failure.clone()),
         };
         let claim = match task.life {
@@ -698,7 +877,7 @@ impl Machine {
     }
 
     /// G4 for tasks: the fence must be the live claim's and the session its holder, now.
-    fn check_claim(
+    pub(super) fn check_claim(
         &self,
         namespace: &Namespace,
         queue: &Name,
@@ -754,6 +933,34 @@ impl Machine {
         }
     }
 
+    /// Whether failing the claimed task `task_id` with `retry` sends it back to ready (rather
+    /// than making it dead).
+    pub(super) fn retries(
+        &self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+        retry: bool,
+    ) -> bool {
+        let task = &self.namespaces[namespace].queues[queue].tasks[task_id];
+        retry && task.attempt < task.max_attempts
+    }
+
+    /// The tasks waiting on `task_id`.
+    pub(super) fn dependents_of(
+        &self,
+        namespace: &Namespace,
+        queue: &Name,
+        task_id: &Name,
+    ) -> Vec<Name> {
+        self.namespaces
+            .get(namespace)
+            .and_then(|state| state.queues.get(queue))
+            .and_then(|queue| queue.tasks.get(task_id))
+            .map(|task| task.dependents.clone())
+            .unwrap_or_default()
+    }
+
     fn queue_mut(&mut self, namespace: &Namespace, queue: &Name) -> &mut QueueState {
         self.namespaces
             .get_mut(namespace)
@@ -805,21 +1012,24 @@ impl Machine {
     }
 
     /// Makes a task dead, and with it every task that can now never run because it depends on
-    /// it, transitively.
+    /// it, transitively. Each one's compensation is queued for `enqueue_compensations`.
     fn kill_task(&mut self, namespace: &Namespace, queue: &Name, task_id: &Name, reason: String) {
+        let finished_ms = self.time_ms;
         let mut doomed = vec![(task_id.clone(), reason)];
         while let Some((id, reason)) = doomed.pop() {
             let task = &self.namespaces[namespace].queues[queue].tasks[&id];
+            let dead = Life::Dead {
+                reason,
+                finished_ms,
+            };
             match task.life {
-                Life::Claimed { .. } => {
-                    self.end_claim(namespace, queue, &id, Life::Dead { reason })
-                }
+                Life::Claimed { .. } => self.end_claim(namespace, queue, &id, dead),
                 Life::Ready => {
                     let queue_state = self.queue_mut(namespace, queue);
                     let task = queue_state.tasks.get_mut(&id).expect("exists");
                     let (priority, sequence, ready_at_ms) =
                         (task.priority, task.sequence, task.ready_at_ms);
-                    task.life = Life::Dead { reason };
+                    task.life = dead;
                     queue_state
                         .ready
                         .remove(&(Reverse(priority), sequence, id.clone()));
@@ -839,21 +1049,28 @@ impl Machine {
                 queue: queue.clone(),
                 task_id: id.clone(),
             };
-            self.events.push(
+            let revision = self.events.push(
                 self.time_ms,
                 namespace,
                 event,
                 self.acting.as_ref(),
                 &self.limits,
             );
-            let dependents = std::mem::take(
-                &mut self
-                    .queue_mut(namespace, queue)
-                    .tasks
-                    .get_mut(&id)
-                    .expect("exists")
-                    .dependents,
-            );
+            self.finished
+                .insert((finished_ms, namespace.clone(), queue.clone(), id.clone()));
+            let task = self
+                .queue_mut(namespace, queue)
+                .tasks
+                .get_mut(&id)
+                .expect("exists");
+            let dependents = std::mem::take(&mut task.dependents);
+            if let Some(compensation) = task.on_dead.clone() {
+                self.compensations.push(PendingCompensation {
+                    namespace: namespace.clone(),
+                    compensation,
+                    revision,
+                });
+            }
             doomed.extend(
                 dependents
                     .into_iter()

@@ -136,8 +136,12 @@ fn render(response: &Response) -> String {
         ),
         Ok(Reply::KvWritten { revision }) => format!("written rev={revision}"),
         Ok(Reply::KvDeleted { revision }) => format!("deleted rev={revision}"),
-        Ok(Reply::Swept { leases, sessions }) => {
-            format!("swept leases={leases} sessions={sessions}")
+        Ok(Reply::Swept {
+            leases,
+            sessions,
+            tasks,
+        }) => {
+            format!("swept leases={leases} sessions={sessions} tasks={tasks}")
         }
         Ok(Reply::LimitsSet) => "limits_set".to_owned(),
         Ok(Reply::TokenCreated(token)) => {
@@ -153,6 +157,13 @@ fn render(response: &Response) -> String {
             )
         }
         Ok(Reply::QueueEmpty) => "empty".to_owned(),
+        Ok(Reply::TxnDone { succeeded, results }) => {
+            let results: Vec<String> = results
+                .iter()
+                .map(|reply| render(&Response::fresh(Ok(reply.clone()))))
+                .collect();
+            format!("txn succeeded={succeeded} [{}]", results.join("; "))
+        }
         Ok(Reply::TaskUpdated(task)) => {
             format!("task {} {:?} attempt={}", task.id, task.state, task.attempt)
         }
@@ -651,16 +662,16 @@ fn sweep_removes_dead_things_in_bounded_batches() {
     assert_eq!(machine.counts(), (4, 8));
     assert_eq!(
         step(&mut machine, 500, Command::Sweep { max: 100 }),
-        "swept leases=0 sessions=0"
+        "swept leases=0 sessions=0 tasks=0"
     );
     assert_eq!(
         step(&mut machine, 1_000, Command::Sweep { max: 4 }),
-        "swept leases=3 sessions=1"
+        "swept leases=3 sessions=1 tasks=0"
     );
     assert_eq!(machine.counts(), (3, 5));
     assert_eq!(
         step(&mut machine, 1_000, Command::Sweep { max: 100 }),
-        "swept leases=4 sessions=2"
+        "swept leases=4 sessions=2 tasks=0"
     );
     assert_eq!(machine.counts(), (1, 1));
     assert!(machine.lease(&namespace(), &path("kept")).is_some());
@@ -1086,61 +1097,11 @@ fn snapshots_round_trip_and_refuse_garbage() {
     assert_eq!(decoded.encode_snapshot().expect("encode"), bytes);
 
     let mut future = bytes.clone();
-    future[4] = 3;
+    future[4] = 4;
     assert!(matches!(
         Machine::decode_snapshot(&future),
-        Err(CodecError::UnsupportedVersion(3))
+        Err(CodecError::UnsupportedVersion(4))
     ));
-    // A version 1 snapshot (written before access control): no tokens, events without `by`.
-    #[derive(serde::Serialize)]
-    struct EventV1<'a> {
-        revision: u64,
-        time_ms: u64,
-        namespace: &'a Namespace,
-        kind: &'a EventKind,
-    }
-    #[derive(serde::Serialize)]
-    struct EventLogV1<'a> {
-        last_revision: u64,
-        window: Vec<EventV1<'a>>,
-    }
-    #[derive(serde::Serialize)]
-    struct SnapshotV1<'a> {
-        limits: &'a Limits,
-        time_ms: u64,
-        fence_counter: u64,
-        namespaces: &'a BTreeMap<Namespace, NamespaceState>,
-        idempotency: &'a IdempotencyTable,
-        events: EventLogV1<'a>,
-    }
-    let body = SnapshotV1 {
-        limits: &machine.limits,
-        time_ms: machine.time_ms,
-        fence_counter: machine.fence_counter,
-        namespaces: &machine.namespaces,
-        idempotency: &machine.idempotency,
-        events: EventLogV1 {
-            last_revision: machine.events.last_revision(),
-            window: machine
-                .events
-                .window()
-                .iter()
-                .map(|event| EventV1 {
-                    revision: event.revision,
-                    time_ms: event.time_ms,
-                    namespace: &event.namespace,
-                    kind: &event.kind,
-                })
-                .collect(),
-        },
-    };
-    let mut version_1 = b"BTNM".to_vec();
-    version_1.extend_from_slice(&1u32.to_le_bytes());
-    version_1.extend(encode_value(&body).unwrap());
-    assert_eq!(
-        Machine::decode_snapshot(&version_1).expect("a version 1 snapshot decodes"),
-        machine
-    );
     assert!(matches!(
         Machine::decode_snapshot(b"nope"),
         Err(CodecError::BadMagic)
@@ -1272,24 +1233,30 @@ fn name(text: &str) -> Name {
 fn enqueue(id: &str, priority: i32, depends_on: &[&str]) -> Op {
     Op::Enqueue {
         queue: name("q"),
-        task_id: name(id),
-        payload: "{}".to_owned(),
-        priority,
-        depends_on: depends_on.iter().map(|id| name(id)).collect(),
-        max_attempts: 3,
-        delay_ms: 0,
+        task: TaskSpec {
+            task_id: name(id),
+            payload: "{}".to_owned(),
+            priority,
+            depends_on: depends_on.iter().map(|id| name(id)).collect(),
+            max_attempts: 3,
+            delay_ms: 0,
+            on_dead: None,
+        },
     }
 }
 
 fn enqueue_with(id: &str, max_attempts: u32, delay_ms: u64) -> Op {
     Op::Enqueue {
         queue: name("q"),
-        task_id: name(id),
-        payload: "{}".to_owned(),
-        priority: 0,
-        depends_on: Vec::new(),
-        max_attempts,
-        delay_ms,
+        task: TaskSpec {
+            task_id: name(id),
+            payload: "{}".to_owned(),
+            priority: 0,
+            depends_on: Vec::new(),
+            max_attempts,
+            delay_ms,
+            on_dead: None,
+        },
     }
 }
 
@@ -1509,12 +1476,15 @@ fn queue_limits_are_refused_and_change_nothing() {
         (
             Op::Enqueue {
                 queue: name("q"),
-                task_id: name("t"),
-                payload: big_payload,
-                priority: 0,
-                depends_on: vec![],
-                max_attempts: 3,
-                delay_ms: 0,
+                task: TaskSpec {
+                    task_id: name("t"),
+                    payload: big_payload,
+                    priority: 0,
+                    depends_on: vec![],
+                    max_attempts: 3,
+                    delay_ms: 0,
+                    on_dead: None,
+                },
             },
             "PAYLOAD_TOO_LARGE",
         ),
@@ -1527,12 +1497,15 @@ fn queue_limits_are_refused_and_change_nothing() {
         (
             Op::Enqueue {
                 queue: name("q"),
-                task_id: name("t"),
-                payload: "1".to_owned(),
-                priority: 0,
-                depends_on: too_many.iter().map(|id| name(id)).collect(),
-                max_attempts: 3,
-                delay_ms: 0,
+                task: TaskSpec {
+                    task_id: name("t"),
+                    payload: "1".to_owned(),
+                    priority: 0,
+                    depends_on: too_many.iter().map(|id| name(id)).collect(),
+                    max_attempts: 3,
+                    delay_ms: 0,
+                    on_dead: None,
+                },
             },
             "INVALID_ARGUMENT",
         ),
@@ -1564,12 +1537,15 @@ fn queue_limits_are_refused_and_change_nothing() {
     let mut machine = with_limits(|limits| limits.queues_per_namespace_max = 1);
     let in_other_queue = Op::Enqueue {
         queue: name("other"),
-        task_id: name("x"),
-        payload: "1".to_owned(),
-        priority: 0,
-        depends_on: vec![],
-        max_attempts: 3,
-        delay_ms: 0,
+        task: TaskSpec {
+            task_id: name("x"),
+            payload: "1".to_owned(),
+            priority: 0,
+            depends_on: vec![],
+            max_attempts: 3,
+            delay_ms: 0,
+            on_dead: None,
+        },
     };
     check_on(
         &mut machine,
@@ -1931,4 +1907,526 @@ fn events_name_the_token_whose_request_made_them() {
             ("expired src/open.rs".to_owned(), None),
         ]
     );
+}
+
+/// Snapshots and log entries written by earlier builds (tests/fixtures, made by the build
+/// before each format change) still decode: version 1 (before access control) and 2 (before
+/// compensations and retention) snapshots, and `V1` batches.
+#[test]
+fn earlier_formats_still_decode() {
+    for bytes in [
+        &include_bytes!("../tests/fixtures/snapshot-v1.bin")[..],
+        &include_bytes!("../tests/fixtures/snapshot-v2.bin")[..],
+    ] {
+        let machine = Machine::decode_snapshot(bytes).expect("an earlier snapshot decodes");
+        assert_eq!(machine.limits().ttl_ms_max, 600_000);
+        assert_eq!(
+            machine.limits().task_retention_ms,
+            Limits::default().task_retention_ms
+        );
+        assert_eq!(machine.limits().txn_ops_max, Limits::default().txn_ops_max);
+        assert!(machine.lease(&namespace(), &path("a")).is_some());
+        assert_eq!(
+            machine
+                .kv_get(&namespace(), &path("k"))
+                .map(|kv| kv.revision),
+            Some(2)
+        );
+        let state = |id: &str| {
+            machine
+                .task(&namespace(), &name("q"), &name(id))
+                .map(|task| task.state)
+        };
+        assert_eq!(state("finished"), Some(TaskState::Done));
+        assert_eq!(state("doomed"), Some(TaskState::Dead));
+        assert_eq!(state("claimed"), Some(TaskState::Claimed));
+        assert_eq!(state("waiting"), Some(TaskState::Waiting));
+        assert_eq!(state("delayed"), Some(TaskState::Waiting));
+        // Finished tasks count as finished when the snapshot was read: retention starts then.
+        let mut later = machine.clone();
+        let retention = later.limits().task_retention_ms;
+        assert_eq!(
+            step(
+                &mut later,
+                1_000 + retention - 1,
+                Command::Sweep { max: 100 }
+            ),
+            "swept leases=1 sessions=1 tasks=0"
+        );
+        assert_eq!(
+            step(&mut later, 1_000 + retention, Command::Sweep { max: 100 }),
+            "swept leases=0 sessions=0 tasks=2"
+        );
+        let left: Vec<String> = later
+            .tasks(&namespace(), &name("q"), None, None, 10)
+            .items
+            .iter()
+            .map(|task| task.id.to_string())
+            .collect();
+        assert_eq!(left, ["claimed", "delayed", "waiting"]);
+        let reencoded = machine.encode_snapshot().expect("encode");
+        assert_eq!(
+            Machine::decode_snapshot(&reencoded).expect("decode"),
+            machine
+        );
+    }
+    let batch =
+        decode_batch(include_bytes!("../tests/fixtures/batch-v1.bin")).expect("a V1 batch decodes");
+    assert_eq!(batch.stamp_ms, 5);
+    assert_eq!(batch.commands.len(), 14);
+    assert!(matches!(
+        &batch.commands[0],
+        Command::SetLimits(limits) if limits.ttl_ms_max == 600_000
+            && limits.txn_ops_max == Limits::default().txn_ops_max
+    ));
+    assert_eq!(batch.commands[6], command(enqueue("t", 2, &["u"])));
+    assert_eq!(batch.commands[13], Command::Sweep { max: 9 });
+    // And a batch written now is V2, which an earlier build would refuse, not misread.
+    assert_eq!(encode_batch(&batch).expect("encode")[0], 1);
+}
+
+// ---- transactions, compensation, retention ----
+
+fn txn(
+    session: Option<u128>,
+    compare: Vec<Compare>,
+    success: Vec<TxnOp>,
+    failure: Vec<TxnOp>,
+) -> Op {
+    Op::Txn(Txn {
+        session_id: session.map(SessionId),
+        compare,
+        success,
+        failure,
+    })
+}
+
+fn txn_put(key: &str, value: &str) -> TxnOp {
+    TxnOp::Put {
+        key: path(key),
+        value: value.to_owned(),
+    }
+}
+
+fn txn_add(id: &str, depends_on: &[&str]) -> TxnOp {
+    let Op::Enqueue { queue, task } = enqueue(id, 0, depends_on) else {
+        unreachable!()
+    };
+    TxnOp::AddTask { queue, task }
+}
+
+fn txn_complete(id: &str, fence: u64) -> TxnOp {
+    TxnOp::CompleteTask {
+        queue: name("q"),
+        task_id: name(id),
+        fence,
+        result: Some("\"ok\"".to_owned()),
+    }
+}
+
+fn txn_fail(id: &str, fence: u64) -> TxnOp {
+    TxnOp::FailTask {
+        queue: name("q"),
+        task_id: name(id),
+        fence,
+        reason: "boom".to_owned(),
+        retry: false,
+    }
+}
+
+/// Applies `op` at the machine's cluster time and asserts it was refused with `expected` and
+/// left the state byte for byte as it was.
+fn refused_unchanged(machine: &mut Machine, op: Op, expected: &str) {
+    let before = machine.encode_snapshot().expect("encode");
+    let time_ms = machine.time_ms();
+    assert_eq!(step(machine, time_ms, command(op)), expected);
+    assert!(
+        machine.encode_snapshot().expect("encode") == before,
+        "{expected}: the state changed"
+    );
+}
+
+#[test]
+fn a_transaction_applies_all_its_ops_or_none() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 10_000), "session expires_in=10000"),
+        (0, create(B, "agent-b", 10_000), "session expires_in=10000"),
+        (0, acquire(A, "repo/a"), "granted fence=1 expires_in=10000"),
+        (0, enqueue("job", 0, &[]), "enqueued job"),
+        (0, claim(A), "claimed job fence=2 attempt=1"),
+    ]);
+    // The outbox: complete my task, enqueue its follow-ups (one waiting on the other), record
+    // the result and release my lease, if my fence is still live.
+    let outbox = txn(
+        Some(A),
+        vec![Compare::Fence {
+            resource: path("repo/a"),
+            fence: 1,
+        }],
+        vec![
+            txn_complete("job", 2),
+            txn_add("next", &[]),
+            txn_add("after-next", &["next"]),
+            txn_put("results/job", "{\"ok\":true}"),
+            TxnOp::Release {
+                resource: path("repo/a"),
+            },
+        ],
+        vec![],
+    );
+    assert_eq!(
+        step(&mut machine, 1, command(outbox)),
+        "txn succeeded=true [task job Done attempt=1; enqueued next; enqueued after-next; written rev=7; released fence=1]"
+    );
+    let state = |machine: &Machine, id: &str| {
+        machine
+            .task(&namespace(), &name("q"), &name(id))
+            .map(|task| task.state)
+    };
+    assert_eq!(state(&machine, "after-next"), Some(TaskState::Waiting));
+    assert!(machine.lease(&namespace(), &path("repo/a")).is_none());
+
+    // A compare that fails runs the failure ops instead.
+    let guarded = txn(
+        None,
+        vec![Compare::KvRevision {
+            key: path("results/job"),
+            revision: 0,
+        }],
+        vec![txn_put("results/job", "1")],
+        vec![txn_put("conflicts/job", "1")],
+    );
+    assert_eq!(
+        step(&mut machine, 2, command(guarded)),
+        "txn succeeded=false [written rev=9]"
+    );
+    assert!(machine
+        .kv_get(&namespace(), &path("conflicts/job"))
+        .is_some());
+
+    // An op that would be refused refuses the whole transaction: nothing changes, not even
+    // the ops before it.
+    step(&mut machine, 3, command(acquire(A, "repo/b")));
+    step(&mut machine, 3, command(claim(A)));
+    let cases = [
+        (
+            txn(
+                Some(A),
+                vec![],
+                vec![
+                    txn_put("x", "1"),
+                    TxnOp::Release {
+                        resource: path("repo/a"),
+                    },
+                ],
+                vec![],
+            ),
+            "LEASE_LOST",
+        ),
+        (
+            txn(
+                Some(B),
+                vec![],
+                vec![txn_put("x", "1"), txn_complete("next", 4)],
+                vec![],
+            ),
+            "STALE_FENCE current=4",
+        ),
+        (
+            txn(
+                Some(A),
+                vec![],
+                vec![txn_put("x", "1"), txn_complete("next", 3)],
+                vec![],
+            ),
+            "STALE_FENCE current=4",
+        ),
+        (
+            txn(
+                None,
+                vec![],
+                vec![txn_put("x", "1"), txn_put("x", "2")],
+                vec![],
+            ),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            txn(
+                None,
+                vec![],
+                vec![
+                    txn_put("x", "1"),
+                    TxnOp::Delete {
+                        key: path("nothing"),
+                    },
+                ],
+                vec![],
+            ),
+            "NOT_FOUND",
+        ),
+        (
+            txn(
+                None,
+                vec![],
+                vec![txn_add("y", &[]), txn_add("y", &[])],
+                vec![],
+            ),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            txn(None, vec![], vec![txn_add("job", &[])], vec![]),
+            "INVALID_ARGUMENT",
+        ),
+        // A task may not depend on one this transaction makes dead, or on its dependents.
+        (
+            txn(
+                Some(A),
+                vec![],
+                vec![
+                    txn_add("z", &["next"]),
+                    txn_fail("next", 4),
+                    txn_add("w", &["z"]),
+                ],
+                vec![],
+            ),
+            "INVALID_ARGUMENT",
+        ),
+        // Fenced parts need the transaction's session; bounds are the limits'.
+        (
+            txn(None, vec![], vec![txn_complete("next", 4)], vec![]),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            txn(
+                None,
+                vec![Compare::Fence {
+                    resource: path("repo/b"),
+                    fence: 3,
+                }],
+                vec![],
+                vec![],
+            ),
+            "INVALID_ARGUMENT",
+        ),
+        (
+            txn(
+                None,
+                vec![],
+                (0..65).map(|n| txn_put(&format!("k/{n}"), "1")).collect(),
+                vec![],
+            ),
+            "INVALID_ARGUMENT",
+        ),
+    ];
+    for (op, expected) in cases {
+        refused_unchanged(&mut machine, op, expected);
+    }
+    // Failing and adding in one transaction works when nothing depends on the dead task; its
+    // dependents die with it.
+    assert_eq!(
+        step(
+            &mut machine,
+            5,
+            command(txn(
+                Some(A),
+                vec![],
+                vec![
+                    txn_add("z", &["next"]),
+                    txn_fail("next", 4),
+                    txn_add("w", &[])
+                ],
+                vec![],
+            ))
+        ),
+        "txn succeeded=true [enqueued z; task next Dead attempt=1; enqueued w]"
+    );
+    assert_eq!(state(&machine, "z"), Some(TaskState::Dead));
+    assert_eq!(state(&machine, "after-next"), Some(TaskState::Dead));
+}
+
+#[test]
+fn a_full_namespace_counts_the_keys_a_transaction_deletes() {
+    let mut machine = with_limits(|limits| limits.kv_keys_per_namespace_max = 2);
+    step(&mut machine, 0, command(put("a", "1", None)));
+    step(&mut machine, 0, command(put("b", "1", None)));
+    refused_unchanged(
+        &mut machine,
+        txn(None, vec![], vec![txn_put("c", "1")], vec![]),
+        "RESOURCE_EXHAUSTED",
+    );
+    assert_eq!(
+        step(
+            &mut machine,
+            0,
+            command(txn(
+                None,
+                vec![],
+                vec![TxnOp::Delete { key: path("a") }, txn_put("c", "1")],
+                vec![]
+            ))
+        ),
+        "txn succeeded=true [deleted rev=3; written rev=4]"
+    );
+}
+
+fn enqueue_compensated(id: &str, max_attempts: u32, depends_on: &[&str]) -> Op {
+    let Op::Enqueue { queue, mut task } = enqueue(id, 0, depends_on) else {
+        unreachable!()
+    };
+    task.max_attempts = max_attempts;
+    task.on_dead = Some(Compensation {
+        queue: name("undo"),
+        payload: format!("{{\"undo\":\"{id}\"}}"),
+        max_attempts: 3,
+    });
+    Op::Enqueue { queue, task }
+}
+
+#[test]
+fn a_dead_task_enqueues_its_compensation_once() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, enqueue_compensated("charge", 1, &[]), "enqueued charge"),
+        (
+            0,
+            enqueue_compensated("ship", 1, &["charge"]),
+            "enqueued ship",
+        ),
+        (0, enqueue_compensated("lapse", 1, &[]), "enqueued lapse"),
+        (0, claim(A), "claimed charge fence=1 attempt=1"),
+        // The failed step and its dependent each leave their undo, in the same apply.
+        (0, fail("charge", A, 1, false), "task charge Dead attempt=1"),
+    ]);
+    let undo = |machine: &Machine| -> Vec<(String, String)> {
+        machine
+            .tasks(&namespace(), &name("undo"), None, None, 100)
+            .items
+            .into_iter()
+            .map(|task| (task.id.to_string(), task.payload))
+            .collect()
+    };
+    assert_eq!(
+        undo(&machine),
+        [
+            ("on-dead-6".to_owned(), "{\"undo\":\"charge\"}".to_owned()),
+            ("on-dead-7".to_owned(), "{\"undo\":\"ship\"}".to_owned()),
+        ]
+    );
+    // A claim that lapses on the last attempt compensates too, at the entry that sees it.
+    step(&mut machine, 0, command(claim(A)));
+    step(&mut machine, 1_000, command(keepalive(B)));
+    assert_eq!(undo(&machine).len(), 3);
+    assert!(undo(&machine)
+        .iter()
+        .any(|(_, payload)| payload == "{\"undo\":\"lapse\"}"));
+    // Once: nothing later adds another.
+    step(&mut machine, 5_000, Command::Sweep { max: 100 });
+    assert_eq!(undo(&machine).len(), 3);
+    // A compensation's queue name is checked like any queue's.
+    let Op::Enqueue { queue, mut task } = enqueue_compensated("bad", 1, &[]) else {
+        unreachable!()
+    };
+    task.on_dead.as_mut().unwrap().queue = Name::new("queue", "q".repeat(129)).unwrap();
+    refused_unchanged(
+        &mut machine,
+        Op::Enqueue { queue, task },
+        "INVALID_ARGUMENT",
+    );
+}
+
+#[test]
+fn finished_tasks_are_removed_after_their_retention() {
+    let mut machine = with_limits(|limits| limits.task_retention_ms = 10_000);
+    let steps: Vec<(u64, Op, &str)> = vec![
+        (0, create(A, "agent-a", 60_000), "session expires_in=60000"),
+        (0, enqueue("a", 1, &[]), "enqueued a"),
+        (0, enqueue("b", 0, &[]), "enqueued b"),
+        (0, enqueue("c", 0, &["a"]), "enqueued c"),
+        (0, claim(A), "claimed a fence=1 attempt=1"),
+        (0, complete("a", A, 1), "task a Done attempt=1"),
+        (1_000, claim(A), "claimed b fence=2 attempt=1"),
+        (1_000, fail("b", A, 2, false), "task b Dead attempt=1"),
+    ];
+    check_on(&mut machine, steps);
+    let revision = machine.revision();
+    assert!(!machine.sweep_due());
+    assert_eq!(
+        step(&mut machine, 9_999, Command::Sweep { max: 100 }),
+        "swept leases=0 sessions=0 tasks=0"
+    );
+    step(&mut machine, 10_000, command(keepalive(A)));
+    assert!(machine.sweep_due());
+    assert_eq!(
+        step(&mut machine, 10_000, Command::Sweep { max: 100 }),
+        "swept leases=0 sessions=0 tasks=1"
+    );
+    let ids = |machine: &Machine| -> Vec<String> {
+        machine
+            .tasks(&namespace(), &name("q"), None, None, 100)
+            .items
+            .iter()
+            .map(|task| task.id.to_string())
+            .collect()
+    };
+    assert_eq!(ids(&machine), ["b", "c"]);
+    // The dependent of the removed task is unaffected: its dependency was done.
+    assert_eq!(
+        machine
+            .task(&namespace(), &name("q"), &name("c"))
+            .map(|task| task.state),
+        Some(TaskState::Ready)
+    );
+    assert_eq!(machine.queue_counts(&namespace(), &name("q")).done, 0);
+    assert_eq!(
+        step(&mut machine, 11_000, Command::Sweep { max: 100 }),
+        "swept leases=0 sessions=0 tasks=1"
+    );
+    assert_eq!(ids(&machine), ["c"]);
+    // Their events stay.
+    let events = machine.events_after(0, 100).expect("in the window");
+    assert!(events
+        .iter()
+        .any(|event| matches!(&event.kind, EventKind::TaskCompleted { task_id, .. } if task_id.as_str() == "a")));
+    // Removal is clean-up, not a change anyone waits for: no event.
+    assert_eq!(machine.revision(), revision);
+}
+
+#[test]
+fn retention_removal_is_bounded_per_sweep() {
+    let mut machine = with_limits(|limits| {
+        limits.task_retention_ms = 1_000;
+        limits.sweep_batch_max = 2;
+    });
+    step(&mut machine, 0, command(create(A, "agent-a", 60_000)));
+    for n in 0..5 {
+        step(&mut machine, 0, command(enqueue(&format!("t{n}"), 0, &[])));
+        let claimed = step(&mut machine, 0, command(claim(A)));
+        let fence: u64 = claimed
+            .split("fence=")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|fence| fence.parse().ok())
+            .expect("a fence");
+        step(
+            &mut machine,
+            0,
+            command(complete(&format!("t{n}"), A, fence)),
+        );
+    }
+    let sweeps: Vec<String> = (0..4)
+        .map(|_| step(&mut machine, 1_000, Command::Sweep { max: 100 }))
+        .collect();
+    assert_eq!(
+        sweeps,
+        [
+            "swept leases=0 sessions=0 tasks=2",
+            "swept leases=0 sessions=0 tasks=2",
+            "swept leases=0 sessions=0 tasks=1",
+            "swept leases=0 sessions=0 tasks=0",
+        ]
+    );
+    assert!(machine
+        .tasks(&namespace(), &name("q"), None, None, 100)
+        .items
+        .is_empty());
 }

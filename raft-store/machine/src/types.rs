@@ -43,6 +43,10 @@ pub struct Limits {
     pub idempotency_keys_max: usize,
     pub events_kept_max: usize,
     pub sweep_batch_max: usize,
+    /// Done and dead tasks are removed this long after they finished.
+    pub task_retention_ms: u64,
+    /// Compares, and ops, in one transaction.
+    pub txn_ops_max: usize,
 }
 
 impl Default for Limits {
@@ -76,6 +80,8 @@ impl Default for Limits {
             idempotency_keys_max: 1_000_000,
             events_kept_max: 100_000,
             sweep_batch_max: 1_000,
+            task_retention_ms: 7 * 24 * 60 * 60 * 1_000,
+            txn_ops_max: 64,
         }
     }
 }
@@ -91,6 +97,7 @@ impl Limits {
             ("max_hold_ms_max", self.max_hold_ms_max),
             ("task_delay_ms_max", self.task_delay_ms_max),
             ("idempotency_ttl_ms", self.idempotency_ttl_ms),
+            ("task_retention_ms", self.task_retention_ms),
         ];
         let counts = [
             ("path_bytes_max", self.path_bytes_max as u64),
@@ -131,6 +138,7 @@ impl Limits {
             ("idempotency_keys_max", self.idempotency_keys_max as u64),
             ("events_kept_max", self.events_kept_max as u64),
             ("sweep_batch_max", self.sweep_batch_max as u64),
+            ("txn_ops_max", self.txn_ops_max as u64),
         ];
         // Zero is a usable setting for these (no labels, no dependencies, no delays).
         let may_be_zero = ["labels_max", "task_dependencies_max", "task_delay_ms_max"];

@@ -14,9 +14,10 @@
 mod common;
 
 use baton_machine::{
-    Batch, Command, Event, EventKind, Grant, IdempotencyTag, Labels, LeaseMode, LeaseView, Limits,
-    Machine, Name, Namespace, NewSession, Op, Owner, Reply, ResourceFence, ResourcePath, Response,
-    SessionId, SessionView, TaskClaimed, TaskCounts, TaskFence, TaskState, TaskView,
+    Batch, Command, Compare, Event, EventKind, Grant, IdempotencyTag, Labels, LeaseMode, LeaseView,
+    Limits, Machine, Name, Namespace, NewSession, Op, Owner, Reply, ResourceFence, ResourcePath,
+    Response, SessionId, SessionView, TaskClaimed, TaskCounts, TaskFence, TaskSpec, TaskState,
+    TaskView, Txn, TxnOp,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -196,7 +197,7 @@ enum Mutant {
     ClaimsAreFree,
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Model {
     /// `None` for the faithful model.
     mutant: Option<Mutant>,
@@ -277,7 +278,14 @@ impl Model {
             }
             Command::Sweep { max } => {
                 let (leases, sessions) = self.sweep(*max as usize);
-                normalize_model(&Ok(Reply::Swept { leases, sessions }), false)
+                normalize_model(
+                    &Ok(Reply::Swept {
+                        leases,
+                        sessions,
+                        tasks: 0,
+                    }),
+                    false,
+                )
             }
             Command::SetLimits(limits) => {
                 self.limits = limits.clone();
@@ -488,12 +496,16 @@ impl Model {
             }
             Op::Enqueue {
                 queue,
-                task_id,
-                payload,
-                priority,
-                depends_on,
-                max_attempts,
-                delay_ms,
+                task:
+                    TaskSpec {
+                        task_id,
+                        payload,
+                        priority,
+                        depends_on,
+                        max_attempts,
+                        delay_ms,
+                        on_dead: _,
+                    },
             } => self.enqueue(
                 namespace,
                 queue,
@@ -597,7 +609,209 @@ impl Model {
                 );
                 Ok(Reply::TaskUpdated(self.task_view(index)))
             }
+            Op::Txn(txn) => self.txn(namespace, txn),
         }
+    }
+
+    /// The naive transaction: admission of the whole transaction (its sizes, the session a
+    /// fenced part needs, every op's shape), then the compares, then each op of the chosen list
+    /// applied as the single operation it stands for, on a copy of the model kept only if all
+    /// succeed. An op naming a key, a resource or a task an earlier op named is refused.
+    fn txn(&mut self, namespace: &Namespace, txn: &Txn) -> Result<Reply, Refusal> {
+        let all_ops = || txn.success.iter().chain(&txn.failure);
+        if txn.compare.len() > self.limits.txn_ops_max
+            || all_ops().count() > self.limits.txn_ops_max
+        {
+            return Err(Refusal::Invalid);
+        }
+        for compare in &txn.compare {
+            match compare {
+                Compare::Fence { resource: path, .. } | Compare::KvRevision { key: path, .. } => {
+                    self.check_path(path)?
+                }
+            }
+        }
+        let fenced = txn
+            .compare
+            .iter()
+            .any(|compare| matches!(compare, Compare::Fence { .. }))
+            || all_ops().any(|op| {
+                matches!(
+                    op,
+                    TxnOp::Release { .. } | TxnOp::CompleteTask { .. } | TxnOp::FailTask { .. }
+                )
+            });
+        if fenced && txn.session_id.is_none() {
+            return Err(Refusal::Invalid);
+        }
+        for op in all_ops() {
+            self.check_txn_op_shape(op)?;
+        }
+        let session_id = txn.session_id.unwrap_or(SessionId(0));
+        let succeeded = txn.compare.iter().all(|compare| match compare {
+            Compare::Fence { resource, fence } => self
+                .check_fence(
+                    namespace,
+                    Some(&ResourceFence {
+                        resource: resource.clone(),
+                        fence: *fence,
+                        session_id,
+                    }),
+                )
+                .is_ok(),
+            Compare::KvRevision { key, revision } => {
+                self.value_revision(namespace, key).unwrap_or(0) == *revision
+            }
+        });
+        let ops = if succeeded {
+            &txn.success
+        } else {
+            &txn.failure
+        };
+        let before = self.clone();
+        let mut named: Vec<String> = Vec::new();
+        let mut results = Vec::new();
+        for op in ops {
+            let (thing, single) = match op {
+                TxnOp::Put { key, value } => (
+                    format!("key {key}"),
+                    Op::KvPut {
+                        key: key.clone(),
+                        value: value.clone(),
+                        fence: None,
+                    },
+                ),
+                TxnOp::Delete { key } => (
+                    format!("key {key}"),
+                    Op::KvDelete {
+                        key: key.clone(),
+                        fence: None,
+                    },
+                ),
+                TxnOp::Release { resource } => (
+                    format!("resource {resource}"),
+                    Op::Release {
+                        session_id,
+                        resource: resource.clone(),
+                    },
+                ),
+                TxnOp::AddTask { queue, task } => (
+                    format!("task {queue}/{}", task.task_id),
+                    Op::Enqueue {
+                        queue: queue.clone(),
+                        task: task.clone(),
+                    },
+                ),
+                TxnOp::CompleteTask {
+                    queue,
+                    task_id,
+                    fence,
+                    result,
+                } => (
+                    format!("task {queue}/{task_id}"),
+                    Op::Complete {
+                        queue: queue.clone(),
+                        task_id: task_id.clone(),
+                        claim: TaskFence {
+                            session_id,
+                            fence: *fence,
+                        },
+                        result: result.clone(),
+                    },
+                ),
+                TxnOp::FailTask {
+                    queue,
+                    task_id,
+                    fence,
+                    reason,
+                    retry,
+                } => (
+                    format!("task {queue}/{task_id}"),
+                    Op::Fail {
+                        queue: queue.clone(),
+                        task_id: task_id.clone(),
+                        claim: TaskFence {
+                            session_id,
+                            fence: *fence,
+                        },
+                        reason: reason.clone(),
+                        retry: *retry,
+                    },
+                ),
+            };
+            let outcome = if named.contains(&thing) {
+                Err(Refusal::Invalid)
+            } else {
+                named.push(thing);
+                self.op(namespace, &single)
+            };
+            match outcome {
+                Ok(reply) => results.push(reply),
+                Err(refusal) => {
+                    *self = before;
+                    return Err(refusal);
+                }
+            }
+        }
+        Ok(Reply::TxnDone { succeeded, results })
+    }
+
+    /// The shape checks of one transaction op, in the order the single operation makes them.
+    fn check_txn_op_shape(&self, op: &TxnOp) -> Result<(), Refusal> {
+        match op {
+            TxnOp::Put { key, value } => {
+                self.check_path(key)?;
+                if value.len() > self.limits.kv_value_bytes_max {
+                    return Err(Refusal::PayloadTooLarge);
+                }
+            }
+            TxnOp::Delete { key } => self.check_path(key)?,
+            TxnOp::Release { resource } => self.check_path(resource)?,
+            TxnOp::AddTask { queue, task } => {
+                self.check_name(queue)?;
+                self.check_name(&task.task_id)?;
+                if task.payload.len() > self.limits.task_payload_bytes_max {
+                    return Err(Refusal::PayloadTooLarge);
+                }
+                if task.max_attempts == 0 || task.max_attempts > self.limits.task_attempts_max {
+                    return Err(Refusal::Invalid);
+                }
+                if task.delay_ms > self.limits.task_delay_ms_max
+                    || task.depends_on.len() > self.limits.task_dependencies_max
+                {
+                    return Err(Refusal::Invalid);
+                }
+                for dependency in &task.depends_on {
+                    self.check_name(dependency)?;
+                }
+            }
+            TxnOp::CompleteTask {
+                queue,
+                task_id,
+                result,
+                ..
+            } => {
+                self.check_name(queue)?;
+                self.check_name(task_id)?;
+                if result
+                    .as_ref()
+                    .is_some_and(|result| result.len() > self.limits.task_payload_bytes_max)
+                {
+                    return Err(Refusal::PayloadTooLarge);
+                }
+            }
+            TxnOp::FailTask {
+                queue,
+                task_id,
+                reason,
+                ..
+            } => {
+                self.check_name(queue)?;
+                self.check_name(task_id)?;
+                self.check_text(reason)?;
+            }
+        }
+        Ok(())
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -1753,12 +1967,15 @@ fn comparison_catches_a_wrong_queue_model() {
                    delay_ms: u64| {
         on(Op::Enqueue {
             queue: common::name(queue),
-            task_id: common::name(id),
-            payload: "{}".to_owned(),
-            priority,
-            depends_on: depends_on.iter().map(|id| common::name(id)).collect(),
-            max_attempts,
-            delay_ms,
+            task: TaskSpec {
+                task_id: common::name(id),
+                payload: "{}".to_owned(),
+                priority,
+                depends_on: depends_on.iter().map(|id| common::name(id)).collect(),
+                max_attempts,
+                delay_ms,
+                on_dead: None,
+            },
         })
     };
     let claim = |queue: &str, owner: Owner| Op::Claim {

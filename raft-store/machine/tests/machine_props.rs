@@ -7,7 +7,8 @@ mod common;
 
 use baton_machine::{
     decode_batch, encode_batch, validate_idempotency_key, Batch, Command, EventKind, Limits,
-    Machine, Name, Namespace, Op, Owner, Reply, ResourcePath, Response, SessionId, TaskState,
+    Machine, Name, Namespace, Op, Owner, Reply, ResourcePath, Response, SessionId, TaskSpec,
+    TaskState,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -441,11 +442,14 @@ fn outcome_names(
             let detail = match op {
                 Op::Enqueue {
                     queue,
-                    task_id,
-                    depends_on,
-                    max_attempts,
-                    delay_ms,
-                    ..
+                    task:
+                        TaskSpec {
+                            task_id,
+                            depends_on,
+                            max_attempts,
+                            delay_ms,
+                            ..
+                        },
                 } if code == "INVALID_ARGUMENT" => {
                     let dependency = |id: &Name| before.task(namespace, queue, id);
                     if !valid(queue) || !valid(task_id) || !depends_on.iter().all(valid) {
@@ -585,6 +589,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::TokenCreated(_) => "TokenCreated",
         Reply::TokenRevoked { .. } => "TokenRevoked",
         Reply::TokenBootstrapped { .. } => "TokenBootstrapped",
+        Reply::TxnDone { .. } => "TxnDone",
     }
 }
 
@@ -661,30 +666,39 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             }),
             on(Op::Enqueue {
                 queue: common::name("q1"),
-                task_id: common::name("t0"),
-                payload: "{}".to_owned(),
-                priority: 2,
-                depends_on: Vec::new(),
-                max_attempts: 3,
-                delay_ms: 0,
+                task: TaskSpec {
+                    task_id: common::name("t0"),
+                    payload: "{}".to_owned(),
+                    priority: 2,
+                    depends_on: Vec::new(),
+                    max_attempts: 3,
+                    delay_ms: 0,
+                    on_dead: None,
+                },
             }),
             on(Op::Enqueue {
                 queue: common::name("q1"),
-                task_id: common::name("t1"),
-                payload: "1".to_owned(),
-                priority: -1,
-                depends_on: vec![common::name("t0")],
-                max_attempts: 2,
-                delay_ms: 300,
+                task: TaskSpec {
+                    task_id: common::name("t1"),
+                    payload: "1".to_owned(),
+                    priority: -1,
+                    depends_on: vec![common::name("t0")],
+                    max_attempts: 2,
+                    delay_ms: 300,
+                    on_dead: None,
+                },
             }),
             on(Op::Enqueue {
                 queue: common::name("q1"),
-                task_id: common::name("t2"),
-                payload: "1".to_owned(),
-                priority: 0,
-                depends_on: Vec::new(),
-                max_attempts: 1,
-                delay_ms: 2_000,
+                task: TaskSpec {
+                    task_id: common::name("t2"),
+                    payload: "1".to_owned(),
+                    priority: 0,
+                    depends_on: Vec::new(),
+                    max_attempts: 1,
+                    delay_ms: 2_000,
+                    on_dead: None,
+                },
             }),
             on(Op::Claim {
                 queue: common::name("q1"),
@@ -720,12 +734,15 @@ fn real_encodings() -> (Vec<u8>, Vec<u8>) {
             }),
             on(Op::Enqueue {
                 queue: common::name("q2"),
-                task_id: common::name("t0"),
-                payload: "{}".to_owned(),
-                priority: 0,
-                depends_on: Vec::new(),
-                max_attempts: 3,
-                delay_ms: 0,
+                task: TaskSpec {
+                    task_id: common::name("t0"),
+                    payload: "{}".to_owned(),
+                    priority: 0,
+                    depends_on: Vec::new(),
+                    max_attempts: 3,
+                    delay_ms: 0,
+                    on_dead: None,
+                },
             }),
             on(Op::Claim {
                 queue: common::name("q2"),
@@ -823,7 +840,7 @@ fn decode_refuses_every_truncation_and_version_bump() {
     longer.push(0);
     assert!(Machine::decode_snapshot(&longer).is_err());
     // A batch from a future format: the version is the enum's variant index, the first byte.
-    for version in [1u8, 2, 250] {
+    for version in [2u8, 3, 250] {
         let mut bumped = batch_bytes.clone();
         bumped[0] = version;
         assert!(
@@ -832,7 +849,7 @@ fn decode_refuses_every_truncation_and_version_bump() {
         );
     }
     // A snapshot from another format version, or with a bad magic.
-    for version in [0u32, 3, u32::MAX] {
+    for version in [0u32, 4, u32::MAX] {
         let mut bumped = snapshot_bytes.clone();
         bumped[4..8].copy_from_slice(&version.to_le_bytes());
         assert!(

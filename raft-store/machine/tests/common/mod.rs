@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use baton_machine::{
     Batch, Command, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Name, Namespace,
     NewSession, Op, Owner, Reply, ResourceFence, ResourcePath, Response, SessionId, TaskFence,
-    TaskState,
+    TaskSpec, TaskState,
 };
 use proptest::prelude::*;
 
@@ -407,23 +407,25 @@ impl AbstractCommand {
                         delay_ms,
                     } => Op::Enqueue {
                         queue: queue.clone(),
-                        task_id: task_id.resolve_in(machine, &namespace, queue),
-                        payload: payload.clone(),
-                        priority: *priority,
-                        // An existing task of an empty queue is no dependency at all.
-                        depends_on: depends_on
-                            .iter()
-                            .filter(|choice| {
-                                !matches!(choice, TaskChoice::Existing(_))
-                                    || !machine
-                                        .tasks(&namespace, queue, None, None, 1)
-                                        .items
-                                        .is_empty()
-                            })
-                            .map(|choice| choice.resolve_in(machine, &namespace, queue))
-                            .collect(),
-                        max_attempts: *max_attempts,
-                        delay_ms: *delay_ms,
+                        task: TaskSpec {
+                            task_id: task_id.resolve_in(machine, &namespace, queue),
+                            payload: payload.clone(),
+                            priority: *priority, // An existing task of an empty queue is no dependency at all.
+                            depends_on: depends_on
+                                .iter()
+                                .filter(|choice| {
+                                    !matches!(choice, TaskChoice::Existing(_))
+                                        || !machine
+                                            .tasks(&namespace, queue, None, None, 1)
+                                            .items
+                                            .is_empty()
+                                })
+                                .map(|choice| choice.resolve_in(machine, &namespace, queue))
+                                .collect(),
+                            max_attempts: *max_attempts,
+                            delay_ms: *delay_ms,
+                            on_dead: None,
+                        },
                     },
                     AbstractOp::Claim {
                         queue,
