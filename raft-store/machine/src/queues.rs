@@ -225,6 +225,16 @@ impl QueueState {
     /// Checks counts, the ready index and dependency bookkeeping.
     pub(super) fn check(&self, queue: &Name, time_ms: u64) -> Result<(), String> {
         let mut counts = TaskCounts::default();
+        // How many tasks list each task among their dependents.
+        let mut listed: BTreeMap<&Name, usize> = BTreeMap::new();
+        for dependent in self.tasks.values().flat_map(|task| &task.dependents) {
+            if !self.tasks.contains_key(dependent) {
+                return Err(format!(
+                    "queue {queue} lists a missing dependent {dependent}"
+                ));
+            }
+            *listed.entry(dependent).or_default() += 1;
+        }
         for (id, task) in &self.tasks {
             counts.add(task.state(), 1);
             let indexed = self
@@ -236,19 +246,10 @@ impl QueueState {
                     if indexed { "" } else { "not " }
                 ));
             }
-            let waiting = task
-                .depends_on
-                .iter()
-                .filter(|dependency| {
-                    // Retention removes only done and dead tasks, and a dead dependency kills
-                    // its dependents: one no longer here was done.
-                    self.tasks
-                        .get(*dependency)
-                        .is_some_and(|task| !matches!(task.life, Life::Done { .. }))
-                })
-                .count();
-            // A finished task's count no longer matters (and retention may have removed a
-            // dead dependency before it).
+            // A task waits on exactly the tasks that list it among their dependents (not on
+            // names: retention may remove a done dependency and a new task take its id). A
+            // finished task's count no longer matters.
+            let waiting = listed.get(id).copied().unwrap_or(0);
             if task.finished_ms().is_none() && waiting != task.waiting_on as usize {
                 return Err(format!(
                     "task {queue}/{id} waits on {} but counts {}",
@@ -458,6 +459,15 @@ impl Machine {
                 .remove(&task_id)
                 .expect("indexed tasks exist");
             queue_state.counts.add(task.state(), -1);
+            // A task that died through one dependency is still listed by its others: forget
+            // it there, or a later task taking its id would be woken or killed in its place.
+            for dependency in &task.depends_on {
+                if let Some(dependency) = queue_state.tasks.get_mut(dependency) {
+                    dependency
+                        .dependents
+                        .retain(|dependent| *dependent != task_id);
+                }
+            }
             if queue_state.tasks.is_empty() {
                 state.queues.remove(&queue);
             }
@@ -867,7 +877,12 @@ impl Machine {
             attempt: task.attempt,
             max_attempts: task.max_attempts,
             ready_at_ms: task.ready_at_ms,
-            waiting_on: task.waiting_on,
+            // A finished task waits on nothing.
+            waiting_on: if task.finished_ms().is_some() {
+                0
+            } else {
+                task.waiting_on
+            },
             note: task.note.clone(),
             result,
             reason,

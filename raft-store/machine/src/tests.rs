@@ -2430,3 +2430,31 @@ fn retention_removal_is_bounded_per_sweep() {
         .items
         .is_empty());
 }
+
+/// A task that died through one dependency stays listed by its others; once retention removed
+/// it and a new task took its id, completing (or killing) that other dependency must not
+/// touch the newcomer.
+#[test]
+fn a_retired_task_id_taken_again_is_a_new_task() {
+    let mut machine = with_limits(|limits| limits.task_retention_ms = 1_000);
+    let steps: Vec<(u64, Op, &str)> = vec![
+        (0, create(A, "agent-a", 60_000), "session expires_in=60000"),
+        (0, enqueue("t", 0, &[]), "enqueued t"),
+        (0, enqueue("u", 1, &[]), "enqueued u"),
+        (0, enqueue("w", 0, &["t", "u"]), "enqueued w"),
+        (0, claim(A), "claimed u fence=1 attempt=1"),
+        (0, fail("u", A, 1, false), "task u Dead attempt=1"),
+    ];
+    check_on(&mut machine, steps);
+    assert_eq!(
+        step(&mut machine, 1_000, Command::Sweep { max: 100 }),
+        "swept leases=0 sessions=0 tasks=2"
+    );
+    let steps: Vec<(u64, Op, &str)> = vec![
+        (1_000, enqueue("w", 0, &[]), "enqueued w"),
+        (1_000, claim(A), "claimed t fence=2 attempt=1"),
+        (1_000, complete("t", A, 2), "task t Done attempt=1"),
+        (1_000, claim(A), "claimed w fence=3 attempt=1"),
+    ];
+    check_on(&mut machine, steps);
+}

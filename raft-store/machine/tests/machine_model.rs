@@ -72,6 +72,9 @@ struct ModelTask {
     priority: i32,
     /// Sorted, without repeats.
     depends_on: Vec<Name>,
+    /// The `order` of each dependency as it was at enqueue: an id taken again after
+    /// retention removed its task names another task.
+    depends_on_orders: Vec<u64>,
     max_attempts: u32,
     /// Enqueue time plus delay.
     ready_at_ms: u64,
@@ -84,6 +87,8 @@ struct ModelTask {
     /// The reason of the last failure that sent the task back to ready, shown as the view's
     /// `reason` until the task is done or dead.
     last_failure: Option<String>,
+    /// When it became done or dead: retention counts from it.
+    finished_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -210,8 +215,9 @@ struct Model {
     sessions: Vec<ModelSession>,
     leases: Vec<ModelLease>,
     values: Vec<ModelValue>,
-    /// In enqueue order; never removed.
+    /// In enqueue order; done and dead ones are removed after their retention.
     tasks: Vec<ModelTask>,
+    next_order: u64,
     /// Oldest first.
     records: Vec<ModelRecord>,
 }
@@ -247,6 +253,7 @@ impl Model {
             leases: Vec::new(),
             values: Vec::new(),
             tasks: Vec::new(),
+            next_order: 0,
             records: Vec::new(),
         }
     }
@@ -277,12 +284,12 @@ impl Model {
                 unreachable!("the generated commands hold no access control (see tests.rs)")
             }
             Command::Sweep { max } => {
-                let (leases, sessions) = self.sweep(*max as usize);
+                let (leases, sessions, tasks) = self.sweep(*max as usize);
                 normalize_model(
                     &Ok(Reply::Swept {
                         leases,
                         sessions,
-                        tasks: 0,
+                        tasks,
                     }),
                     false,
                 )
@@ -534,6 +541,7 @@ impl Model {
                     return Err(Refusal::PayloadTooLarge);
                 }
                 let index = self.check_task_claim(namespace, queue, task_id, claim)?;
+                self.tasks[index].finished_ms = Some(self.time_ms);
                 self.tasks[index].life = ModelLife::Done {
                     result: result.clone(),
                 };
@@ -886,7 +894,17 @@ impl Model {
                 task_id: task_id.clone(),
             },
         );
-        let order = self.tasks.len() as u64;
+        let order = self.next_order;
+        self.next_order += 1;
+        let depends_on_orders = dependencies
+            .iter()
+            .map(|dependency| {
+                let index = self
+                    .task_index(namespace, queue, dependency)
+                    .expect("checked above");
+                self.tasks[index].order
+            })
+            .collect();
         self.tasks.push(ModelTask {
             namespace: namespace.clone(),
             queue: queue.clone(),
@@ -894,6 +912,7 @@ impl Model {
             payload: payload.to_owned(),
             priority,
             depends_on: dependencies,
+            depends_on_orders,
             max_attempts,
             ready_at_ms: self.time_ms + delay_ms,
             order,
@@ -902,6 +921,7 @@ impl Model {
             life: ModelLife::Ready,
             note: None,
             last_failure: None,
+            finished_ms: None,
         });
         Ok(Reply::TaskEnqueued(self.task_view(self.tasks.len() - 1)))
     }
@@ -1075,9 +1095,14 @@ impl Model {
                 continue;
             }
             self.tasks[index].life = ModelLife::Dead { reason };
+            self.tasks[index].finished_ms = Some(self.time_ms);
             let task = &self.tasks[index];
-            let (namespace, queue, id) =
-                (task.namespace.clone(), task.queue.clone(), task.id.clone());
+            let (namespace, queue, id, order) = (
+                task.namespace.clone(),
+                task.queue.clone(),
+                task.id.clone(),
+                task.order,
+            );
             self.event(
                 &namespace,
                 EventKind::TaskDead {
@@ -1086,11 +1111,7 @@ impl Model {
                 },
             );
             let mut dependents: Vec<usize> = (0..self.tasks.len())
-                .filter(|&other| {
-                    self.tasks[other].namespace == namespace
-                        && self.tasks[other].queue == queue
-                        && self.tasks[other].depends_on.contains(&id)
-                })
+                .filter(|&other| self.tasks[other].depends_on_orders.contains(&order))
                 .collect();
             dependents.sort_by_key(|&other| self.tasks[other].order);
             if self.mutant == Some(Mutant::NoCascade) {
@@ -1262,7 +1283,7 @@ impl Model {
     /// Mirrors the real sweep: expired sessions by (deadline, namespace, id), each one's leases
     /// in path order and then the session itself, each removal one unit of work; then leases
     /// past their max hold by (deadline, namespace, path).
-    fn sweep(&mut self, max: usize) -> (u64, u64) {
+    fn sweep(&mut self, max: usize) -> (u64, u64, u64) {
         let max = max.min(self.limits.sweep_batch_max);
         let (mut leases, mut sessions, mut work) = (0u64, 0u64, 0usize);
         while work < max {
@@ -1330,7 +1351,33 @@ impl Model {
             leases += 1;
             work += 1;
         }
-        (leases, sessions)
+        // Then done and dead tasks past their retention, by (finished, namespace, queue, id).
+        let mut tasks = 0u64;
+        while work < max {
+            let retired = self
+                .tasks
+                .iter()
+                .enumerate()
+                .filter_map(|(index, task)| Some((task.finished_ms?, index)))
+                .filter(|(finished_ms, _)| {
+                    finished_ms.saturating_add(self.limits.task_retention_ms) <= self.time_ms
+                })
+                .min_by(|(a_ms, a), (b_ms, b)| {
+                    let (a, b) = (&self.tasks[*a], &self.tasks[*b]);
+                    (a_ms, &a.namespace, &a.queue, &a.id).cmp(&(
+                        b_ms,
+                        &b.namespace,
+                        &b.queue,
+                        &b.id,
+                    ))
+                })
+                .map(|(_, index)| index);
+            let Some(index) = retired else { break };
+            self.tasks.remove(index);
+            tasks += 1;
+            work += 1;
+        }
+        (leases, sessions, tasks)
     }
 
     // ---- checks and helpers ----
@@ -1477,16 +1524,19 @@ impl Model {
     }
 
     /// How many of the task's dependencies are not done yet.
+    /// The dependencies not done yet: those still here and not done (retention removes only
+    /// finished tasks, and a dead one kills its dependents, so a missing one was done); none
+    /// once the task itself is finished.
     fn waiting_on(&self, index: usize) -> u32 {
         let task = &self.tasks[index];
-        task.depends_on
+        if task.finished_ms.is_some() {
+            return 0;
+        }
+        task.depends_on_orders
             .iter()
-            .filter(|dependency| {
-                !self.tasks.iter().any(|other| {
-                    other.namespace == task.namespace
-                        && other.queue == task.queue
-                        && other.id == **dependency
-                        && matches!(other.life, ModelLife::Done { .. })
+            .filter(|order| {
+                self.tasks.iter().any(|other| {
+                    other.order == **order && !matches!(other.life, ModelLife::Done { .. })
                 })
             })
             .count() as u32

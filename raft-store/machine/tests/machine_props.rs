@@ -191,7 +191,7 @@ fn generator_reaches_every_outcome() {
     use proptest::strategy::ValueTree;
     use std::collections::BTreeMap;
 
-    const SCENARIOS: usize = 128;
+    const SCENARIOS: usize = 192;
     let mut runner = proptest::test_runner::TestRunner::deterministic();
     let strategy = common::scenario(30);
     let mut seen: BTreeMap<String, usize> = BTreeMap::new();
@@ -302,6 +302,18 @@ fn generator_reaches_every_outcome() {
         "lapsed at the deadline, ready again",
         "lapsed on the last attempt, dead",
         "dead because a dependency died",
+        // Transactions: applied, compare failed, refused by any op (nothing changed: checked
+        // by the properties), and retention.
+        "Txn succeeded",
+        "Txn succeeded with several ops",
+        "Txn compare failed",
+        "Txn INVALID_ARGUMENT with several ops",
+        "Txn STALE_FENCE with several ops",
+        "Txn LEASE_LOST with several ops",
+        "Txn NOT_FOUND with several ops",
+        "Txn RESOURCE_EXHAUSTED with several ops",
+        "Txn PAYLOAD_TOO_LARGE with several ops",
+        "swept finished tasks",
     ];
     for name in expected {
         assert!(
@@ -332,6 +344,11 @@ fn outcome_names(
         Err(rejection) => rejection.code().to_owned(),
     };
     let mut names = vec![generic];
+    if let Ok(Reply::Swept { tasks, .. }) = &response.outcome {
+        if *tasks > 0 {
+            names.push("swept finished tasks".to_owned());
+        }
+    }
     let Command::Namespaced {
         namespace,
         op,
@@ -348,6 +365,26 @@ fn outcome_names(
         return names;
     }
     let valid = |name: &Name| Name::parse("name", name.as_str(), limits).is_ok();
+    if let Op::Txn(txn) = op {
+        names.push(match &response.outcome {
+            Ok(Reply::TxnDone {
+                succeeded: true,
+                results,
+            }) if results.len() > 1 => "Txn succeeded with several ops".to_owned(),
+            Ok(Reply::TxnDone {
+                succeeded: true, ..
+            }) => "Txn succeeded".to_owned(),
+            Ok(Reply::TxnDone {
+                succeeded: false, ..
+            }) => "Txn compare failed".to_owned(),
+            Ok(_) => "Txn answered with another reply".to_owned(),
+            Err(rejection) if txn.success.len() + txn.failure.len() > 1 => {
+                format!("Txn {} with several ops", rejection.code())
+            }
+            Err(rejection) => format!("Txn {}", rejection.code()),
+        });
+        return names;
+    }
     let operation = match op {
         Op::Enqueue { .. } => "Enqueue",
         Op::Claim { .. } => "Claim",

@@ -21,9 +21,9 @@
 use std::collections::BTreeMap;
 
 use baton_machine::{
-    Batch, Command, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Name, Namespace,
+    Batch, Command, Compare, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Name, Namespace,
     NewSession, Op, Owner, Reply, ResourceFence, ResourcePath, Response, SessionId, TaskFence,
-    TaskSpec, TaskState,
+    TaskSpec, TaskState, Txn, TxnOp,
 };
 use proptest::prelude::*;
 
@@ -98,6 +98,8 @@ pub fn limits_for(tight: bool) -> Limits {
         idempotency_keys_max: 3,
         events_kept_max: 20,
         sweep_batch_max: 2,
+        task_retention_ms: 500,
+        txn_ops_max: 3,
         ..Limits::default()
     }
 }
@@ -225,6 +227,33 @@ pub enum AbstractOp {
         claim: AbstractTaskClaim,
         how: Finish,
     },
+    /// A transaction of the ops a transaction carries (unfenced puts and deletes, releases,
+    /// enqueues, completes and fails). With `session`, the transaction acts for the first
+    /// session its fenced parts resolve to (the holder of the fence or claim), else `session`.
+    Txn {
+        session: Option<SessionId>,
+        compare: Vec<AbstractCompare>,
+        success: Vec<AbstractOp>,
+        failure: Vec<AbstractOp>,
+    },
+}
+
+/// A transaction's compare, resolved just before the entry.
+#[derive(Debug, Clone)]
+pub enum AbstractCompare {
+    Fence(AbstractFence),
+    /// The key's revision now, or 0 (absent), or a revision it does not have.
+    Kv {
+        key: ResourcePath,
+        revision: RevisionChoice,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+pub enum RevisionChoice {
+    Current,
+    Absent,
+    Other,
 }
 
 /// What a complete, fail or release carries besides the claim.
@@ -344,160 +373,7 @@ impl AbstractCommand {
                     fingerprint: FINGERPRINTS[fingerprint],
                     wall_ms: 0,
                 });
-                let op = match op {
-                    AbstractOp::CreateSession(new_session) => {
-                        Op::CreateSession(new_session.clone())
-                    }
-                    AbstractOp::Keepalive(session_id) => Op::Keepalive {
-                        session_id: *session_id,
-                    },
-                    AbstractOp::Release(session_id, choice) => {
-                        let resource = match choice {
-                            ReleaseChoice::Path(resource) => resource.clone(),
-                            ReleaseChoice::Held(index) => {
-                                match machine.session(&namespace, *session_id, None, usize::MAX) {
-                                    Some((_, leases)) if !leases.items.is_empty() => {
-                                        leases.items[index % leases.items.len()].resource.clone()
-                                    }
-                                    _ => path(PATHS[index % PATHS.len()]),
-                                }
-                            }
-                        };
-                        Op::Release {
-                            session_id: *session_id,
-                            resource,
-                        }
-                    }
-                    AbstractOp::EndSession(session_id) => Op::EndSession {
-                        session_id: *session_id,
-                    },
-                    AbstractOp::Acquire {
-                        resource,
-                        mode,
-                        owner,
-                        max_hold_ms,
-                        labels,
-                    } => Op::Acquire {
-                        resource: resource.clone(),
-                        mode: *mode,
-                        owner: owner.clone(),
-                        max_hold_ms: *max_hold_ms,
-                        labels: labels.clone(),
-                    },
-                    AbstractOp::KvPut { key, value, fence } => Op::KvPut {
-                        key: key.clone(),
-                        value: value.clone(),
-                        fence: fence
-                            .as_ref()
-                            .map(|fence| fence.materialize(machine, &namespace)),
-                    },
-                    AbstractOp::KvDelete { key, fence } => Op::KvDelete {
-                        key: key.clone(),
-                        fence: fence
-                            .as_ref()
-                            .map(|fence| fence.materialize(machine, &namespace)),
-                    },
-                    AbstractOp::Enqueue {
-                        queue,
-                        task_id,
-                        payload,
-                        priority,
-                        depends_on,
-                        max_attempts,
-                        delay_ms,
-                    } => Op::Enqueue {
-                        queue: queue.clone(),
-                        task: TaskSpec {
-                            task_id: task_id.resolve_in(machine, &namespace, queue),
-                            payload: payload.clone(),
-                            priority: *priority, // An existing task of an empty queue is no dependency at all.
-                            depends_on: depends_on
-                                .iter()
-                                .filter(|choice| {
-                                    !matches!(choice, TaskChoice::Existing(_))
-                                        || !machine
-                                            .tasks(&namespace, queue, None, None, 1)
-                                            .items
-                                            .is_empty()
-                                })
-                                .map(|choice| choice.resolve_in(machine, &namespace, queue))
-                                .collect(),
-                            max_attempts: *max_attempts,
-                            delay_ms: *delay_ms,
-                            on_dead: None,
-                        },
-                    },
-                    AbstractOp::Claim {
-                        queue,
-                        owner,
-                        prefer_ready,
-                        busy_worker,
-                    } => {
-                        let has_work = |queue: &Name| {
-                            machine
-                                .tasks(&namespace, queue, Some(TaskState::Ready), None, 1_000)
-                                .items
-                                .iter()
-                                .any(|task| {
-                                    task.waiting_on == 0 && task.ready_at_ms <= machine.time_ms()
-                                })
-                        };
-                        let queue = match queues().into_iter().find(|other| other != queue) {
-                            Some(other)
-                                if *prefer_ready && !has_work(queue) && has_work(&other) =>
-                            {
-                                other
-                            }
-                            _ => queue.clone(),
-                        };
-                        let worker = queues()
-                            .iter()
-                            .flat_map(|queue| {
-                                machine
-                                    .tasks(&namespace, queue, Some(TaskState::Claimed), None, 1_000)
-                                    .items
-                            })
-                            .filter_map(|task| task.claim)
-                            .find_map(|(fence, _)| claimers.claimer(&namespace, fence));
-                        let owner = match worker {
-                            Some(session_id) if *busy_worker => Owner::Session(session_id),
-                            _ => owner.clone(),
-                        };
-                        Op::Claim { queue, owner }
-                    }
-                    AbstractOp::Finish {
-                        queue,
-                        task,
-                        claim,
-                        how,
-                    } => {
-                        let mut queue = queue.clone();
-                        let task_id = task.resolve(machine, &mut namespace, &mut queue);
-                        let claim =
-                            claim.materialize(machine, claimers, &namespace, &queue, &task_id);
-                        match how {
-                            Finish::Complete { result } => Op::Complete {
-                                queue,
-                                task_id,
-                                claim,
-                                result: result.clone(),
-                            },
-                            Finish::Fail { reason, retry } => Op::Fail {
-                                queue,
-                                task_id,
-                                claim,
-                                reason: reason.clone(),
-                                retry: *retry,
-                            },
-                            Finish::Release { note } => Op::ReleaseTask {
-                                queue,
-                                task_id,
-                                claim,
-                                note: note.clone(),
-                            },
-                        }
-                    }
-                };
+                let op = op.materialize(machine, claimers, &mut namespace);
                 Command::Namespaced {
                     namespace,
                     idempotency,
@@ -506,6 +382,254 @@ impl AbstractCommand {
             }
         }
     }
+}
+
+impl AbstractOp {
+    /// The concrete op for `machine`'s current state; a task choice may move it to another
+    /// namespace (`TaskChoice::Claimed`).
+    fn materialize(&self, machine: &Machine, claimers: &Claimers, namespace: &mut Namespace) -> Op {
+        match self {
+            AbstractOp::CreateSession(new_session) => Op::CreateSession(new_session.clone()),
+            AbstractOp::Keepalive(session_id) => Op::Keepalive {
+                session_id: *session_id,
+            },
+            AbstractOp::Release(session_id, choice) => {
+                let resource = match choice {
+                    ReleaseChoice::Path(resource) => resource.clone(),
+                    ReleaseChoice::Held(index) => {
+                        match machine.session(namespace, *session_id, None, usize::MAX) {
+                            Some((_, leases)) if !leases.items.is_empty() => {
+                                leases.items[index % leases.items.len()].resource.clone()
+                            }
+                            _ => path(PATHS[index % PATHS.len()]),
+                        }
+                    }
+                };
+                Op::Release {
+                    session_id: *session_id,
+                    resource,
+                }
+            }
+            AbstractOp::EndSession(session_id) => Op::EndSession {
+                session_id: *session_id,
+            },
+            AbstractOp::Acquire {
+                resource,
+                mode,
+                owner,
+                max_hold_ms,
+                labels,
+            } => Op::Acquire {
+                resource: resource.clone(),
+                mode: *mode,
+                owner: owner.clone(),
+                max_hold_ms: *max_hold_ms,
+                labels: labels.clone(),
+            },
+            AbstractOp::KvPut { key, value, fence } => Op::KvPut {
+                key: key.clone(),
+                value: value.clone(),
+                fence: fence
+                    .as_ref()
+                    .map(|fence| fence.materialize(machine, namespace)),
+            },
+            AbstractOp::KvDelete { key, fence } => Op::KvDelete {
+                key: key.clone(),
+                fence: fence
+                    .as_ref()
+                    .map(|fence| fence.materialize(machine, namespace)),
+            },
+            AbstractOp::Enqueue {
+                queue,
+                task_id,
+                payload,
+                priority,
+                depends_on,
+                max_attempts,
+                delay_ms,
+            } => Op::Enqueue {
+                queue: queue.clone(),
+                task: TaskSpec {
+                    task_id: task_id.resolve_in(machine, namespace, queue),
+                    payload: payload.clone(),
+                    priority: *priority, // An existing task of an empty queue is no dependency at all.
+                    depends_on: depends_on
+                        .iter()
+                        .filter(|choice| {
+                            !matches!(choice, TaskChoice::Existing(_))
+                                || !machine
+                                    .tasks(namespace, queue, None, None, 1)
+                                    .items
+                                    .is_empty()
+                        })
+                        .map(|choice| choice.resolve_in(machine, namespace, queue))
+                        .collect(),
+                    max_attempts: *max_attempts,
+                    delay_ms: *delay_ms,
+                    on_dead: None,
+                },
+            },
+            AbstractOp::Claim {
+                queue,
+                owner,
+                prefer_ready,
+                busy_worker,
+            } => {
+                let has_work = |queue: &Name| {
+                    machine
+                        .tasks(namespace, queue, Some(TaskState::Ready), None, 1_000)
+                        .items
+                        .iter()
+                        .any(|task| task.waiting_on == 0 && task.ready_at_ms <= machine.time_ms())
+                };
+                let queue = match queues().into_iter().find(|other| other != queue) {
+                    Some(other) if *prefer_ready && !has_work(queue) && has_work(&other) => other,
+                    _ => queue.clone(),
+                };
+                let worker = queues()
+                    .iter()
+                    .flat_map(|queue| {
+                        machine
+                            .tasks(namespace, queue, Some(TaskState::Claimed), None, 1_000)
+                            .items
+                    })
+                    .filter_map(|task| task.claim)
+                    .find_map(|(fence, _)| claimers.claimer(namespace, fence));
+                let owner = match worker {
+                    Some(session_id) if *busy_worker => Owner::Session(session_id),
+                    _ => owner.clone(),
+                };
+                Op::Claim { queue, owner }
+            }
+            AbstractOp::Finish {
+                queue,
+                task,
+                claim,
+                how,
+            } => {
+                let mut queue = queue.clone();
+                let task_id = task.resolve(machine, namespace, &mut queue);
+                let claim = claim.materialize(machine, claimers, namespace, &queue, &task_id);
+                match how {
+                    Finish::Complete { result } => Op::Complete {
+                        queue,
+                        task_id,
+                        claim,
+                        result: result.clone(),
+                    },
+                    Finish::Fail { reason, retry } => Op::Fail {
+                        queue,
+                        task_id,
+                        claim,
+                        reason: reason.clone(),
+                        retry: *retry,
+                    },
+                    Finish::Release { note } => Op::ReleaseTask {
+                        queue,
+                        task_id,
+                        claim,
+                        note: note.clone(),
+                    },
+                }
+            }
+            AbstractOp::Txn {
+                session,
+                compare,
+                success,
+                failure,
+            } => {
+                let mut acting = None;
+                let mut compares = Vec::new();
+                for choice in compare {
+                    compares.push(match choice {
+                        AbstractCompare::Fence(fence) => {
+                            let fence = fence.materialize(machine, namespace);
+                            acting.get_or_insert(fence.session_id);
+                            Compare::Fence {
+                                resource: fence.resource,
+                                fence: fence.fence,
+                            }
+                        }
+                        AbstractCompare::Kv { key, revision } => {
+                            let current =
+                                machine.kv_get(namespace, key).map_or(0, |kv| kv.revision);
+                            Compare::KvRevision {
+                                key: key.clone(),
+                                revision: match revision {
+                                    RevisionChoice::Current => current,
+                                    RevisionChoice::Absent => 0,
+                                    RevisionChoice::Other => current + 1,
+                                },
+                            }
+                        }
+                    });
+                }
+                let mut ops = |list: &[AbstractOp], acting: &mut Option<SessionId>| {
+                    let mut ops = Vec::new();
+                    for op in list {
+                        let op = op.materialize(machine, claimers, namespace);
+                        ops.extend(txn_op(op, acting));
+                    }
+                    ops
+                };
+                let success = ops(success, &mut acting);
+                let failure = ops(failure, &mut acting);
+                Op::Txn(Txn {
+                    session_id: session.map(|session| acting.unwrap_or(session)),
+                    compare: compares,
+                    success,
+                    failure,
+                })
+            }
+        }
+    }
+}
+
+/// The transaction op that `op` stands for, noting the session a fenced one acts for.
+fn txn_op(op: Op, acting: &mut Option<SessionId>) -> Option<TxnOp> {
+    Some(match op {
+        Op::KvPut { key, value, .. } => TxnOp::Put { key, value },
+        Op::KvDelete { key, .. } => TxnOp::Delete { key },
+        Op::Release {
+            session_id,
+            resource,
+        } => {
+            acting.get_or_insert(session_id);
+            TxnOp::Release { resource }
+        }
+        Op::Enqueue { queue, task } => TxnOp::AddTask { queue, task },
+        Op::Complete {
+            queue,
+            task_id,
+            claim,
+            result,
+        } => {
+            acting.get_or_insert(claim.session_id);
+            TxnOp::CompleteTask {
+                queue,
+                task_id,
+                fence: claim.fence,
+                result,
+            }
+        }
+        Op::Fail {
+            queue,
+            task_id,
+            claim,
+            reason,
+            retry,
+        } => {
+            acting.get_or_insert(claim.session_id);
+            TxnOp::FailTask {
+                queue,
+                task_id,
+                fence: claim.fence,
+                reason,
+                retry,
+            }
+        }
+        _ => return None,
+    })
 }
 
 impl AbstractFence {
@@ -889,6 +1013,51 @@ fn claim_owner() -> impl Strategy<Value = Owner> {
     ]
 }
 
+/// An op a transaction carries (the finishing ones: complete or fail).
+fn txn_inner_op() -> BoxedStrategy<AbstractOp> {
+    let finish = finish().prop_filter("complete or fail", |how| {
+        !matches!(how, Finish::Release { .. })
+    });
+    prop_oneof![
+        3 => (resource(), value()).prop_map(|(key, value)| AbstractOp::KvPut { key, value, fence: None }),
+        1 => resource().prop_map(|key| AbstractOp::KvDelete { key, fence: None }),
+        2 => (session_id(), release_choice()).prop_map(|(session_id, choice)| AbstractOp::Release(session_id, choice)),
+        3 => enqueue(),
+        4 => (queue(), finish_target(), task_claim(), finish)
+            .prop_map(|(queue, task, claim, how)| AbstractOp::Finish { queue, task, claim, how }),
+    ]
+    .boxed()
+}
+
+fn compare() -> BoxedStrategy<AbstractCompare> {
+    let revision = prop_oneof![
+        3 => Just(RevisionChoice::Current),
+        2 => Just(RevisionChoice::Absent),
+        1 => Just(RevisionChoice::Other),
+    ];
+    prop_oneof![
+        2 => fence().prop_filter_map("a fence", |fence| fence.map(AbstractCompare::Fence)),
+        2 => (resource(), revision).prop_map(|(key, revision)| AbstractCompare::Kv { key, revision }),
+    ]
+    .boxed()
+}
+
+fn txn() -> BoxedStrategy<AbstractOp> {
+    (
+        proptest::option::weighted(0.9, session_id()),
+        proptest::collection::vec(compare(), 0..=2),
+        proptest::collection::vec(txn_inner_op(), 0..=4),
+        proptest::collection::vec(txn_inner_op(), 0..=2),
+    )
+        .prop_map(|(session, compare, success, failure)| AbstractOp::Txn {
+            session,
+            compare,
+            success,
+            failure,
+        })
+        .boxed()
+}
+
 fn queue_op() -> BoxedStrategy<AbstractOp> {
     prop_oneof![
         9 => enqueue(),
@@ -896,6 +1065,7 @@ fn queue_op() -> BoxedStrategy<AbstractOp> {
             .prop_map(|(queue, owner, prefer_ready, busy_worker)| AbstractOp::Claim { queue, owner, prefer_ready, busy_worker }),
         9 => (queue(), finish_target(), task_claim(), finish())
             .prop_map(|(queue, task, claim, how)| AbstractOp::Finish { queue, task, claim, how }),
+        5 => txn(),
     ]
     .boxed()
 }
@@ -1049,6 +1219,39 @@ impl Scenario {
                             },
                         ..
                     } => *session_id = reference(created, *session_id).0,
+                    AbstractOp::Txn {
+                        session,
+                        compare,
+                        success,
+                        failure,
+                    } => {
+                        if let Some(session_id) = session {
+                            follow(namespace, session_id);
+                        }
+                        for choice in compare {
+                            if let AbstractCompare::Fence(AbstractFence {
+                                session: SessionChoice::Id(session_id),
+                                ..
+                            }) = choice
+                            {
+                                *session_id = reference(created, *session_id).0;
+                            }
+                        }
+                        for op in success.iter_mut().chain(failure.iter_mut()) {
+                            match op {
+                                AbstractOp::Release(session_id, _)
+                                | AbstractOp::Finish {
+                                    claim:
+                                        AbstractTaskClaim {
+                                            session: SessionChoice::Id(session_id),
+                                            ..
+                                        },
+                                    ..
+                                } => *session_id = reference(created, *session_id).0,
+                                _ => {}
+                            }
+                        }
+                    }
                     AbstractOp::Enqueue { .. } | AbstractOp::Finish { .. } => {}
                 }
             }
