@@ -21,3 +21,4 @@ mod queues;
 mod security;
 mod time;
 mod tls;
+mod txn;
