@@ -1252,6 +1252,7 @@ impl Client {
 pub struct AcquireOptions {
     pub(crate) ttl: Duration,
     pub(crate) mode: crate::api::LeaseMode,
+    pub(crate) limit: Option<u32>,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) labels: Labels,
     pub(crate) reason: Option<String>,
@@ -1273,6 +1274,7 @@ impl AcquireOptions {
         AcquireOptions {
             ttl: TTL_DEFAULT,
             mode: crate::api::LeaseMode::Exclusive,
+            limit: None,
             max_hold: None,
             labels: Labels::new(),
             reason: None,
@@ -1295,10 +1297,19 @@ impl AcquireOptions {
     /// A subtree lease: the path and everything under it.
     pub fn subtree(mut self) -> AcquireOptions {
         self.mode = crate::api::LeaseMode::Subtree;
+        self.limit = None;
         self
     }
 
-    /// Exclusive or subtree.
+    /// A shared lease (a semaphore): up to `limit` sessions hold the path at once, each with
+    /// its own fence; every holder gives the same `limit`.
+    pub fn shared(mut self, limit: u32) -> AcquireOptions {
+        self.mode = crate::api::LeaseMode::Shared;
+        self.limit = Some(limit);
+        self
+    }
+
+    /// Exclusive or subtree (a shared lease needs its limit: [`AcquireOptions::shared`]).
     pub fn mode(mut self, mode: crate::api::LeaseMode) -> AcquireOptions {
         self.mode = mode;
         self

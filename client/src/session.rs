@@ -701,6 +701,7 @@ fn acquire_request(resource: &str, options: &AcquireOptions, owner: Owner<'_>) -
         holder,
         ttl_ms,
         mode: options.mode,
+        limit: options.limit,
         max_hold_ms: options.max_hold.map(millis),
         labels: options.labels.clone(),
         reason: options.reason.clone(),
@@ -863,6 +864,7 @@ mod tests {
 
     fn grant(expires_in_ms: u64, max_hold_ms: Option<u64>) -> Grant {
         Grant {
+            limit: None,
             resource: "repo/a.rs".to_owned(),
             fence: 7,
             session_id: SessionId::new("0123456789abcdef0123456789abcdef"),

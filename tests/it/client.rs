@@ -156,6 +156,7 @@ async fn a_retried_acquire_after_a_timeout_is_applied_once() {
         .build()
         .expect("a client");
     let request = AcquireRequest {
+        limit: None,
         resource: "deploy/prod".to_owned(),
         session_id: None,
         holder: Some("agent-it".to_owned()),

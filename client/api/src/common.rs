@@ -47,7 +47,8 @@ impl From<&str> for SessionId {
     }
 }
 
-/// A lease's kind: `exclusive` (that path) or `subtree` (that path and everything under it).
+/// A lease's kind: `exclusive` (that path), `subtree` (that path and everything under it) or
+/// `shared` (that path, by up to `limit` holders at once: a semaphore).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LeaseMode {
@@ -56,6 +57,19 @@ pub enum LeaseMode {
     Exclusive,
     /// The path and every path below it.
     Subtree,
+    /// The path, held by up to `limit` sessions at once, each with its own fence.
+    Shared,
+}
+
+impl LeaseMode {
+    /// `exclusive`, `subtree` or `shared`, as on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LeaseMode::Exclusive => "exclusive",
+            LeaseMode::Subtree => "subtree",
+            LeaseMode::Shared => "shared",
+        }
+    }
 }
 
 /// A fence as carried by a fenced kv write and shown by a kv read: `{resource, token}`.

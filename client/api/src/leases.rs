@@ -24,9 +24,13 @@ pub struct AcquireRequest {
     /// TTL of a session created with the lease; needs `holder`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
-    /// `exclusive` (default) or `subtree`.
+    /// `exclusive` (default), `subtree` or `shared`.
     #[serde(default)]
     pub mode: LeaseMode,
+    /// With `shared` (and only then): how many may hold the path at once, 1..=1024; every
+    /// holder gives the same.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
     /// Caps the lease's life even while keepalives continue.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_hold_ms: Option<u64>,
@@ -61,8 +65,11 @@ pub struct Grant {
     pub session_id: SessionId,
     /// The holder name.
     pub holder: String,
-    /// `exclusive` or `subtree`.
+    /// `exclusive`, `subtree` or `shared`.
     pub mode: LeaseMode,
+    /// A shared lease's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
     /// The lease's labels.
     #[serde(default)]
     pub labels: Labels,
@@ -85,6 +92,7 @@ impl Grant {
             fence: self.fence,
             holder: self.holder,
             mode: self.mode,
+            limit: self.limit,
             labels: self.labels,
             max_hold_ms: self.max_hold_ms,
             acquired_at: self.acquired_at,
@@ -105,8 +113,11 @@ pub struct Lease {
     pub fence: u64,
     /// The holder name.
     pub holder: String,
-    /// `exclusive` or `subtree`.
+    /// `exclusive`, `subtree` or `shared` (then this is one of its holders).
     pub mode: LeaseMode,
+    /// A shared lease's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
     /// The lease's labels.
     #[serde(default)]
     pub labels: Labels,
@@ -133,8 +144,11 @@ pub struct HeldBy {
     pub holder: String,
     /// The conflicting lease's path (may be an ancestor or descendant of the one asked for).
     pub resource: String,
-    /// `exclusive` or `subtree`.
+    /// `exclusive`, `subtree` or `shared`.
     pub mode: LeaseMode,
+    /// A shared lease's limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<u32>,
     /// The conflicting lease's fence token.
     pub fence: u64,
     /// The conflicting lease's labels.
@@ -146,6 +160,28 @@ pub struct HeldBy {
     pub expires_in_ms: u64,
     /// Informational RFC 3339 UTC deadline.
     pub expires_at: String,
+    /// For a shared lease: up to ten of its live holders, oldest grant first (this object is
+    /// the first of them, or the caller's own hold).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<SharedHolder>,
+    /// For a shared lease: how many hold it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holders_total: Option<u32>,
+}
+
+/// One holder of a shared lease, as a `LEASE_HELD` refusal lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct SharedHolder {
+    /// The holder name.
+    pub holder: String,
+    /// Its fence token.
+    pub fence: u64,
+    /// Informational RFC 3339 UTC time of its grant.
+    pub acquired_at: String,
+    /// Its deadline minus the cluster time of the refusal.
+    pub expires_in_ms: u64,
+    /// Informational RFC 3339 UTC deadline.
+    pub expires_at: String,
 }
 
 impl From<Lease> for HeldBy {
@@ -154,11 +190,14 @@ impl From<Lease> for HeldBy {
             holder: lease.holder,
             resource: lease.resource,
             mode: lease.mode,
+            limit: lease.limit,
             fence: lease.fence,
             labels: lease.labels,
             acquired_at: lease.acquired_at,
             expires_in_ms: lease.expires_in_ms,
             expires_at: lease.expires_at,
+            holders: Vec::new(),
+            holders_total: None,
         }
     }
 }

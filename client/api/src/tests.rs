@@ -413,6 +413,7 @@ fn answers_tolerate_unknown_fields_and_event_types() {
 #[test]
 fn held_by_never_carries_a_session_id() {
     let grant = Grant {
+        limit: None,
         resource: "a".to_owned(),
         fence: 1,
         session_id: SessionId::new("secret-session"),
@@ -449,6 +450,7 @@ fn unset_optional_fields_are_omitted() {
     );
 
     let acquire = AcquireRequest {
+        limit: None,
         resource: "a".to_owned(),
         session_id: Some(SessionId::new("s1")),
         holder: None,
@@ -498,6 +500,7 @@ fn owner_is_a_session_or_a_new_session_never_both() {
     ];
     for ((session_id, holder, ttl_ms), expected) in cases {
         let acquire = AcquireRequest {
+            limit: None,
             resource: "a".to_owned(),
             session_id: session_id.map(SessionId::from),
             holder: holder.map(str::to_owned),

@@ -114,11 +114,12 @@ async fn acquire(client: &Client, args: AcquireArgs, json: bool) -> Result<u8, F
         session_id,
         holder,
         ttl_ms,
-        mode: if args.subtree {
-            LeaseMode::Subtree
-        } else {
-            LeaseMode::Exclusive
+        mode: match (args.subtree, args.shared) {
+            (true, _) => LeaseMode::Subtree,
+            (false, Some(_)) => LeaseMode::Shared,
+            (false, None) => LeaseMode::Exclusive,
         },
+        limit: args.shared,
         max_hold_ms: args.max_hold.map(millis),
         labels: Labels::new(),
         reason: args.reason.clone(),
@@ -314,7 +315,12 @@ async fn txn(client: &Client, file: Option<std::path::PathBuf>, json: bool) -> R
             TxnOpResult::AddTask { task } => say!("add_task {}/{}", task.queue, task.id),
             TxnOpResult::CompleteTask { task } => say!("complete_task {}/{}", task.queue, task.id),
             TxnOpResult::FailTask { task } => {
-                say!("fail_task {}/{} {:?}", task.queue, task.id, task.state)
+                say!(
+                    "fail_task {}/{} {}",
+                    task.queue,
+                    task.id,
+                    super::tasks::state_name(task.state)
+                )
             }
         }
     }
@@ -452,10 +458,7 @@ async fn cluster(client: &Client, command: ClusterCommand, json: bool) -> Result
 
 /// `acquired`-style line of a public lease.
 fn describe_lease(lease: &Lease) -> String {
-    let mode = match lease.mode {
-        LeaseMode::Exclusive => "exclusive",
-        LeaseMode::Subtree => "subtree",
-    };
+    let mode = lease.mode.as_str();
     format!(
         "{} held by {} fence={} mode={mode} expires in {}",
         lease.resource,

@@ -4,7 +4,7 @@
 //! by itself, until interrupted (not limited by `--timeout`). What must never live here: the
 //! stream's resume logic (that is the client's `EventStream`).
 
-use baton_client::api::{Event, EventKind, LeaseMode, TaskChange};
+use baton_client::api::{Event, EventKind, TaskChange};
 use baton_client::Client;
 use futures_util::StreamExt;
 
@@ -60,10 +60,7 @@ pub fn describe_event(event: &Event) -> String {
             fence,
             mode,
         } => {
-            let mode = match mode {
-                LeaseMode::Exclusive => "exclusive",
-                LeaseMode::Subtree => "subtree",
-            };
+            let mode = mode.as_str();
             (
                 "granted",
                 format!("resource={resource} holder={holder} fence={fence} mode={mode}"),
@@ -123,6 +120,7 @@ fn task_details(change: &TaskChange) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use baton_client::api::LeaseMode;
 
     #[test]
     fn events_print_as_revision_type_details() {

@@ -169,6 +169,7 @@ async fn claim(
     resource: &str,
 ) -> Decision {
     let request = |session_id: Option<SessionId>| AcquireRequest {
+        limit: None,
         resource: resource.to_owned(),
         holder: session_id.is_none().then(|| client.holder().to_owned()),
         ttl_ms: session_id

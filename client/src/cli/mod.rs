@@ -379,8 +379,12 @@ pub struct AcquireArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub ttl: Duration,
     /// Claim the path and everything under it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shared")]
     pub subtree: bool,
+    /// A shared lease (a semaphore): up to N sessions hold the path at once, each with its
+    /// own fence; every holder gives the same N.
+    #[arg(long, value_name = "N")]
+    pub shared: Option<u32>,
     /// Acquire for this existing session instead of creating one.
     #[arg(long, env = "BATON_SESSION", hide_env_values = true)]
     pub session: Option<String>,

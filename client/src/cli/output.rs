@@ -142,6 +142,9 @@ mod tests {
 
     fn held_by() -> HeldBy {
         HeldBy {
+            limit: None,
+            holders_total: None,
+            holders: Vec::new(),
             holder: "agent-b".to_owned(),
             resource: "a".to_owned(),
             mode: LeaseMode::Exclusive,

@@ -269,7 +269,7 @@ fn settled(task: &Task, verb: &str, json: bool) {
     }
 }
 
-fn state_name(state: TaskState) -> &'static str {
+pub(super) fn state_name(state: TaskState) -> &'static str {
     match state {
         TaskState::Ready => "ready",
         TaskState::Waiting => "waiting",

@@ -199,7 +199,7 @@ impl Agent {
                     "you already hold {} (fence {}, {})",
                     args.resource,
                     claim.fence,
-                    mode_name(claim.mode)
+                    LeaseMode::as_str(claim.mode)
                 ),
                 json!({"granted": true, "already_held": true, "resource": args.resource,
                        "fence": claim.fence, "mode": claim.mode}),
@@ -223,6 +223,7 @@ impl Agent {
                 fresh_after = replaced;
             }
             let request = AcquireRequest {
+                limit: None,
                 resource: args.resource.clone(),
                 session_id: Some(session.id().clone()),
                 holder: None,
@@ -246,7 +247,7 @@ impl Agent {
                         "claimed {} (fence {}, {}); it is yours until you release it",
                         grant.resource,
                         grant.fence,
-                        mode_name(grant.mode)
+                        LeaseMode::as_str(grant.mode)
                     );
                     let mut structured = json!({"granted": true, "resource": grant.resource,
                         "fence": grant.fence, "mode": grant.mode});
@@ -332,7 +333,7 @@ impl Agent {
         } else {
             format!(
                 " through your {} claim on {}",
-                mode_name(held_by.mode),
+                LeaseMode::as_str(held_by.mode),
                 held_by.resource
             )
         };
@@ -435,7 +436,7 @@ impl Agent {
                 } else {
                     format!(
                         " through its {} claim on {}",
-                        mode_name(lease.mode),
+                        LeaseMode::as_str(lease.mode),
                         lease.resource
                     )
                 };
@@ -955,7 +956,7 @@ fn denial(resource: &str, held_by: &HeldBy) -> String {
     } else {
         format!(
             " through its {} claim on {}",
-            mode_name(held_by.mode),
+            LeaseMode::as_str(held_by.mode),
             held_by.resource
         )
     };
@@ -1049,13 +1050,6 @@ fn refused_task(action: &str, queue: &str, id: &str, message: &str) -> Outcome {
     )
 }
 
-fn mode_name(mode: LeaseMode) -> &'static str {
-    match mode {
-        LeaseMode::Exclusive => "exclusive",
-        LeaseMode::Subtree => "subtree",
-    }
-}
-
 /// A JSON value for a text line, cut at [`VALUE_TEXT_MAX`] characters.
 fn short(value: &Value) -> String {
     let text = value.to_string();
@@ -1072,6 +1066,9 @@ mod tests {
 
     fn held_by(resource: &str, mode: LeaseMode, expires_in_ms: u64) -> HeldBy {
         HeldBy {
+            limit: None,
+            holders_total: None,
+            holders: Vec::new(),
             holder: "agent-b".to_owned(),
             resource: resource.to_owned(),
             mode,

@@ -238,6 +238,7 @@ pub(super) async fn cycle(
     result: &mut ClientResult,
 ) -> anyhow::Result<()> {
     let request = AcquireRequest {
+        limit: None,
         resource: resource.to_owned(),
         session_id: None,
         holder: Some("bench".to_owned()),

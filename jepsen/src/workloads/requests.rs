@@ -14,6 +14,7 @@ use super::Mode;
 /// `POST /v1/leases` for a new session of `holder` with `ttl_ms`.
 pub fn acquire(resource: &str, holder: &str, ttl_ms: u64, mode: Mode) -> Value {
     wire(&AcquireRequest {
+        limit: None,
         resource: resource.to_owned(),
         session_id: None,
         holder: Some(holder.to_owned()),

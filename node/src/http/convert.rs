@@ -41,13 +41,28 @@ pub fn mode(mode: LeaseMode) -> api::LeaseMode {
     match mode {
         LeaseMode::Exclusive => api::LeaseMode::Exclusive,
         LeaseMode::Subtree => api::LeaseMode::Subtree,
+        LeaseMode::Shared { .. } => api::LeaseMode::Shared,
     }
 }
 
-pub fn mode_from_wire(mode: api::LeaseMode) -> LeaseMode {
+/// A shared lease's limit, on the wire next to its mode.
+pub fn limit(mode: LeaseMode) -> Option<u32> {
     match mode {
-        api::LeaseMode::Exclusive => LeaseMode::Exclusive,
-        api::LeaseMode::Subtree => LeaseMode::Subtree,
+        LeaseMode::Shared { limit } => Some(limit),
+        LeaseMode::Exclusive | LeaseMode::Subtree => None,
+    }
+}
+
+/// The mode of an acquire: `limit` comes with `shared` and only with it.
+pub fn mode_from_wire(mode: api::LeaseMode, limit: Option<u32>) -> Result<LeaseMode, String> {
+    match (mode, limit) {
+        (api::LeaseMode::Exclusive, None) => Ok(LeaseMode::Exclusive),
+        (api::LeaseMode::Subtree, None) => Ok(LeaseMode::Subtree),
+        (api::LeaseMode::Shared, Some(limit)) => Ok(LeaseMode::Shared { limit }),
+        (api::LeaseMode::Shared, None) => {
+            Err("a shared lease needs its limit: how many may hold it at once".to_owned())
+        }
+        (_, Some(_)) => Err("limit goes with mode shared only".to_owned()),
     }
 }
 
@@ -57,6 +72,7 @@ pub fn lease(view: &LeaseView, clocks: Clocks) -> api::Lease {
         fence: view.fence,
         holder: view.holder.clone(),
         mode: mode(view.mode),
+        limit: limit(view.mode),
         labels: view.labels.clone(),
         max_hold_ms: view.max_hold_ms,
         acquired_at: clocks.at(view.acquired_at_ms),
@@ -66,8 +82,27 @@ pub fn lease(view: &LeaseView, clocks: Clocks) -> api::Lease {
     }
 }
 
-pub fn held_by(view: &LeaseView, clocks: Clocks) -> api::HeldBy {
-    api::HeldBy::from(lease(view, clocks))
+/// The lease in the way of a refusal and, for a shared lease, its holders listed.
+pub fn held_by(
+    view: &LeaseView,
+    holders: &[LeaseView],
+    holders_total: u32,
+    clocks: Clocks,
+) -> api::HeldBy {
+    api::HeldBy {
+        holders: holders
+            .iter()
+            .map(|holder| api::SharedHolder {
+                holder: holder.holder.clone(),
+                fence: holder.fence,
+                acquired_at: clocks.at(holder.acquired_at_ms),
+                expires_in_ms: holder.expires_in_ms,
+                expires_at: clocks.expires_at(holder.expires_in_ms),
+            })
+            .collect(),
+        holders_total: (!holders.is_empty()).then_some(holders_total),
+        ..api::HeldBy::from(lease(view, clocks))
+    }
 }
 
 pub fn grant(grant: &Grant, clocks: Clocks) -> api::Grant {
@@ -78,6 +113,7 @@ pub fn grant(grant: &Grant, clocks: Clocks) -> api::Grant {
         session_id: session_id(grant.session_id),
         holder: lease.holder,
         mode: lease.mode,
+        limit: lease.limit,
         labels: lease.labels,
         max_hold_ms: lease.max_hold_ms,
         acquired_at: lease.acquired_at,

@@ -288,7 +288,7 @@ pub async fn acquire(
         tag,
         size_bytes: size_of(&body.canonical),
     };
-    let mode = convert::mode_from_wire(request.mode);
+    let mode = convert::mode_from_wire(request.mode, request.limit).map_err(ApiError::invalid)?;
     let granted = app
         .acquire(mutation, resource, mode, owner, request.max_hold_ms, labels)
         .await?;

@@ -189,7 +189,12 @@ impl AppState {
     /// A machine refusal as an API error, with the denial's lease in wire form.
     pub fn refusal(&self, rejection: Rejection, clocks: Clocks) -> ApiError {
         let held_by = match &rejection {
-            Rejection::LeaseHeld { held_by, .. } => Some(convert::held_by(held_by, clocks)),
+            Rejection::LeaseHeld {
+                held_by,
+                holders,
+                holders_total,
+                ..
+            } => Some(convert::held_by(held_by, holders, *holders_total, clocks)),
             _ => None,
         };
         ApiError::rejected(rejection, held_by, Some(clocks.cluster_ms))

@@ -11,7 +11,7 @@ use super::command::{
 };
 use super::types::{
     validate_holder, validate_idempotency_key, validate_labels, validate_max_hold, validate_ttl,
-    Limits, Name, Namespace,
+    LeaseMode, Limits, Name, Namespace,
 };
 
 /// Admits `command` under `limits`: its namespace, idempotency key and operation.
@@ -60,12 +60,20 @@ pub(crate) fn admit_op(namespace: &Namespace, op: &Op, limits: &Limits) -> Resul
         Op::Release { resource, .. } => Ok(resource.check(limits)?),
         Op::Acquire {
             resource,
+            mode,
             owner,
             max_hold_ms,
             labels,
-            ..
         } => {
             resource.check(limits)?;
+            if let LeaseMode::Shared { limit } = mode {
+                if *limit == 0 || *limit > limits.shared_limit_max {
+                    return Err(Rejection::invalid(format!(
+                        "a shared lease's limit must be 1..={}, got {limit}",
+                        limits.shared_limit_max
+                    )));
+                }
+            }
             validate_labels(labels, limits)?;
             if let Some(max_hold_ms) = max_hold_ms {
                 validate_max_hold(*max_hold_ms, limits)?;

@@ -28,7 +28,7 @@ const BATCH_BYTES_MAX: usize = 1 << 30;
 pub enum CodecError {
     #[error("not a Baton snapshot (bad magic)")]
     BadMagic,
-    #[error("snapshot format version {0} is not supported (this build reads version {SNAPSHOT_VERSION})")]
+    #[error("snapshot format version {0} is not supported (this build reads versions 1 to {SNAPSHOT_VERSION})")]
     UnsupportedVersion(u32),
     #[error("input of {0} bytes is over the decoding limit")]
     TooLarge(usize),
@@ -215,6 +215,7 @@ impl Machine {
             namespaces: body.namespaces,
             session_deadlines: Default::default(),
             max_hold_deadlines: Default::default(),
+            shared_max_hold_deadlines: Default::default(),
             claim_deadlines: Default::default(),
             delayed: Default::default(),
             finished: Default::default(),

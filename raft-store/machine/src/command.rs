@@ -456,9 +456,13 @@ pub struct SessionView {
 pub enum Rejection {
     InvalidArgument(String),
     NotFound(String),
+    /// `held_by` is the lease in the way; for a shared lease, `holders` lists up to ten of
+    /// its live holders and `holders_total` counts them (empty and 0 otherwise).
     LeaseHeld {
         message: String,
         held_by: Box<LeaseView>,
+        holders: Vec<LeaseView>,
+        holders_total: u32,
     },
     LeaseLost(String),
     StaleFence {

@@ -31,6 +31,22 @@ impl Machine {
                     ));
                 }
             }
+            for (resource, shared) in &state.shared {
+                for (session_id, lease) in &shared.holders {
+                    let session = state.sessions.get_mut(session_id).ok_or_else(|| {
+                        format!("a shared hold on {resource} names a missing session")
+                    })?;
+                    session.shared.insert(resource.clone());
+                    if let Some(deadline_ms) = lease.max_hold_deadline_ms {
+                        self.shared_max_hold_deadlines.insert((
+                            deadline_ms,
+                            namespace.clone(),
+                            resource.clone(),
+                            *session_id,
+                        ));
+                    }
+                }
+            }
             for (queue, queue_state) in &mut state.queues {
                 queue_state.rebuild(self.time_ms);
                 for (finished_ms, task_id) in queue_state.finished() {

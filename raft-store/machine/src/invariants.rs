@@ -13,6 +13,7 @@ impl Machine {
         let (mut claims_seen, mut sessions_with_claims, mut delayed_seen) =
             (0usize, 0usize, 0usize);
         let mut finished_seen = 0usize;
+        let mut shared_max_holds_seen = 0usize;
         for (namespace, state) in &self.namespaces {
             if state.is_empty() {
                 return Err(format!("namespace {namespace} is empty but kept"));
@@ -95,6 +96,90 @@ impl Machine {
                             ));
                         }
                     }
+                }
+            }
+            for (session_id, session) in &state.sessions {
+                for resource in &session.shared {
+                    if !state
+                        .shared
+                        .get(resource)
+                        .is_some_and(|shared| shared.holders.contains_key(session_id))
+                    {
+                        return Err(format!(
+                            "session {session_id} lists a shared hold on {resource} it does not have"
+                        ));
+                    }
+                }
+            }
+            for (resource, shared) in &state.shared {
+                if shared.holders.is_empty() || shared.holders.len() > shared.limit as usize {
+                    return Err(format!(
+                        "shared lease on {resource} has {} holders for limit {}",
+                        shared.holders.len(),
+                        shared.limit
+                    ));
+                }
+                let mut live = false;
+                for (session_id, lease) in &shared.holders {
+                    let Some(session) = state.sessions.get(session_id) else {
+                        return Err(format!("a shared hold on {resource} has no session"));
+                    };
+                    if lease.session_id != *session_id
+                        || lease.mode
+                            != (LeaseMode::Shared {
+                                limit: shared.limit,
+                            })
+                        || !session.shared.contains(resource)
+                    {
+                        return Err(format!("a shared hold on {resource} is misfiled"));
+                    }
+                    if lease.fence == 0
+                        || lease.fence > self.fence_counter
+                        || !fences.insert(lease.fence)
+                    {
+                        return Err(format!(
+                            "a shared hold on {resource} has a bad or repeated fence {}",
+                            lease.fence
+                        ));
+                    }
+                    if lease.acquired_at_ms > self.time_ms {
+                        return Err(format!("a hold on {resource} was acquired in the future"));
+                    }
+                    if let Some(deadline_ms) = lease.max_hold_deadline_ms {
+                        shared_max_holds_seen += 1;
+                        if !self.shared_max_hold_deadlines.contains(&(
+                            deadline_ms,
+                            namespace.clone(),
+                            resource.clone(),
+                            *session_id,
+                        )) {
+                            return Err(format!(
+                                "a hold on {resource} is missing from the max-hold index"
+                            ));
+                        }
+                    }
+                    live |= self.time_ms < lease_deadline(session, lease);
+                }
+                if !live {
+                    continue;
+                }
+                // G2: live holders and a live lease of another kind on or above the path.
+                let mut covering = resource.ancestors().filter_map(|ancestor| {
+                    state
+                        .leases
+                        .get_key_value(ancestor)
+                        .filter(|(_, other)| other.mode == LeaseMode::Subtree)
+                });
+                let conflicting = state
+                    .leases
+                    .get_key_value(resource)
+                    .into_iter()
+                    .chain(&mut covering)
+                    .find(|(path, other)| self.live_view(state, path, other).is_some());
+                if let Some((path, _)) = conflicting {
+                    return Err(format!(
+                        "live shared holders of {resource} and a live lease on {path} conflict"
+                    ));
                 }
             }
             for (queue, queue_state) in &state.queues {
@@ -205,6 +290,12 @@ impl Machine {
             return Err(format!(
                 "{claims_seen} claims on tasks but sessions list {session_claims}; {sessions_with_claims} claiming sessions but {} indexed",
                 self.claim_deadlines.len()
+            ));
+        }
+        if shared_max_holds_seen != self.shared_max_hold_deadlines.len() {
+            return Err(format!(
+                "{shared_max_holds_seen} max-held shared holds but {} index entries",
+                self.shared_max_hold_deadlines.len()
             ));
         }
         if finished_seen != self.finished.len() {

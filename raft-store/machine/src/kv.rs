@@ -91,8 +91,9 @@ impl Machine {
         })
     }
 
-    /// G4: the claim's token must be the fence of the live lease on its resource, held by the
-    /// claim's session, at the current cluster time. Anything else is `STALE_FENCE`.
+    /// G4: the claim's token must be the fence of the live lease on its resource (or of one
+    /// holder of its shared lease), held by the claim's session, at the current cluster time.
+    /// Anything else is `STALE_FENCE`.
     pub(super) fn check_fence(
         &self,
         namespace: &Namespace,
@@ -100,12 +101,26 @@ impl Machine {
     ) -> Result<(), Rejection> {
         let Some(claim) = fence else { return Ok(()) };
         let state = self.namespaces.get(namespace);
-        let live = state.and_then(|state| {
-            let lease = state.leases.get(&claim.resource)?;
-            Some((
+        // The lease to judge the claim by: the path's own, or, for a shared lease, the
+        // holder with the claimed fence, else the claimant's own hold, else the oldest holder.
+        let live = state.and_then(|state| match state.leases.get(&claim.resource) {
+            Some(lease) => Some((
                 lease.session_id,
                 self.live_view(state, &claim.resource, lease)?,
-            ))
+            )),
+            None => {
+                let holders = self.live_holders(state, &claim.resource);
+                let pick = holders
+                    .iter()
+                    .position(|(_, view)| view.fence == claim.fence)
+                    .or_else(|| {
+                        holders
+                            .iter()
+                            .position(|(session_id, _)| *session_id == claim.session_id)
+                    })
+                    .unwrap_or(0);
+                holders.into_iter().nth(pick)
+            }
         });
         match live {
             Some((session_id, view)) if view.fence == claim.fence && session_id == claim.session_id => Ok(()),

@@ -7,6 +7,7 @@
 //! deadline rather than stored on each lease.
 
 use super::command::{EventKind, Grant, LeaseView, NewSession, Owner, Rejection, Reply};
+use super::shared::InTheWay;
 use super::{
     descendants, Labels, Lease, LeaseMode, Machine, Namespace, NamespaceState, ResourcePath,
     Session, SessionId,
@@ -56,14 +57,15 @@ impl Machine {
         resource: &ResourcePath,
     ) -> Result<Reply, Rejection> {
         let view = self.check_release(namespace, session_id, resource)?;
-        self.remove_lease(
-            namespace,
-            resource,
-            EventKind::Released {
-                resource: resource.clone(),
-                fence: view.fence,
-            },
-        );
+        let event = EventKind::Released {
+            resource: resource.clone(),
+            fence: view.fence,
+        };
+        if matches!(view.mode, LeaseMode::Shared { .. }) {
+            self.remove_hold(namespace, resource, session_id, event);
+        } else {
+            self.remove_lease(namespace, resource, event);
+        }
         Ok(Reply::Released {
             resource: resource.clone(),
             fence: view.fence,
@@ -85,35 +87,26 @@ impl Machine {
                 "no live session with this id: it ended or expired".to_owned(),
             ));
         }
-        let resources: Vec<ResourcePath> = self.namespaces[namespace].sessions[&session_id]
-            .leases
-            .iter()
-            .cloned()
-            .collect();
         let mut released = Vec::new();
-        for resource in resources {
+        for (resource, shared) in self.holdings(namespace, session_id, usize::MAX) {
             let state = &self.namespaces[namespace];
-            let lease = &state.leases[&resource];
+            let lease = self.held_lease(state, &resource, session_id, shared);
             let fence = lease.fence;
-            if self.live_view(state, &resource, lease).is_some() {
-                self.remove_lease(
-                    namespace,
-                    &resource,
-                    EventKind::Released {
-                        resource: resource.clone(),
-                        fence,
-                    },
-                );
-                released.push(resource);
+            let live = self.live_view(state, &resource, lease).is_some();
+            let event = if live {
+                EventKind::Released {
+                    resource: resource.clone(),
+                    fence,
+                }
             } else {
-                self.remove_lease(
-                    namespace,
-                    &resource,
-                    EventKind::Expired {
-                        resource: resource.clone(),
-                        fence,
-                    },
-                );
+                EventKind::Expired {
+                    resource: resource.clone(),
+                    fence,
+                }
+            };
+            self.remove_holding(namespace, &resource, session_id, shared, event);
+            if live {
+                released.push(resource);
             }
         }
         // Its claims lapse now, as if it had expired: each counts as an attempt.
@@ -134,8 +127,7 @@ impl Machine {
         match owner {
             Owner::Session(session_id) => {
                 let session = self.live_session_mut(namespace, *session_id)?;
-                if session.leases.len() + session.claims.len() >= self.limits.leases_per_session_max
-                {
+                if session.held() >= self.limits.leases_per_session_max {
                     return Err(Rejection::ResourceExhausted(format!(
                         "this session already holds {} leases and claims, the most a session may hold; release some or use another session",
                         self.limits.leases_per_session_max
@@ -144,18 +136,12 @@ impl Machine {
             }
             Owner::NewSession(new_session) => self.check_new_session(namespace, new_session)?,
         }
-        let dead_in_the_way = self.check_conflicts(namespace, resource, mode)?;
-
-        for (dead, fence) in dead_in_the_way {
-            self.remove_lease(
-                namespace,
-                &dead,
-                EventKind::Expired {
-                    resource: dead.clone(),
-                    fence,
-                },
-            );
-        }
+        let acting = match owner {
+            Owner::Session(session_id) => Some(*session_id),
+            Owner::NewSession(_) => None,
+        };
+        let dead_in_the_way = self.check_conflicts(namespace, resource, mode, acting)?;
+        self.clear_dead(namespace, dead_in_the_way);
         let (session_id, session_created) = match owner {
             Owner::Session(session_id) => (*session_id, false),
             Owner::NewSession(new_session) => {
@@ -174,18 +160,25 @@ impl Machine {
             acquired_at_ms: self.time_ms,
             max_hold_deadline_ms,
         };
-        if let Some(deadline_ms) = max_hold_deadline_ms {
-            self.max_hold_deadlines
-                .insert((deadline_ms, namespace.clone(), resource.clone()));
+        if let LeaseMode::Shared { limit } = mode {
+            self.insert_hold(namespace, resource, limit, lease);
+        } else {
+            if let Some(deadline_ms) = max_hold_deadline_ms {
+                self.max_hold_deadlines
+                    .insert((deadline_ms, namespace.clone(), resource.clone()));
+            }
+            let state = self.namespaces.entry(namespace.clone()).or_default();
+            state
+                .sessions
+                .get_mut(&session_id)
+                .expect("the owner session was checked live above")
+                .leases
+                .insert(resource.clone());
+            state.leases.insert(resource.clone(), lease);
         }
-        let state = self.namespaces.entry(namespace.clone()).or_default();
-        let session = state
-            .sessions
-            .get_mut(&session_id)
-            .expect("the owner session was checked live above");
-        session.leases.insert(resource.clone());
-        let holder = session.holder.clone();
-        state.leases.insert(resource.clone(), lease);
+        let holder = self.namespaces[namespace].sessions[&session_id]
+            .holder
+            .clone();
         self.events.push(
             self.time_ms,
             namespace,
@@ -200,8 +193,12 @@ impl Machine {
         );
 
         let state = &self.namespaces[namespace];
+        let lease = match mode {
+            LeaseMode::Shared { .. } => &state.shared[resource].holders[&session_id],
+            _ => &state.leases[resource],
+        };
         let view = self
-            .live_view(state, resource, &state.leases[resource])
+            .live_view(state, resource, lease)
             .expect("a lease just granted is live");
         Ok(Reply::Granted(Grant {
             lease: view,
@@ -218,15 +215,19 @@ impl Machine {
         namespace: &Namespace,
         resource: &ResourcePath,
         mode: LeaseMode,
-    ) -> Result<Vec<(ResourcePath, u64)>, Rejection> {
+        session: Option<SessionId>,
+    ) -> Result<Vec<InTheWay>, Rejection> {
         let mut dead_in_the_way = Vec::new();
         let Some(state) = self.namespaces.get(namespace) else {
             return Ok(dead_in_the_way);
         };
+        // In the order a refusal names them: the path itself (one kind of lease at a time),
+        // the subtree leases above it, then what lies below a subtree request, in path order.
         if let Some(lease) = state.leases.get(resource) {
             self.refuse_if_live(state, resource, lease)?;
-            dead_in_the_way.push((resource.clone(), lease.fence));
+            dead_in_the_way.push(InTheWay::Lease(resource.clone(), lease.fence));
         }
+        self.check_shared(state, resource, mode, session, &mut dead_in_the_way)?;
         for ancestor in resource.ancestors() {
             if let Some((path, lease)) = state.leases.get_key_value(ancestor) {
                 if lease.mode == LeaseMode::Subtree {
@@ -235,9 +236,19 @@ impl Machine {
             }
         }
         if mode == LeaseMode::Subtree {
-            for (path, lease) in descendants(&state.leases, resource) {
-                self.refuse_if_live(state, path, lease)?;
-                dead_in_the_way.push((path.clone(), lease.fence));
+            let mut below: Vec<&ResourcePath> = descendants(&state.leases, resource)
+                .map(|(path, _)| path)
+                .chain(descendants(&state.shared, resource).map(|(path, _)| path))
+                .collect();
+            below.sort();
+            for path in below {
+                match state.leases.get(path) {
+                    Some(lease) => {
+                        self.refuse_if_live(state, path, lease)?;
+                        dead_in_the_way.push(InTheWay::Lease(path.clone(), lease.fence));
+                    }
+                    None => self.check_shared(state, path, mode, session, &mut dead_in_the_way)?,
+                }
             }
         }
         Ok(dead_in_the_way)
@@ -260,6 +271,8 @@ impl Machine {
                     human_duration(held_by.expires_in_ms)
                 ),
                 held_by: Box::new(held_by),
+                holders: Vec::new(),
+                holders_total: 0,
             }),
         }
     }
@@ -279,26 +292,19 @@ impl Machine {
             if deadline_ms > self.time_ms {
                 break;
             }
-            let session = &self.namespaces[&namespace].sessions[&session_id];
-            let batch: Vec<ResourcePath> =
-                session.leases.iter().take(max - work).cloned().collect();
-            for resource in batch {
-                let fence = self.namespaces[&namespace].leases[&resource].fence;
-                self.remove_lease(
-                    &namespace,
-                    &resource,
-                    EventKind::Expired {
-                        resource: resource.clone(),
-                        fence,
-                    },
-                );
+            for (resource, shared) in self.holdings(&namespace, session_id, max - work) {
+                let state = &self.namespaces[&namespace];
+                let fence = self.held_lease(state, &resource, session_id, shared).fence;
+                let event = EventKind::Expired {
+                    resource: resource.clone(),
+                    fence,
+                };
+                self.remove_holding(&namespace, &resource, session_id, shared, event);
                 leases += 1;
                 work += 1;
             }
-            if self.namespaces[&namespace].sessions[&session_id]
-                .leases
-                .is_empty()
-            {
+            let session = &self.namespaces[&namespace].sessions[&session_id];
+            if session.leases.is_empty() && session.shared.is_empty() {
                 self.remove_session(&namespace, session_id);
                 sessions += 1;
                 work += 1;
@@ -324,7 +330,82 @@ impl Machine {
             leases += 1;
             work += 1;
         }
+        while work < max {
+            let Some((deadline_ms, namespace, resource, session_id)) =
+                self.shared_max_hold_deadlines.first().cloned()
+            else {
+                break;
+            };
+            if deadline_ms > self.time_ms {
+                break;
+            }
+            let fence = self.namespaces[&namespace].shared[&resource].holders[&session_id].fence;
+            let event = EventKind::Expired {
+                resource: resource.clone(),
+                fence,
+            };
+            self.remove_hold(&namespace, &resource, session_id, event);
+            leases += 1;
+            work += 1;
+        }
         (leases, sessions)
+    }
+
+    /// Up to `max` of the paths `session_id` holds, in path order, each with whether it holds
+    /// it shared.
+    fn holdings(
+        &self,
+        namespace: &Namespace,
+        session_id: SessionId,
+        max: usize,
+    ) -> Vec<(ResourcePath, bool)> {
+        let session = &self.namespaces[namespace].sessions[&session_id];
+        let mut held: Vec<(ResourcePath, bool)> = session
+            .leases
+            .iter()
+            .take(max)
+            .map(|resource| (resource.clone(), false))
+            .chain(
+                session
+                    .shared
+                    .iter()
+                    .take(max)
+                    .map(|resource| (resource.clone(), true)),
+            )
+            .collect();
+        held.sort();
+        held.truncate(max);
+        held
+    }
+
+    /// The lease `session_id` holds on `resource` (listed by `holdings`).
+    fn held_lease<'a>(
+        &self,
+        state: &'a NamespaceState,
+        resource: &ResourcePath,
+        session_id: SessionId,
+        shared: bool,
+    ) -> &'a Lease {
+        if shared {
+            &state.shared[resource].holders[&session_id]
+        } else {
+            &state.leases[resource]
+        }
+    }
+
+    fn remove_holding(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        session_id: SessionId,
+        shared: bool,
+        event: EventKind,
+    ) {
+        if shared {
+            self.remove_hold(namespace, resource, session_id, event);
+        } else {
+            self.remove_lease(namespace, resource, event);
+        }
     }
 
     pub(super) fn check_new_session(
@@ -361,6 +442,7 @@ impl Machine {
             labels: new_session.labels.clone(),
             deadline_ms,
             leases: Default::default(),
+            shared: Default::default(),
             claims: Default::default(),
         };
         self.namespaces
@@ -394,6 +476,7 @@ impl Machine {
             .leases
             .get(resource)
             .filter(|lease| lease.session_id == session_id)
+            .or_else(|| state.shared.get(resource)?.holders.get(&session_id))
             .and_then(|lease| self.live_view(state, resource, lease))
             .ok_or_else(|| {
                 Rejection::LeaseLost(format!("this session holds no live lease on {resource}"))
@@ -415,7 +498,12 @@ impl Machine {
     }
 
     /// Removes a lease and everything that points at it, and records `event`.
-    fn remove_lease(&mut self, namespace: &Namespace, resource: &ResourcePath, event: EventKind) {
+    pub(super) fn remove_lease(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        event: EventKind,
+    ) {
         let state = self
             .namespaces
             .get_mut(namespace)
@@ -447,7 +535,7 @@ impl Machine {
             .remove(&session_id)
             .expect("the session exists");
         assert!(
-            session.leases.is_empty() && session.claims.is_empty(),
+            session.held() == 0,
             "a session is removed only after its leases and claims"
         );
         self.session_deadlines
@@ -464,7 +552,7 @@ fn session_gone() -> Rejection {
     Rejection::LeaseLost("the session is gone (expired or ended): stop acting as holder".to_owned())
 }
 
-fn human_duration(milliseconds: u64) -> String {
+pub(super) fn human_duration(milliseconds: u64) -> String {
     if milliseconds < 1_000 {
         return format!("{milliseconds}ms");
     }

@@ -19,7 +19,7 @@ use super::queues::QueueState;
 use super::types::{Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId};
 use super::{KvEntry, Lease, NamespaceState, Session};
 
-/// The limits before `task_retention_ms` and `txn_ops_max`.
+/// The limits before `task_retention_ms`, `txn_ops_max` and `shared_limit_max`.
 #[derive(Deserialize)]
 pub(super) struct LimitsV1 {
     ttl_ms_min: u64,
@@ -86,6 +86,7 @@ impl From<LimitsV1> for Limits {
             sweep_batch_max: old.sweep_batch_max,
             task_retention_ms: defaults.task_retention_ms,
             txn_ops_max: defaults.txn_ops_max,
+            shared_limit_max: defaults.shared_limit_max,
         }
     }
 }
@@ -309,6 +310,7 @@ impl NamespaceStateV2 {
         NamespaceState {
             sessions: self.sessions,
             leases: self.leases,
+            shared: BTreeMap::new(),
             kv: self.kv,
             queues: self
                 .queues

@@ -22,6 +22,7 @@ mod kv;
 mod leases;
 mod legacy;
 mod queues;
+mod shared;
 mod txn;
 mod types;
 
@@ -65,6 +66,8 @@ pub struct Machine {
     session_deadlines: BTreeSet<(u64, Namespace, SessionId)>,
     /// Every lease with a max hold, by the deadline that max hold sets.
     max_hold_deadlines: BTreeSet<(u64, Namespace, ResourcePath)>,
+    /// The same for shared holds, which a path has several of.
+    shared_max_hold_deadlines: BTreeSet<(u64, Namespace, ResourcePath, SessionId)>,
     /// Sessions holding at least one task claim, by deadline: their claims lapse with them.
     claim_deadlines: BTreeSet<(u64, Namespace, SessionId)>,
     /// Ready tasks whose delay has not run out, by the time it does.
@@ -86,7 +89,10 @@ pub struct Machine {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct NamespaceState {
     sessions: BTreeMap<SessionId, Session>,
+    /// Exclusive and subtree leases: one holder a path.
     leases: BTreeMap<ResourcePath, Lease>,
+    /// Shared leases: up to `limit` holders a path.
+    shared: BTreeMap<ResourcePath, SharedLease>,
     kv: BTreeMap<ResourcePath, KvEntry>,
     queues: BTreeMap<Name, QueueState>,
 }
@@ -95,6 +101,7 @@ impl NamespaceState {
     fn is_empty(&self) -> bool {
         self.sessions.is_empty()
             && self.leases.is_empty()
+            && self.shared.is_empty()
             && self.kv.is_empty()
             && self.queues.is_empty()
     }
@@ -110,9 +117,20 @@ struct Session {
     /// The resources this session holds a lease on (a reverse index, rebuilt on decode).
     #[serde(skip)]
     leases: BTreeSet<ResourcePath>,
+    /// The resources this session holds a shared lease on (rebuilt on decode).
+    #[serde(skip)]
+    shared: BTreeSet<ResourcePath>,
     /// The tasks this session holds a claim on, as `(queue, task id)` (rebuilt on decode).
     #[serde(skip)]
     claims: BTreeSet<(Name, Name)>,
+}
+
+impl Session {
+    /// Leases (exclusive, subtree, shared) and task claims held: what `leases_per_session_max`
+    /// bounds.
+    fn held(&self) -> usize {
+        self.leases.len() + self.shared.len() + self.claims.len()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -124,6 +142,14 @@ struct Lease {
     acquired_at_ms: u64,
     /// Set by `max_hold_ms`: the lease is dead at this time even while its session lives.
     max_hold_deadline_ms: Option<u64>,
+}
+
+/// A path held in `shared` mode: every holder gave `limit`, and at most `limit` hold it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct SharedLease {
+    limit: u32,
+    /// Each holder's lease, by session.
+    holders: BTreeMap<SessionId, Lease>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -148,6 +174,7 @@ impl Machine {
             namespaces: BTreeMap::new(),
             session_deadlines: BTreeSet::new(),
             max_hold_deadlines: BTreeSet::new(),
+            shared_max_hold_deadlines: BTreeSet::new(),
             claim_deadlines: BTreeSet::new(),
             delayed: BTreeSet::new(),
             finished: BTreeSet::new(),
@@ -200,7 +227,15 @@ impl Machine {
         self.namespaces
             .values()
             .fold((0, 0), |(sessions, leases), state| {
-                (sessions + state.sessions.len(), leases + state.leases.len())
+                let shared: usize = state
+                    .shared
+                    .values()
+                    .map(|shared| shared.holders.len())
+                    .sum();
+                (
+                    sessions + state.sessions.len(),
+                    leases + state.leases.len() + shared,
+                )
             })
     }
 
@@ -215,14 +250,38 @@ impl Machine {
                 .max_hold_deadlines
                 .first()
                 .is_some_and(|(deadline_ms, _, _)| due(*deadline_ms))
+            || self
+                .shared_max_hold_deadlines
+                .first()
+                .is_some_and(|(deadline_ms, _, _, _)| due(*deadline_ms))
             || self.retention_due()
     }
 
-    /// The live lease on exactly `resource`, at the applied cluster time.
+    /// The live lease on exactly `resource`, at the applied cluster time: its exclusive or
+    /// subtree lease, or the oldest live holder of its shared lease.
     pub fn lease(&self, namespace: &Namespace, resource: &ResourcePath) -> Option<LeaseView> {
         let state = self.namespaces.get(namespace)?;
-        let lease = state.leases.get(resource)?;
-        self.live_view(state, resource, lease)
+        match state.leases.get(resource) {
+            Some(lease) => self.live_view(state, resource, lease),
+            None => self
+                .live_holders(state, resource)
+                .into_iter()
+                .next()
+                .map(|(_, view)| view),
+        }
+    }
+
+    /// Every live lease on exactly `resource`: one, or each holder of a shared lease (oldest
+    /// grant first).
+    fn leases_on(&self, state: &NamespaceState, resource: &ResourcePath) -> Vec<LeaseView> {
+        match state.leases.get(resource) {
+            Some(lease) => self.live_view(state, resource, lease).into_iter().collect(),
+            None => self
+                .live_holders(state, resource)
+                .into_iter()
+                .map(|(_, view)| view)
+                .collect(),
+        }
     }
 
     /// Live leases whose path starts with `prefix` (as a string), after `cursor`, in path order.
@@ -246,19 +305,35 @@ impl Machine {
         };
         let mut items = Vec::new();
         let mut next_cursor = None;
-        let range = state.leases.range::<str, _>((start, Bound::Unbounded));
-        for (resource, lease) in
-            range.take_while(|(resource, _)| resource.as_str().starts_with(prefix))
-        {
-            if let Some(view) = self.live_view(state, resource, lease) {
-                if items.len() == limit {
-                    next_cursor = items
-                        .last()
-                        .map(|last: &LeaseView| last.resource.to_string());
-                    break;
-                }
-                items.push(view);
+        // Paths with a lease of either kind, merged in path order (a path has only one kind).
+        let mut exclusive = state
+            .leases
+            .range::<str, _>((start, Bound::Unbounded))
+            .map(|(resource, _)| resource)
+            .peekable();
+        let mut shared = state
+            .shared
+            .range::<str, _>((start, Bound::Unbounded))
+            .map(|(resource, _)| resource)
+            .peekable();
+        let paths = std::iter::from_fn(|| match (exclusive.peek(), shared.peek()) {
+            (Some(a), Some(b)) if b < a => shared.next(),
+            (Some(_), _) => exclusive.next(),
+            (None, _) => shared.next(),
+        });
+        // A page ends between paths, so a shared lease's holders are never split.
+        for resource in paths.take_while(|resource| resource.as_str().starts_with(prefix)) {
+            let views = self.leases_on(state, resource);
+            if views.is_empty() {
+                continue;
             }
+            if items.len() >= limit {
+                next_cursor = items
+                    .last()
+                    .map(|last: &LeaseView| last.resource.to_string());
+                break;
+            }
+            items.extend(views);
         }
         Page { items, next_cursor }
     }
@@ -278,13 +353,18 @@ impl Machine {
         if session.deadline_ms <= self.time_ms {
             return None;
         }
-        let start = cursor.map_or(Bound::Unbounded, Bound::Excluded);
         let mut items = Vec::new();
         let mut next_cursor = None;
-        for resource in session.leases.range::<str, _>((start, Bound::Unbounded)) {
+        let held = session
+            .leases
+            .union(&session.shared)
+            .filter(|resource| cursor.is_none_or(|cursor| resource.as_str() > cursor));
+        for resource in held {
             let Some(view) = state
                 .leases
                 .get(resource)
+                .filter(|lease| lease.session_id == session_id)
+                .or_else(|| state.shared.get(resource)?.holders.get(&session_id))
                 .and_then(|lease| self.live_view(state, resource, lease))
             else {
                 continue;
@@ -322,14 +402,27 @@ impl Machine {
         })
     }
 
-    /// Whether `fence` is the live fence of the lease covering `resource` (its own, or a
-    /// subtree lease on an ancestor): G4, for resources outside Baton.
+    /// Whether `fence` is the live fence of a lease covering `resource` (its own, one holder
+    /// of its shared lease, or a subtree lease on an ancestor): G4, for resources outside
+    /// Baton. `live_fence` is `fence` when current, else the covering lease's (the oldest
+    /// holder's, for a shared one).
     pub fn fence_status(
         &self,
         namespace: &Namespace,
         resource: &ResourcePath,
         fence: u64,
     ) -> FenceStatus {
+        let holder = self.namespaces.get(namespace).and_then(|state| {
+            self.live_holders(state, resource)
+                .into_iter()
+                .find(|(_, view)| view.fence == fence)
+        });
+        if holder.is_some() {
+            return FenceStatus {
+                current: true,
+                live_fence: Some(fence),
+            };
+        }
         let live_fence = self
             .covering_lease(namespace, resource)
             .map(|(lease, _)| lease.fence);
@@ -449,14 +542,8 @@ impl Machine {
         if let (Some(leases_max), Op::Acquire { .. }) = (quotas.leases_max, op) {
             let held: usize = sessions()
                 .filter_map(|(namespace, session_id)| {
-                    Some(
-                        self.namespaces
-                            .get(namespace)?
-                            .sessions
-                            .get(session_id)?
-                            .leases
-                            .len(),
-                    )
+                    let session = self.namespaces.get(namespace)?.sessions.get(session_id)?;
+                    Some(session.leases.len() + session.shared.len())
                 })
                 .sum();
             if held as u64 >= leases_max {
@@ -485,6 +572,8 @@ impl Machine {
             }
         }
         let outcome = self.apply_op(namespace, op);
+        // The compensations this operation owes, made by the same token (`acting`).
+        self.enqueue_compensations();
         if let (Some(by), Some(session_id)) = (by, op.session_created()) {
             let created = self
                 .namespaces

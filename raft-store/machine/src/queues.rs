@@ -495,7 +495,7 @@ impl Machine {
         match owner {
             Owner::Session(session_id) => {
                 let session = self.live_session_mut(namespace, *session_id)?;
-                let held = session.leases.len() + session.claims.len();
+                let held = session.held();
                 if held >= self.limits.leases_per_session_max {
                     return Err(Rejection::ResourceExhausted(format!(
                         "this session already holds {held} leases and claims, the most a session may hold"

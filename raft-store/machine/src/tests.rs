@@ -2458,3 +2458,218 @@ fn a_retired_task_id_taken_again_is_a_new_task() {
     ];
     check_on(&mut machine, steps);
 }
+
+// ---- shared leases ----
+
+const D: u128 = 4;
+const E: u128 = 5;
+
+fn acquire_shared(session: u128, resource: &str, limit: u32) -> Op {
+    acquire_as(session, resource, LeaseMode::Shared { limit })
+}
+
+#[test]
+fn a_shared_lease_admits_up_to_its_limit_and_conflicts_like_one_lease() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, create(B, "agent-b", 10_000), "session expires_in=10000"),
+        (0, create(C, "agent-c", 10_000), "session expires_in=10000"),
+        (0, create(D, "agent-d", 10_000), "session expires_in=10000"),
+        (0, create(E, "agent-e", 10_000), "session expires_in=10000"),
+        (
+            0,
+            acquire_shared(A, "team/ci", 3),
+            "granted fence=1 expires_in=1000",
+        ),
+        (
+            0,
+            acquire_shared(B, "team/ci", 3),
+            "granted fence=2 expires_in=10000",
+        ),
+        // Its own session again: refused, and it recognises itself.
+        (
+            0,
+            acquire_shared(B, "team/ci", 3),
+            "LEASE_HELD agent-b fence=2 expires_in=10000",
+        ),
+        (
+            0,
+            acquire_shared(C, "team/ci", 3),
+            "granted fence=3 expires_in=10000",
+        ),
+        // Full: the oldest holder is named, and every holder listed.
+        (
+            0,
+            acquire_shared(D, "team/ci", 3),
+            "LEASE_HELD agent-a fence=1 expires_in=1000",
+        ),
+        // Every holder gives the same limit.
+        (0, acquire_shared(D, "team/ci", 4), "INVALID_ARGUMENT"),
+        (0, acquire_shared(D, "team/ci", 0), "INVALID_ARGUMENT"),
+        (0, acquire_shared(D, "team/ci", 1_025), "INVALID_ARGUMENT"),
+        // Shared holders are one conflicting set for exclusive and subtree leases...
+        (
+            0,
+            acquire(D, "team/ci"),
+            "LEASE_HELD agent-a fence=1 expires_in=1000",
+        ),
+        (
+            0,
+            acquire_subtree(D, "team"),
+            "LEASE_HELD agent-a fence=1 expires_in=1000",
+        ),
+        // ... and not for the paths below or beside them.
+        (
+            0,
+            acquire(D, "team/ci/cache"),
+            "granted fence=4 expires_in=10000",
+        ),
+        (
+            0,
+            acquire_subtree(D, "other"),
+            "granted fence=5 expires_in=10000",
+        ),
+        (
+            0,
+            acquire_shared(E, "other/x", 2),
+            "LEASE_HELD agent-d fence=5 expires_in=10000",
+        ),
+        (0, acquire(E, "solo"), "granted fence=6 expires_in=10000"),
+        (
+            0,
+            acquire_shared(D, "solo", 2),
+            "LEASE_HELD agent-e fence=6 expires_in=10000",
+        ),
+    ]);
+    let refusal = machine
+        .apply(&Batch {
+            stamp_ms: 0,
+            commands: vec![command(acquire_shared(D, "team/ci", 3))],
+        })
+        .pop()
+        .expect("one response");
+    match refusal.outcome {
+        Err(Rejection::LeaseHeld {
+            holders,
+            holders_total,
+            message,
+            ..
+        }) => {
+            let fences: Vec<u64> = holders.iter().map(|view| view.fence).collect();
+            assert_eq!((fences, holders_total), (vec![1, 2, 3], 3));
+            assert!(message.contains("shared by 3 of 3 holders"), "{message}");
+        }
+        other => panic!("expected LEASE_HELD, got {other:?}"),
+    }
+    // Each holder's fence is live: fence checks and fenced writes take any of them, with its
+    // own session.
+    assert!(
+        machine
+            .fence_status(&namespace(), &path("team/ci"), 2)
+            .current
+    );
+    assert!(
+        !machine
+            .fence_status(&namespace(), &path("team/ci"), 4)
+            .current
+    );
+    let holders: Vec<u64> = machine
+        .leases(&namespace(), "team/ci", None, 100)
+        .items
+        .iter()
+        .filter(|view| view.resource.as_str() == "team/ci")
+        .map(|view| view.fence)
+        .collect();
+    assert_eq!(holders, [1, 2, 3]);
+    check_on(
+        &mut machine,
+        vec![
+            (0, put("k", "1", fence(C, "team/ci", 3)), "written rev=7"),
+            (
+                0,
+                put("k", "2", fence(D, "team/ci", 3)),
+                "STALE_FENCE current=3",
+            ),
+            // A release frees one place at once.
+            (0, release(B, "team/ci"), "released fence=2"),
+            (
+                0,
+                acquire_shared(D, "team/ci", 3),
+                "granted fence=7 expires_in=10000",
+            ),
+            (
+                0,
+                acquire_shared(E, "team/ci", 3),
+                "LEASE_HELD agent-a fence=1 expires_in=1000",
+            ),
+            // A holder whose session expired makes room, cleared by the grant that takes it.
+            (
+                1_000,
+                acquire_shared(E, "team/ci", 3),
+                "granted fence=8 expires_in=9000",
+            ),
+            (1_000, end(C), "ended [team/ci]"),
+            (1_000, end(D), "ended [other,team/ci,team/ci/cache]"),
+            (1_000, end(E), "ended [solo,team/ci]"),
+            // The last holder gone, the path takes another limit.
+            (
+                1_000,
+                acquire_shared(B, "team/ci", 5),
+                "granted fence=9 expires_in=9000",
+            ),
+        ],
+    );
+    assert!(
+        machine
+            .fence_status(&namespace(), &path("team/ci"), 9)
+            .current
+    );
+}
+
+#[test]
+fn shared_holds_expire_with_their_session_or_max_hold_and_are_swept() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 1_000), "session expires_in=1000"),
+        (0, create(B, "agent-b", 10_000), "session expires_in=10000"),
+        (
+            0,
+            acquire_shared(A, "pool", 2),
+            "granted fence=1 expires_in=1000",
+        ),
+        (
+            0,
+            Op::Acquire {
+                resource: path("pool"),
+                mode: LeaseMode::Shared { limit: 2 },
+                owner: Owner::Session(SessionId(B)),
+                max_hold_ms: Some(2_000),
+                labels: Labels::new(),
+            },
+            "granted fence=2 expires_in=2000",
+        ),
+    ]);
+    assert!(!machine.sweep_due());
+    assert_eq!(
+        step(&mut machine, 1_000, Command::Sweep { max: 100 }),
+        "swept leases=1 sessions=1 tasks=0"
+    );
+    assert_eq!(
+        machine
+            .lease(&namespace(), &path("pool"))
+            .map(|view| view.fence),
+        Some(2)
+    );
+    assert_eq!(
+        step(&mut machine, 2_000, Command::Sweep { max: 100 }),
+        "swept leases=1 sessions=0 tasks=0"
+    );
+    assert!(machine.lease(&namespace(), &path("pool")).is_none());
+    let events: Vec<String> = machine
+        .events_after(0, 100)
+        .expect("kept")
+        .iter()
+        .map(|event| format!("{:?}", event.kind))
+        .collect();
+    assert_eq!(events.len(), 4, "{events:?}");
+    assert!(events[2].starts_with("Expired") && events[3].starts_with("Expired"));
+}

@@ -47,6 +47,8 @@ pub struct Limits {
     pub task_retention_ms: u64,
     /// Compares, and ops, in one transaction.
     pub txn_ops_max: usize,
+    /// The most holders a shared lease may allow.
+    pub shared_limit_max: u32,
 }
 
 impl Default for Limits {
@@ -82,6 +84,7 @@ impl Default for Limits {
             sweep_batch_max: 1_000,
             task_retention_ms: 7 * 24 * 60 * 60 * 1_000,
             txn_ops_max: 64,
+            shared_limit_max: 1_024,
         }
     }
 }
@@ -139,6 +142,7 @@ impl Limits {
             ("events_kept_max", self.events_kept_max as u64),
             ("sweep_batch_max", self.sweep_batch_max as u64),
             ("txn_ops_max", self.txn_ops_max as u64),
+            ("shared_limit_max", u64::from(self.shared_limit_max)),
         ];
         // Zero is a usable setting for these (no labels, no dependencies, no delays).
         let may_be_zero = ["labels_max", "task_dependencies_max", "task_delay_ms_max"];
@@ -468,11 +472,15 @@ impl fmt::Display for SessionId {
     }
 }
 
-/// `exclusive` covers exactly its path; `subtree` covers its path and everything below.
+/// `exclusive` covers exactly its path; `subtree` covers its path and everything below;
+/// `shared` is held by up to `limit` sessions at once (a semaphore), each with its own fence,
+/// and conflicts like an exclusive lease with everything but other shared holders.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum LeaseMode {
     Exclusive,
     Subtree,
+    // Last, so that the log and the replies recorded before it decode unchanged.
+    Shared { limit: u32 },
 }
 
 impl LeaseMode {
@@ -480,6 +488,7 @@ impl LeaseMode {
         match self {
             LeaseMode::Exclusive => "exclusive",
             LeaseMode::Subtree => "subtree",
+            LeaseMode::Shared { .. } => "shared",
         }
     }
 }

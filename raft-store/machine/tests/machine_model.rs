@@ -235,7 +235,11 @@ fn covers_or_equals(outer: &str, inner: &str) -> bool {
 
 /// G2: whether a `mode` lease on `wanted` conflicts with a `held_mode` lease on `held`.
 fn conflicts(wanted: &str, mode: LeaseMode, held: &str, held_mode: LeaseMode) -> bool {
-    wanted == held
+    // Shared holders of one path do not conflict with each other (their count and limit are
+    // checked apart).
+    let both_shared =
+        matches!(mode, LeaseMode::Shared { .. }) && matches!(held_mode, LeaseMode::Shared { .. });
+    (wanted == held && !both_shared)
         || (held_mode == LeaseMode::Subtree && covers_or_equals(held, wanted))
         || (mode == LeaseMode::Subtree && covers_or_equals(wanted, held))
 }
@@ -388,10 +392,8 @@ impl Model {
                 self.live_session(namespace, *session_id)
                     .ok_or(Refusal::LeaseLost)?;
                 let index = self
-                    .lease_index(namespace, resource)
-                    .filter(|&index| {
-                        self.leases[index].session == *session_id && self.is_live(index)
-                    })
+                    .holding_index(namespace, resource, *session_id)
+                    .filter(|&index| self.is_live(index))
                     .ok_or(Refusal::LeaseLost)?;
                 let fence = self.leases[index].fence;
                 self.remove_lease(
@@ -420,7 +422,7 @@ impl Model {
                 let mut released = Vec::new();
                 for resource in held {
                     let index = self
-                        .lease_index(namespace, &resource)
+                        .holding_index(namespace, &resource, *session_id)
                         .expect("listed just above");
                     let fence = self.leases[index].fence;
                     if self.is_live(index) {
@@ -1134,8 +1136,14 @@ impl Model {
         max_hold_ms: Option<u64>,
         labels: &Labels,
     ) -> Result<Reply, Refusal> {
-        // Mirrors the real order: path, labels, max hold, then the owner, then conflicts.
+        // Mirrors the real order: path, a shared limit, labels, max hold, then the owner,
+        // then conflicts.
         self.check_path(resource)?;
+        if let LeaseMode::Shared { limit } = mode {
+            if limit == 0 || limit > self.limits.shared_limit_max {
+                return Err(Refusal::Invalid);
+            }
+        }
         self.check_labels(labels)?;
         if let Some(max_hold_ms) = max_hold_ms {
             if max_hold_ms == 0 || max_hold_ms > self.limits.max_hold_ms_max {
@@ -1182,12 +1190,49 @@ impl Model {
             }
         }
         live_conflicts.sort_by(|a, b| {
-            (a.0, &self.leases[a.1].resource).cmp(&(b.0, &self.leases[b.1].resource))
+            (a.0, &self.leases[a.1].resource, self.leases[a.1].fence).cmp(&(
+                b.0,
+                &self.leases[b.1].resource,
+                self.leases[b.1].fence,
+            ))
         });
-        if let Some(&(_, index)) = live_conflicts.first() {
-            return Err(Refusal::LeaseHeld(
-                self.view(index).expect("a live lease has a view"),
-            ));
+        // A shared acquire meets the path's other shared holders: the same limit, not its own
+        // session again, and room left. Their dead ones are cleared like any dead lease.
+        let mut shared_refusal = None;
+        if let LeaseMode::Shared { limit } = mode {
+            let live = self.live_on(namespace, resource);
+            let acting = match owner {
+                Owner::Session(session_id) => Some(*session_id),
+                Owner::NewSession(_) => None,
+            };
+            if let Some(&oldest) = live.first() {
+                if self.leases[oldest].mode != mode {
+                    shared_refusal = Some(Refusal::Invalid);
+                } else if let Some(&own) = live
+                    .iter()
+                    .find(|&&index| Some(self.leases[index].session) == acting)
+                {
+                    shared_refusal = Some(Refusal::LeaseHeld(self.view(own).expect("live")));
+                } else if live.len() >= limit as usize {
+                    shared_refusal = Some(Refusal::LeaseHeld(self.view(oldest).expect("live")));
+                }
+            }
+            dead_in_the_way.extend((0..self.leases.len()).filter(|&index| {
+                let lease = &self.leases[index];
+                lease.namespace == *namespace
+                    && lease.resource == *resource
+                    && matches!(lease.mode, LeaseMode::Shared { .. })
+                    && !self.is_live(index)
+            }));
+        }
+        match (live_conflicts.first(), shared_refusal) {
+            (Some(&(rank, index)), refusal) if rank == 0 || refusal.is_none() => {
+                return Err(Refusal::LeaseHeld(
+                    self.view(index).expect("a live lease has a view"),
+                ));
+            }
+            (_, Some(refusal)) => return Err(refusal),
+            _ => {}
         }
         // The dead ones go first, each with its `expired` event: the path itself, then
         // the leases below in path order.
@@ -1203,7 +1248,13 @@ impl Model {
             .collect();
         dead.sort();
         for (_, path, fence) in dead {
-            let index = self.lease_index(namespace, &path).expect("found above");
+            let index = self
+                .leases
+                .iter()
+                .position(|lease| {
+                    lease.namespace == *namespace && lease.resource == path && lease.fence == fence
+                })
+                .expect("found above");
             self.remove_lease(
                 index,
                 EventKind::Expired {
@@ -1264,10 +1315,19 @@ impl Model {
     ) -> Result<(), Refusal> {
         let Some(claim) = claim else { return Ok(()) };
         self.check_path(&claim.resource)?;
-        match self
-            .lease_index(namespace, &claim.resource)
-            .filter(|&index| self.is_live(index))
-        {
+        // Of a shared lease's holders: the one with the claimed fence, else the claimant's
+        // own, else the oldest.
+        let live = self.live_on(namespace, &claim.resource);
+        let judged = live
+            .iter()
+            .find(|&&index| self.leases[index].fence == claim.fence)
+            .or_else(|| {
+                live.iter()
+                    .find(|&&index| self.leases[index].session == claim.session_id)
+            })
+            .or(live.first())
+            .copied();
+        match judged {
             None => Err(Refusal::StaleFence(None)),
             Some(index) => {
                 let lease = &self.leases[index];
@@ -1308,7 +1368,7 @@ impl Model {
             held.truncate(max - work);
             for resource in held {
                 let index = self
-                    .lease_index(&namespace, &resource)
+                    .holding_index(&namespace, &resource, session_id)
                     .expect("listed just above");
                 let fence = self.leases[index].fence;
                 self.remove_lease(index, EventKind::Expired { resource, fence });
@@ -1330,26 +1390,43 @@ impl Model {
                 work += 1;
             }
         }
-        while work < max {
-            let over = self
-                .leases
-                .iter()
-                .filter_map(|lease| lease.max_hold_deadline_ms.map(|deadline| (deadline, lease)))
-                .filter(|(deadline, _)| *deadline <= self.time_ms)
-                .min_by(|a, b| {
-                    (a.0, &a.1.namespace, &a.1.resource).cmp(&(b.0, &b.1.namespace, &b.1.resource))
-                })
-                .map(|(_, lease)| (lease.namespace.clone(), lease.resource.clone()));
-            let Some((namespace, resource)) = over else {
-                break;
-            };
-            let index = self
-                .lease_index(&namespace, &resource)
-                .expect("found above");
-            let fence = self.leases[index].fence;
-            self.remove_lease(index, EventKind::Expired { resource, fence });
-            leases += 1;
-            work += 1;
+        // Exclusive and subtree leases past their max hold first, then shared holds.
+        for shared in [false, true] {
+            while work < max {
+                let over = self
+                    .leases
+                    .iter()
+                    .filter(|lease| matches!(lease.mode, LeaseMode::Shared { .. }) == shared)
+                    .filter_map(|lease| {
+                        lease.max_hold_deadline_ms.map(|deadline| (deadline, lease))
+                    })
+                    .filter(|(deadline, _)| *deadline <= self.time_ms)
+                    .min_by(|a, b| {
+                        (a.0, &a.1.namespace, &a.1.resource, a.1.session).cmp(&(
+                            b.0,
+                            &b.1.namespace,
+                            &b.1.resource,
+                            b.1.session,
+                        ))
+                    })
+                    .map(|(_, lease)| {
+                        (
+                            lease.namespace.clone(),
+                            lease.resource.clone(),
+                            lease.session,
+                        )
+                    });
+                let Some((namespace, resource, session_id)) = over else {
+                    break;
+                };
+                let index = self
+                    .holding_index(&namespace, &resource, session_id)
+                    .expect("found above");
+                let fence = self.leases[index].fence;
+                self.remove_lease(index, EventKind::Expired { resource, fence });
+                leases += 1;
+                work += 1;
+            }
         }
         // Then done and dead tasks past their retention, by (finished, namespace, queue, id).
         let mut tasks = 0u64;
@@ -1550,10 +1627,31 @@ impl Model {
             && self.waiting_on(index) == 0
     }
 
-    fn lease_index(&self, namespace: &Namespace, resource: &ResourcePath) -> Option<usize> {
-        self.leases
-            .iter()
-            .position(|lease| lease.namespace == *namespace && lease.resource == *resource)
+    /// The lease `session_id` holds on `resource`, dead or alive.
+    fn holding_index(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        session_id: SessionId,
+    ) -> Option<usize> {
+        self.leases.iter().position(|lease| {
+            lease.namespace == *namespace
+                && lease.resource == *resource
+                && lease.session == session_id
+        })
+    }
+
+    /// The live leases on exactly `resource`, oldest grant first (several only when shared).
+    fn live_on(&self, namespace: &Namespace, resource: &ResourcePath) -> Vec<usize> {
+        let mut live: Vec<usize> = (0..self.leases.len())
+            .filter(|&index| {
+                self.leases[index].namespace == *namespace
+                    && self.leases[index].resource == *resource
+                    && self.is_live(index)
+            })
+            .collect();
+        live.sort_by_key(|&index| self.leases[index].fence);
+        live
     }
 
     /// When the lease dies: its session's deadline or its max hold, whichever comes first.
@@ -1612,7 +1710,7 @@ impl Model {
     // ---- the observable state ----
 
     fn lease(&self, namespace: &Namespace, resource: &ResourcePath) -> Option<LeaseView> {
-        self.view(self.lease_index(namespace, resource)?)
+        self.view(*self.live_on(namespace, resource).first()?)
     }
 
     fn live_leases(&self, namespace: &Namespace) -> Vec<LeaseView> {
@@ -1620,7 +1718,7 @@ impl Model {
             .filter(|&index| self.leases[index].namespace == *namespace)
             .filter_map(|index| self.view(index))
             .collect();
-        views.sort_by(|a, b| a.resource.cmp(&b.resource));
+        views.sort_by(|a, b| (&a.resource, a.fence).cmp(&(&b.resource, b.fence)));
         views
     }
 

@@ -99,6 +99,7 @@ pub fn limits_for(tight: bool) -> Limits {
         events_kept_max: 20,
         sweep_batch_max: 2,
         task_retention_ms: 500,
+        shared_limit_max: 2,
         txn_ops_max: 3,
         ..Limits::default()
     }
@@ -834,7 +835,11 @@ fn owner() -> impl Strategy<Value = Owner> {
 }
 
 fn mode() -> impl Strategy<Value = LeaseMode> {
-    prop_oneof![3 => Just(LeaseMode::Exclusive), 2 => Just(LeaseMode::Subtree)]
+    prop_oneof![
+        3 => Just(LeaseMode::Exclusive),
+        2 => Just(LeaseMode::Subtree),
+        3 => (0u32..=3).prop_map(|limit| LeaseMode::Shared { limit }),
+    ]
 }
 
 fn fence() -> impl Strategy<Value = Option<AbstractFence>> {
