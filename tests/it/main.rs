@@ -19,6 +19,7 @@ mod membership;
 mod process;
 mod queues;
 mod security;
+mod semaphore;
 mod time;
 mod tls;
 mod txn;
