@@ -1312,6 +1312,7 @@ impl AcquireOptions {
     /// Exclusive or subtree (a shared lease needs its limit: [`AcquireOptions::shared`]).
     pub fn mode(mut self, mode: crate::api::LeaseMode) -> AcquireOptions {
         self.mode = mode;
+        self.limit = None;
         self
     }
 

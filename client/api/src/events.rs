@@ -62,7 +62,7 @@ pub enum EventKind {
         holder: String,
         /// The grant's fence.
         fence: u64,
-        /// `exclusive` or `subtree`.
+        /// `exclusive`, `subtree` or `shared`.
         mode: LeaseMode,
     },
     /// A lease was released by its session (directly or by ending the session).

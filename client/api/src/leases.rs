@@ -27,8 +27,8 @@ pub struct AcquireRequest {
     /// `exclusive` (default), `subtree` or `shared`.
     #[serde(default)]
     pub mode: LeaseMode,
-    /// With `shared` (and only then): how many may hold the path at once, 1..=1024; every
-    /// holder gives the same.
+    /// With `shared` (and only then): how many may hold the path at once,
+    /// 1..=`shared_limit_max` (1024 by default); every holder gives the same.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limit: Option<u32>,
     /// Caps the lease's life even while keepalives continue.

@@ -547,11 +547,11 @@ impl Machine {
     }
 }
 
-/// `38s`, `2m5s`, `450ms`: how long a lease has left, for messages.
 fn session_gone() -> Rejection {
     Rejection::LeaseLost("the session is gone (expired or ended): stop acting as holder".to_owned())
 }
 
+/// `38s`, `2m5s`, `450ms`: how long a lease has left, for messages.
 pub(super) fn human_duration(milliseconds: u64) -> String {
     if milliseconds < 1_000 {
         return format!("{milliseconds}ms");

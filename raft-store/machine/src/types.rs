@@ -166,6 +166,15 @@ impl Limits {
                 )));
             }
         }
+        // A page of leases never splits a shared lease's holders, so its limit bounds how far a
+        // page may run past `list_page_max`.
+        const SHARED_LIMIT_MAX: u32 = 65_536;
+        if self.shared_limit_max > SHARED_LIMIT_MAX {
+            return Err(Invalid::new(format!(
+                "limit shared_limit_max must be at most {SHARED_LIMIT_MAX}, got {}",
+                self.shared_limit_max
+            )));
+        }
         if self.ttl_ms_min > self.ttl_ms_max {
             return Err(Invalid::new(format!(
                 "ttl_ms_min {} is above ttl_ms_max {}",
