@@ -225,7 +225,13 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         let kind = args.workload;
         tokio::spawn(async move {
             match kind {
-                Workload::Lease => workloads::lease::run(ctx, concurrency, false).await,
+                Workload::Lease => {
+                    workloads::lease::run(ctx, concurrency, false, workloads::lease::TREE).await
+                }
+                Workload::Semaphore => {
+                    let tree = workloads::lease::SEMAPHORE_TREE;
+                    workloads::lease::run(ctx, concurrency, false, tree).await
+                }
                 Workload::UnfencedLock => workloads::unfenced_lock::run(ctx, concurrency).await,
                 Workload::FencedKv => workloads::fenced_kv::run(ctx, concurrency).await,
                 Workload::Queue => workloads::queue::run(ctx, concurrency).await,
@@ -444,7 +450,7 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
                 }
             }
         }
-        Workload::Lease | Workload::UnfencedLock => {}
+        Workload::Lease | Workload::UnfencedLock | Workload::Semaphore => {}
     }
     if workload != Workload::Queue {
         // Every node's view of the lease set, for the final-leases checker. Recorded once the

@@ -154,8 +154,9 @@ pub fn check_all(
     run("digest", true, &|| digest::check(history));
     run("recovery", true, &|| recovery::check(history));
     match workload {
-        Workload::Lease | Workload::UnfencedLock => {
+        Workload::Lease | Workload::UnfencedLock | Workload::Semaphore => {
             run("holds", !beyond, &|| holds::check(history));
+            run("shared-limits", !beyond, &|| holds::check_limits(history));
             run("stale-writes", true, &|| stale_writes::check(history));
             run("final-leases", !beyond, &|| final_leases::check(history));
         }

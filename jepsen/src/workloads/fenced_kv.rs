@@ -3,7 +3,9 @@
 //! readers read linearizably from the node they are bound to. Unknown writes are sometimes
 //! retried with the same idempotency key on another node. Each register takes a bounded number
 //! of operations, then the slot moves to a fresh key, so the per-key linearizability search
-//! stays small.
+//! stays small. A third of the fenced writes are transactions (`POST /v1/txn`: compare the
+//! fence, put the value); one whose compare failed is recorded as a failed write, which it
+//! surely is.
 //!
 //! The last worker (when there are two or more) never retries and sends no Idempotency-Key: its
 //! answers are taken at face value, so a write it was told is `NO_LEADER` ("surely not
@@ -147,7 +149,22 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
             }
             written += 1;
             let value = (worker_id as u64) * 1_000_000_000 + written;
-            let write = requests::kv_put(Value::from(value), Some((&resource, fence, &session)));
+            // A third of the fenced writes go as transactions (compare the fence, put): the
+            // same write, through `POST /v1/txn`.
+            let write = if rng.random_bool(0.33) {
+                Write::Txn(requests::txn_put(
+                    &key,
+                    Value::from(value),
+                    &resource,
+                    fence,
+                    &session,
+                ))
+            } else {
+                Write::Put(requests::kv_put(
+                    Value::from(value),
+                    Some((&resource, fence, &session)),
+                ))
+            };
             let idem = idempotency_key(&mut rng);
             let idem = retries.then_some(idem);
             let mut outcome = put(
@@ -181,10 +198,13 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
                 .await;
                 worker.rebind(home);
             }
-            if let Outcome::Fail { code, .. } = &outcome {
-                if code == "STALE_FENCE" {
-                    break;
-                }
+            let stale = match &outcome {
+                Outcome::Fail { code, .. } => code == "STALE_FENCE",
+                Outcome::Ok { body, .. } => body["succeeded"] == Value::Bool(false),
+                Outcome::Info { .. } => false,
+            };
+            if stale {
+                break;
             }
             pause_for(&ctx, Duration::from_millis(rng.random_range(5..40))).await;
         }
@@ -245,6 +265,12 @@ async fn put_unfenced(worker: &mut Worker, key: &str, value: u64) -> Outcome {
         .await
 }
 
+/// A fenced write's request: a `PUT` with the fence, or a transaction comparing it.
+enum Write {
+    Put(Value),
+    Txn(Value),
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn put(
     worker: &mut Worker,
@@ -252,21 +278,30 @@ async fn put(
     value: u64,
     fence: u64,
     resource: &str,
-    body: &Value,
+    write: &Write,
     idem: Option<&str>,
 ) -> Outcome {
-    let path = format!("/v1/kv/{key}");
+    let (method, path, body, via) = match write {
+        Write::Put(body) => (Method::PUT, format!("/v1/kv/{key}"), body, "put"),
+        Write::Txn(body) => (Method::POST, "/v1/txn".to_owned(), body, "txn"),
+    };
     worker
         .op(
             "write",
             key,
-            json!({"value": value, "fence": fence, "resource": resource, "idempotency_key": idem}),
-            Method::PUT,
+            json!({"value": value, "fence": fence, "resource": resource, "idempotency_key": idem,
+                   "via": via}),
+            method,
             &path,
             Some(body),
             idem,
             |answer, replayed| {
-                json!({"value": value, "revision": answer["revision"], "replayed": replayed,
+                // A transaction's put answers its revision in its one result.
+                let revision = match answer.get("results") {
+                    Some(results) => results[0]["revision"].clone(),
+                    None => answer["revision"].clone(),
+                };
+                json!({"value": value, "revision": revision, "replayed": replayed,
                        "digest": answer_digest(answer)})
             },
         )

@@ -22,8 +22,8 @@ use super::{
 use crate::history::{OpType, Process};
 use crate::http::Outcome;
 
-/// The tree: `(relative path, mode)` of every lease the workers take.
-const TREE: [(&str, Mode); 8] = [
+/// The `lease` workload's tree: `(relative path, mode)` of every lease the workers take.
+pub const TREE: &[(&str, Mode)] = &[
     ("", Mode::Subtree),
     ("a", Mode::Subtree),
     ("a", Mode::Exclusive),
@@ -32,6 +32,19 @@ const TREE: [(&str, Mode); 8] = [
     ("b", Mode::Exclusive),
     ("b", Mode::Subtree),
     ("b/z", Mode::Exclusive),
+];
+/// The `semaphore` workload's tree: mostly shared leases of a limit smaller than the number of
+/// workers, so holders queue, beside exclusive and subtree leases that must exclude them.
+pub const SEMAPHORE_TREE: &[(&str, Mode)] = &[
+    ("a", Mode::Shared { limit: 2 }),
+    ("a", Mode::Shared { limit: 2 }),
+    ("a", Mode::Shared { limit: 2 }),
+    ("a", Mode::Exclusive),
+    ("b", Mode::Shared { limit: 3 }),
+    ("b", Mode::Shared { limit: 3 }),
+    ("b/z", Mode::Shared { limit: 2 }),
+    ("b", Mode::Subtree),
+    ("", Mode::Subtree),
 ];
 /// Acquire attempts on one tree before the workers move to a fresh tree (bounded ops per key).
 const ACQUIRES_PER_TREE_MAX: u64 = 1_500;
@@ -59,15 +72,21 @@ fn join(root: &str, relative: &str) -> String {
     }
 }
 
-/// Runs `concurrency` workers until the deadline. `stalls`: workers honour client pauses.
-pub async fn run(ctx: Context, concurrency: usize, stalls: bool) {
+/// Runs `concurrency` workers over `tree` until the deadline. `stalls`: workers honour client
+/// pauses.
+pub async fn run(
+    ctx: Context,
+    concurrency: usize,
+    stalls: bool,
+    tree: &'static [(&'static str, Mode)],
+) {
     let acquires = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = vec![tokio::spawn(super::long_leases::run(ctx.clone()))];
     for worker in 0..concurrency {
         let ctx = ctx.clone();
         let acquires = acquires.clone();
         tasks.push(tokio::spawn(async move {
-            worker_loop(ctx, worker, stalls, acquires).await;
+            worker_loop(ctx, worker, stalls, tree, acquires).await;
         }));
     }
     for task in tasks {
@@ -79,6 +98,7 @@ async fn worker_loop(
     ctx: Context,
     worker_id: usize,
     stalls: bool,
+    tree: &'static [(&'static str, Mode)],
     acquires: std::sync::Arc<std::sync::atomic::AtomicU64>,
 ) {
     let mut rng = ctx.rng(worker_id);
@@ -89,7 +109,7 @@ async fn worker_loop(
     while !ctx.done() {
         let count = acquires.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let generation = count / ACQUIRES_PER_TREE_MAX;
-        let (relative, mode) = TREE[rng.random_range(0..TREE.len())];
+        let (relative, mode) = tree[rng.random_range(0..tree.len())];
         let resource = join(&format!("t{generation}"), relative);
         let key = idempotency_key(&mut rng);
         let body = requests::acquire(&resource, &format!("w{worker_id}"), TTL_MS, mode);
@@ -146,9 +166,12 @@ async fn worker_loop(
                     .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tokio::time::sleep(STALL).await;
             }
-            if ctx
-                .resource
-                .write(&lease_id, &resource, mode, fence, &paths)
+            // Shared holders hold together: only an exclusive or subtree holder writes to the
+            // fence-checking resource, which accepts one writer's tokens at a time.
+            if mode.limit().is_none()
+                && ctx
+                    .resource
+                    .write(&lease_id, &resource, mode, fence, &paths)
             {
                 last_write_ns = ctx.history.now_ns();
             }
@@ -264,7 +287,7 @@ fn record_hold(
         OpType::Info,
         "hold",
         Value::from(resource),
-        json!({"lease": lease_id, "mode": mode.as_str(), "fence": fence,
+        json!({"lease": lease_id, "mode": mode.as_str(), "limit": mode.limit(), "fence": fence,
                "start_ns": start_ns, "end_ns": end_ns, "g7_end_ns": g7_end_ns}),
         None,
         None,

@@ -27,6 +27,9 @@ use serde_json::{json, Value};
 use crate::history::{History, OpType, Process};
 use crate::http::{NodeClient, Outcome};
 
+/// The error a history records for a transaction whose compares failed (an answer of 200).
+pub const COMPARE_FAILED: &str = "COMPARE_FAILED";
+
 /// Lease and session TTL of the lease workloads: short, so leases expire and are handed over.
 pub const TTL_MS: u64 = 1_000;
 
@@ -41,6 +44,8 @@ pub enum Workload {
     UnfencedLock,
     /// Enqueue, claim, complete.
     Queue,
+    /// Shared leases (semaphores) beside exclusive and subtree ones on the same tree.
+    Semaphore,
 }
 
 impl Workload {
@@ -51,6 +56,7 @@ impl Workload {
             Workload::FencedKv => "fenced-kv",
             Workload::UnfencedLock => "unfenced-lock",
             Workload::Queue => "queue",
+            Workload::Semaphore => "semaphore",
         }
     }
 }
@@ -159,6 +165,24 @@ impl Worker {
         );
         let outcome = self.client.call(method, path, body, idempotency_key).await;
         match &outcome {
+            // A transaction whose compares failed ran none of its success ops: the write it
+            // carried surely did not happen.
+            Outcome::Ok {
+                body,
+                cluster_time_ms,
+                ..
+            } if body["succeeded"] == Value::Bool(false) => {
+                self.history.add(
+                    process,
+                    OpType::Fail,
+                    f,
+                    Value::from(key),
+                    Value::Null,
+                    Some(COMPARE_FAILED.to_owned()),
+                    *cluster_time_ms,
+                    node,
+                );
+            }
             Outcome::Ok {
                 body,
                 cluster_time_ms,
@@ -337,23 +361,38 @@ pub enum Mode {
     Exclusive,
     /// That path and everything below.
     Subtree,
+    /// That path, by up to `limit` holders at once.
+    Shared { limit: u32 },
 }
 
 impl Mode {
-    /// `exclusive` or `subtree`.
+    /// `exclusive`, `subtree` or `shared`.
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Exclusive => "exclusive",
             Mode::Subtree => "subtree",
+            Mode::Shared { .. } => "shared",
         }
     }
 
-    /// Parses the wire name.
-    pub fn parse(text: &str) -> Mode {
-        if text == "subtree" {
-            Mode::Subtree
-        } else {
-            Mode::Exclusive
+    /// A shared lease's limit.
+    pub fn limit(self) -> Option<u32> {
+        match self {
+            Mode::Shared { limit } => Some(limit),
+            Mode::Exclusive | Mode::Subtree => None,
+        }
+    }
+
+    /// Parses the wire name (and a shared lease's limit, recorded beside it).
+    pub fn parse(text: &str, limit: Option<u64>) -> Mode {
+        match text {
+            "subtree" => Mode::Subtree,
+            "shared" => Mode::Shared {
+                limit: limit
+                    .and_then(|limit| u32::try_from(limit).ok())
+                    .unwrap_or(1),
+            },
+            _ => Mode::Exclusive,
         }
     }
 }
@@ -361,7 +400,7 @@ impl Mode {
 /// True when a lease `(resource, mode)` covers `path` (docs/guarantees.md G2).
 pub fn covers(resource: &str, mode: Mode, path: &str) -> bool {
     match mode {
-        Mode::Exclusive => resource == path,
+        Mode::Exclusive | Mode::Shared { .. } => resource == path,
         Mode::Subtree => {
             path == resource
                 || (path.len() > resource.len()
@@ -372,14 +411,17 @@ pub fn covers(resource: &str, mode: Mode, path: &str) -> bool {
 }
 
 /// True when two leases conflict (docs/guarantees.md G2): some path is covered by both.
+/// Shared holders of one path do not conflict with each other: how many may hold it at once is
+/// `checkers::holds::check_limits`' business.
 pub fn overlapping(a: (&str, Mode), b: (&str, Mode)) -> bool {
     match (a.1, b.1) {
-        (Mode::Exclusive, Mode::Exclusive) => a.0 == b.0,
-        (Mode::Subtree, Mode::Exclusive) => covers(a.0, Mode::Subtree, b.0),
-        (Mode::Exclusive, Mode::Subtree) => covers(b.0, Mode::Subtree, a.0),
+        (Mode::Shared { .. }, Mode::Shared { .. }) => false,
         (Mode::Subtree, Mode::Subtree) => {
             covers(a.0, Mode::Subtree, b.0) || covers(b.0, Mode::Subtree, a.0)
         }
+        (Mode::Subtree, _) => covers(a.0, Mode::Subtree, b.0),
+        (_, Mode::Subtree) => covers(b.0, Mode::Subtree, a.0),
+        _ => a.0 == b.0,
     }
 }
 

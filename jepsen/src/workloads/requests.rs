@@ -4,7 +4,7 @@
 
 use baton_client::api::{
     AcquireRequest, ClaimRequest, CompleteRequest, EnqueueRequest, FenceRef, KvPutRequest,
-    LeaseMode, ReleaseRequest, SessionId,
+    LeaseMode, ReleaseRequest, SessionId, TxnCompare, TxnOp, TxnRequest,
 };
 use serde::Serialize;
 use serde_json::Value;
@@ -14,7 +14,6 @@ use super::Mode;
 /// `POST /v1/leases` for a new session of `holder` with `ttl_ms`.
 pub fn acquire(resource: &str, holder: &str, ttl_ms: u64, mode: Mode) -> Value {
     wire(&AcquireRequest {
-        limit: None,
         resource: resource.to_owned(),
         session_id: None,
         holder: Some(holder.to_owned()),
@@ -22,7 +21,9 @@ pub fn acquire(resource: &str, holder: &str, ttl_ms: u64, mode: Mode) -> Value {
         mode: match mode {
             Mode::Exclusive => LeaseMode::Exclusive,
             Mode::Subtree => LeaseMode::Subtree,
+            Mode::Shared { .. } => LeaseMode::Shared,
         },
+        limit: mode.limit(),
         max_hold_ms: None,
         labels: Default::default(),
         reason: None,
@@ -45,6 +46,20 @@ pub fn kv_put(value: Value, fenced_by: Option<(&str, u64, &str)>) -> Value {
             token,
         }),
         session_id: fenced_by.map(|(_, _, session)| SessionId::new(session)),
+    })
+}
+
+/// `POST /v1/txn`: put `value` under `key` if `fence` is still the live fence of `resource`
+/// held by `session` (a fenced write as a transaction).
+pub fn txn_put(key: &str, value: Value, resource: &str, fence: u64, session: &str) -> Value {
+    wire(&TxnRequest {
+        session_id: Some(SessionId::new(session)),
+        compare: vec![TxnCompare::fence(resource, fence)],
+        success: vec![TxnOp::Put {
+            key: key.to_owned(),
+            value,
+        }],
+        failure: Vec::new(),
     })
 }
 

@@ -9,5 +9,5 @@ use super::{lease, Context};
 
 /// Runs the workload; `ctx.resource` must be a resource made without fence checks.
 pub async fn run(ctx: Context, concurrency: usize) {
-    lease::run(ctx, concurrency, true).await;
+    lease::run(ctx, concurrency, true, lease::TREE).await;
 }
