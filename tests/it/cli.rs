@@ -483,6 +483,69 @@ async fn run_gives_the_command_its_fence_and_releases_as_soon_as_it_exits() {
     assert!(waited.stdout.is_empty(), "{waited:#?}");
 }
 
+/// `baton run --shared N`: N commands run at once under one shared lease; one more is refused.
+#[tokio::test]
+async fn run_shared_lets_n_commands_run_at_once_and_refuses_one_more() {
+    let cluster = Cluster::start(1).await;
+    let endpoints = url(&cluster);
+    let run = |endpoints: String| async move {
+        baton(
+            &endpoints,
+            &[
+                "run",
+                "ci/suite",
+                "--shared",
+                "2",
+                "--ttl",
+                "5s",
+                "--",
+                "sh",
+                "-c",
+                "echo $BATON_FENCE; sleep 2",
+            ],
+        )
+        .await
+    };
+    let first = tokio::spawn(run(endpoints.clone()));
+    let second = tokio::spawn(run(endpoints.clone()));
+    // Both hold their place while they sleep: two holders listed, a third is refused.
+    let listed = poll_until(Duration::from_secs(10), "both runs to hold", async || {
+        let list: LeaseList = cluster
+            .api()
+            .get(cluster.node(1), "/v1/leases?prefix=ci/")
+            .await
+            .expect_json(200);
+        (list.leases.len() == 2).then_some(list)
+    })
+    .await;
+    assert!(listed
+        .leases
+        .iter()
+        .all(|lease| lease.limit == Some(2) && lease.resource == "ci/suite"));
+    let third = baton(
+        &endpoints,
+        &[
+            "run", "ci/suite", "--shared", "2", "--", "sh", "-c", "echo ran",
+        ],
+    )
+    .await;
+    third.expect_code(4);
+    assert!(third.stdout.is_empty(), "{third:#?}");
+    let (first, second) = (first.await.expect("joined"), second.await.expect("joined"));
+    first.expect_code(0);
+    second.expect_code(0);
+    assert_ne!(
+        first.stdout.trim(),
+        second.stdout.trim(),
+        "each its own fence"
+    );
+    cluster
+        .api()
+        .get(cluster.node(1), "/v1/leases/ci/suite")
+        .await
+        .expect_status(404);
+}
+
 #[tokio::test]
 async fn run_stops_the_command_and_exits_4_when_its_session_is_ended_elsewhere() {
     let cluster = Cluster::start(1).await;

@@ -600,8 +600,12 @@ pub struct RunArgs {
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub ttl: Duration,
     /// Claim the path and everything under it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "shared")]
     pub subtree: bool,
+    /// Hold a place in a shared lease of N holders (a semaphore: at most N such commands run
+    /// at once).
+    #[arg(long, value_name = "N")]
+    pub shared: Option<u32>,
     /// While held by someone else, retry for up to this long (exit 5 when it runs out).
     #[arg(long, value_parser = parse_duration)]
     pub wait: Option<Duration>,

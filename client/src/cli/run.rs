@@ -28,6 +28,9 @@ pub async fn run(client: &Client, args: RunArgs, timeout: Duration) -> Result<u8
     if args.subtree {
         options = options.subtree();
     }
+    if let Some(limit) = args.shared {
+        options = options.shared(limit);
+    }
     if let Some(max_hold) = args.max_hold {
         options = options.max_hold(max_hold);
     }

@@ -14,10 +14,10 @@
 mod common;
 
 use baton_machine::{
-    Batch, Command, Compare, Event, EventKind, Grant, IdempotencyTag, Labels, LeaseMode, LeaseView,
-    Limits, Machine, Name, Namespace, NewSession, Op, Owner, Reply, ResourceFence, ResourcePath,
-    Response, SessionId, SessionView, TaskClaimed, TaskCounts, TaskFence, TaskSpec, TaskState,
-    TaskView, Txn, TxnOp,
+    Batch, Command, Compare, Compensation, Event, EventKind, Grant, IdempotencyTag, Labels,
+    LeaseMode, LeaseView, Limits, Machine, Name, Namespace, NewSession, Op, Owner, Reply,
+    ResourceFence, ResourcePath, Response, SessionId, SessionView, TaskClaimed, TaskCounts,
+    TaskFence, TaskSpec, TaskState, TaskView, Txn, TxnOp,
 };
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
@@ -89,6 +89,7 @@ struct ModelTask {
     last_failure: Option<String>,
     /// When it became done or dead: retention counts from it.
     finished_ms: Option<u64>,
+    on_dead: Option<Compensation>,
 }
 
 #[derive(Debug, Clone)]
@@ -218,6 +219,8 @@ struct Model {
     /// In enqueue order; done and dead ones are removed after their retention.
     tasks: Vec<ModelTask>,
     next_order: u64,
+    /// Compensations owed by tasks that went dead in the command being applied.
+    compensations: Vec<(Namespace, Compensation, u64)>,
     /// Oldest first.
     records: Vec<ModelRecord>,
 }
@@ -258,6 +261,7 @@ impl Model {
             values: Vec::new(),
             tasks: Vec::new(),
             next_order: 0,
+            compensations: Vec::new(),
             records: Vec::new(),
         }
     }
@@ -272,6 +276,7 @@ impl Model {
             self.records.remove(0);
         }
         self.lapse_dead_claims();
+        self.enqueue_compensations();
         batch
             .commands
             .iter()
@@ -325,6 +330,7 @@ impl Model {
                     }
                 }
                 let outcome = self.op(namespace, op);
+                self.enqueue_compensations();
                 // G8: a claim on an empty queue changed nothing and is not recorded.
                 if let (
                     Some(IdempotencyTag {
@@ -513,7 +519,7 @@ impl Model {
                         depends_on,
                         max_attempts,
                         delay_ms,
-                        on_dead: _,
+                        on_dead,
                     },
             } => self.enqueue(
                 namespace,
@@ -524,6 +530,7 @@ impl Model {
                 depends_on,
                 *max_attempts,
                 *delay_ms,
+                on_dead.as_ref(),
             ),
             Op::Claim { queue, owner } => self.claim(namespace, queue, owner),
             Op::Complete {
@@ -794,6 +801,17 @@ impl Model {
                 for dependency in &task.depends_on {
                     self.check_name(dependency)?;
                 }
+                if let Some(compensation) = &task.on_dead {
+                    self.check_name(&compensation.queue)?;
+                    if compensation.payload.len() > self.limits.task_payload_bytes_max {
+                        return Err(Refusal::PayloadTooLarge);
+                    }
+                    if compensation.max_attempts == 0
+                        || compensation.max_attempts > self.limits.task_attempts_max
+                    {
+                        return Err(Refusal::Invalid);
+                    }
+                }
             }
             TxnOp::CompleteTask {
                 queue,
@@ -835,10 +853,12 @@ impl Model {
         depends_on: &[Name],
         max_attempts: u32,
         delay_ms: u64,
+        on_dead: Option<&Compensation>,
     ) -> Result<Reply, Refusal> {
         // Mirrors the real order: admission (names, payload size, attempts, delay, the number
-        // of dependencies as given (repeats counted), each dependency's name), then a taken
-        // id, the queue's quota, then each dependency's task.
+        // of dependencies as given (repeats counted), each dependency's name, the
+        // compensation's queue, payload and attempts), then a taken id, the queue's quota, then
+        // each dependency's task.
         self.check_name(queue)?;
         self.check_name(task_id)?;
         if payload.len() > self.limits.task_payload_bytes_max {
@@ -855,6 +875,17 @@ impl Model {
         }
         for dependency in depends_on {
             self.check_name(dependency)?;
+        }
+        if let Some(compensation) = on_dead {
+            self.check_name(&compensation.queue)?;
+            if compensation.payload.len() > self.limits.task_payload_bytes_max {
+                return Err(Refusal::PayloadTooLarge);
+            }
+            if compensation.max_attempts == 0
+                || compensation.max_attempts > self.limits.task_attempts_max
+            {
+                return Err(Refusal::Invalid);
+            }
         }
         if self.task_index(namespace, queue, task_id).is_some() {
             return Err(Refusal::Invalid);
@@ -924,8 +955,54 @@ impl Model {
             note: None,
             last_failure: None,
             finished_ms: None,
+            on_dead: on_dead.cloned(),
         });
         Ok(Reply::TaskEnqueued(self.task_view(self.tasks.len() - 1)))
+    }
+
+    /// Enqueues what the tasks that went dead since the last call owe: `on-dead-R` (R the
+    /// revision of the death, with `-2`, `-3`... while taken), past every limit.
+    fn enqueue_compensations(&mut self) {
+        for (namespace, compensation, revision) in std::mem::take(&mut self.compensations) {
+            let base = format!("on-dead-{revision}");
+            let mut id = common::name(&base);
+            let mut suffix = 1;
+            while self
+                .task_index(&namespace, &compensation.queue, &id)
+                .is_some()
+            {
+                suffix += 1;
+                id = common::name(&format!("{base}-{suffix}"));
+            }
+            let enqueued_revision = self.event(
+                &namespace,
+                EventKind::TaskEnqueued {
+                    queue: compensation.queue.clone(),
+                    task_id: id.clone(),
+                },
+            );
+            let order = self.next_order;
+            self.next_order += 1;
+            self.tasks.push(ModelTask {
+                namespace,
+                queue: compensation.queue,
+                id,
+                payload: compensation.payload,
+                priority: 0,
+                depends_on: Vec::new(),
+                depends_on_orders: Vec::new(),
+                max_attempts: compensation.max_attempts,
+                ready_at_ms: self.time_ms,
+                order,
+                enqueued_revision,
+                attempt: 0,
+                life: ModelLife::Ready,
+                note: None,
+                last_failure: None,
+                finished_ms: None,
+                on_dead: None,
+            });
+        }
     }
 
     fn claim(
@@ -1105,13 +1182,17 @@ impl Model {
                 task.id.clone(),
                 task.order,
             );
-            self.event(
+            let revision = self.event(
                 &namespace,
                 EventKind::TaskDead {
                     queue: queue.clone(),
                     task_id: id.clone(),
                 },
             );
+            if let Some(compensation) = self.tasks[index].on_dead.clone() {
+                self.compensations
+                    .push((namespace.clone(), compensation, revision));
+            }
             let mut dependents: Vec<usize> = (0..self.tasks.len())
                 .filter(|&other| self.tasks[other].depends_on_orders.contains(&order))
                 .collect();
@@ -1971,6 +2052,7 @@ fn apply_both(
             // Paging: two at a time, each page continuing after the previous cursor.
             let mut paged = Vec::new();
             let mut cursor: Option<String> = None;
+            let all = model.tasks_in(namespace, &queue, None);
             loop {
                 let page = machine.tasks(namespace, &queue, None, cursor.as_deref(), 2);
                 prop_assert!(page.items.len() <= 2);
@@ -1979,11 +2061,11 @@ fn apply_both(
                     Some(next) => cursor = Some(next),
                     None => break,
                 }
-                prop_assert!(paged.len() <= common::TASK_IDS.len(), "paging never ends");
+                prop_assert!(paged.len() <= all.len(), "paging never ends");
             }
             prop_assert_eq!(
                 paged,
-                model.tasks_in(namespace, &queue, None),
+                all,
                 "entry {}: tasks of {} in {} paged by two",
                 index,
                 queue,

@@ -314,6 +314,7 @@ fn generator_reaches_every_outcome() {
         "Txn RESOURCE_EXHAUSTED with several ops",
         "Txn PAYLOAD_TOO_LARGE with several ops",
         "swept finished tasks",
+        "compensation enqueued",
     ];
     for name in expected {
         assert!(
@@ -582,6 +583,9 @@ fn event_names(before: &Machine, after: &Machine, revision: u64) -> Vec<String> 
                 if was == Some(TaskState::Waiting) {
                     names.push("dead because a dependency died".to_owned());
                 }
+            }
+            EventKind::TaskEnqueued { task_id, .. } if task_id.as_str().starts_with("on-dead-") => {
+                names.push("compensation enqueued".to_owned());
             }
             _ => {}
         }

@@ -21,9 +21,9 @@
 use std::collections::BTreeMap;
 
 use baton_machine::{
-    Batch, Command, Compare, IdempotencyTag, Labels, LeaseMode, Limits, Machine, Name, Namespace,
-    NewSession, Op, Owner, Reply, ResourceFence, ResourcePath, Response, SessionId, TaskFence,
-    TaskSpec, TaskState, Txn, TxnOp,
+    Batch, Command, Compare, Compensation, IdempotencyTag, Labels, LeaseMode, Limits, Machine,
+    Name, Namespace, NewSession, Op, Owner, Reply, ResourceFence, ResourcePath, Response,
+    SessionId, TaskFence, TaskSpec, TaskState, Txn, TxnOp,
 };
 use proptest::prelude::*;
 
@@ -211,6 +211,7 @@ pub enum AbstractOp {
         depends_on: Vec<TaskChoice>,
         max_attempts: u32,
         delay_ms: u64,
+        on_dead: Option<Compensation>,
     },
     /// With `prefer_ready`, the claim goes to the other queue of its namespace when only that
     /// one has a task to claim; with `busy_worker`, it is made by a session of the namespace
@@ -448,6 +449,7 @@ impl AbstractOp {
                 depends_on,
                 max_attempts,
                 delay_ms,
+                on_dead,
             } => Op::Enqueue {
                 queue: queue.clone(),
                 task: TaskSpec {
@@ -467,7 +469,7 @@ impl AbstractOp {
                         .collect(),
                     max_attempts: *max_attempts,
                     delay_ms: *delay_ms,
-                    on_dead: None,
+                    on_dead: on_dead.clone(),
                 },
             },
             AbstractOp::Claim {
@@ -931,6 +933,16 @@ fn delay_ms() -> impl Strategy<Value = u64> {
     ]
 }
 
+/// Mostly none; a compensation, sometimes to the other queue or with bad parts.
+fn on_dead() -> impl Strategy<Value = Option<Compensation>> {
+    prop_oneof![
+        3 => Just(None),
+        1 => (queue(), payload(), max_attempts()).prop_map(|(queue, payload, max_attempts)| {
+            Some(Compensation { queue, payload, max_attempts })
+        }),
+    ]
+}
+
 fn enqueue() -> BoxedStrategy<AbstractOp> {
     (
         queue(),
@@ -939,10 +951,10 @@ fn enqueue() -> BoxedStrategy<AbstractOp> {
         -1i32..=2,
         dependencies(),
         max_attempts(),
-        delay_ms(),
+        (delay_ms(), on_dead()),
     )
         .prop_map(
-            |(queue, task_id, payload, priority, depends_on, max_attempts, delay_ms)| {
+            |(queue, task_id, payload, priority, depends_on, max_attempts, (delay_ms, on_dead))| {
                 AbstractOp::Enqueue {
                     queue,
                     task_id,
@@ -951,6 +963,7 @@ fn enqueue() -> BoxedStrategy<AbstractOp> {
                     depends_on,
                     max_attempts,
                     delay_ms,
+                    on_dead,
                 }
             },
         )
@@ -1113,7 +1126,7 @@ fn command() -> impl Strategy<Value = AbstractCommand> {
             .prop_map(|(namespace, tag, op)| AbstractCommand::Namespaced { namespace, tag, op }),
         9 => (queue_namespace(), tag(), queue_op())
             .prop_map(|(namespace, tag, op)| AbstractCommand::Namespaced { namespace, tag, op }),
-        1 => (0u32..4).prop_map(|max| AbstractCommand::Sweep { max }),
+        2 => (0u32..4).prop_map(|max| AbstractCommand::Sweep { max }),
     ]
 }
 
