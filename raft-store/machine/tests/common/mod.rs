@@ -169,6 +169,8 @@ pub struct Entry {
     pub commands: Vec<AbstractCommand>,
 }
 
+// A generated scenario holds a few hundred commands: their size does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone)]
 pub enum AbstractCommand {
     Namespaced {
