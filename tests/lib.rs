@@ -924,6 +924,37 @@ impl Api {
         self.call(Method::GET, node, path).send().await
     }
 
+    /// Every event after revision `after` that `node` keeps, in order, page by page.
+    pub async fn events_after(&self, node: &Node, mut after: u64) -> Vec<api::Event> {
+        let mut events = Vec::new();
+        loop {
+            let page: api::EventsPage = self
+                .get(node, &format!("/v1/events?after={after}&limit=1000"))
+                .await
+                .expect_json(200);
+            if page.events.is_empty() {
+                return events;
+            }
+            after = page.next;
+            events.extend(page.events);
+        }
+    }
+
+    /// The revision of the last event `node` has applied.
+    pub async fn last_revision(&self, node: &Node) -> u64 {
+        let mut after = 0;
+        loop {
+            let page: api::EventsPage = self
+                .get(node, &format!("/v1/events?after={after}&limit=1000"))
+                .await
+                .expect_json(200);
+            if page.events.is_empty() {
+                return page.next;
+            }
+            after = page.next;
+        }
+    }
+
     /// `POST path` with a JSON body; panics on a transport error.
     pub async fn post(&self, node: &Node, path: &str, body: &Value) -> HttpReply {
         self.call(Method::POST, node, path).json(body).send().await

@@ -670,7 +670,7 @@ async fn bad_enqueues_are_refused_and_change_nothing() {
         ..QueueCounts::default()
     };
     assert_eq!(counts(api, &nodes[0], queue).await, baseline);
-    let revision = last_revision(api, &nodes[0]).await;
+    let revision = api.last_revision(&nodes[0]).await;
 
     let oversized = "x".repeat(256 * 1024 + 1);
     let cases: Vec<(&str, String, Value, u16, ErrorCode)> = vec![
@@ -735,7 +735,7 @@ async fn bad_enqueues_are_refused_and_change_nothing() {
             "{what} changed the counts"
         );
         assert_eq!(
-            last_revision(api, node).await,
+            api.last_revision(node).await,
             revision,
             "{what} emitted an event"
         );
@@ -774,7 +774,7 @@ async fn bad_enqueues_are_refused_and_change_nothing() {
     .await
     .expect_problem(422, ErrorCode::IdempotencyKeyReused);
     assert_eq!(counts(api, &nodes[2], queue).await, baseline);
-    assert_eq!(last_revision(api, &nodes[2]).await, revision);
+    assert_eq!(api.last_revision(&nodes[2]).await, revision);
     let tasks = list_tasks(api, &nodes[0], queue, "ready").await;
     assert_eq!(tasks, vec![first_task]);
 }
@@ -946,21 +946,6 @@ async fn list_tasks(api: &Api, node: &Node, queue: &str, state: &str) -> Vec<Tas
             Some(next) => cursor = Some(next),
             None => return tasks,
         }
-    }
-}
-
-/// The revision of the last event so far.
-async fn last_revision(api: &Api, node: &Node) -> u64 {
-    let mut after = 0;
-    loop {
-        let page: EventsPage = api
-            .get(node, &format!("/v1/events?after={after}&limit=1000"))
-            .await
-            .expect_json(200);
-        if page.events.is_empty() {
-            return page.next;
-        }
-        after = page.next;
     }
 }
 

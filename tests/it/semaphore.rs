@@ -16,8 +16,8 @@ use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use baton_client::api::{
-    CreateSessionResponse, ErrorCode, Event, EventKind, EventsPage, FenceCheckResponse, FenceRef,
-    Grant, KvEntry, KvPutResponse, Lease, LeaseList, LeaseMode, Problem, SessionInfo,
+    CreateSessionResponse, ErrorCode, EventKind, FenceCheckResponse, FenceRef, Grant, KvEntry,
+    KvPutResponse, Lease, LeaseList, LeaseMode, Problem, SessionInfo,
 };
 use baton_client::{AcquireOptions, Client};
 use baton_tests::{
@@ -237,7 +237,7 @@ async fn eight_agents_never_hold_a_semaphore_of_three_more_than_three_at_once() 
     // were answered, and never more than three holding by its own account.
     let mut event_fences = Vec::new();
     let mut live = BTreeSet::new();
-    for event in events_after(api, &nodes[0], 0).await {
+    for event in api.events_after(&nodes[0], 0).await {
         match event.kind {
             EventKind::Granted {
                 resource,
@@ -757,7 +757,7 @@ async fn a_holder_whose_session_lapses_loses_its_place_to_a_waiter() {
     let api = cluster.api();
     let nodes = cluster.nodes();
     let follower = cluster.followers().await[0];
-    let revision = last_revision(api, &nodes[0]).await;
+    let revision = api.last_revision(&nodes[0]).await;
 
     // A holder that is never kept alive, and one that lives long.
     let lapsing: Grant = acquire(
@@ -848,7 +848,8 @@ async fn a_holder_whose_session_lapses_loses_its_place_to_a_waiter() {
     .expect_problem(404, ErrorCode::NotFound);
 
     // The stream tells: the lapsed holder expired, named by path and fence; nobody else did.
-    let expired: Vec<u64> = events_after(api, follower, revision)
+    let expired: Vec<u64> = api
+        .events_after(follower, revision)
         .await
         .into_iter()
         .filter_map(|event| match event.kind {
@@ -981,7 +982,7 @@ impl Snapshot {
                     )
                 })
                 .collect(),
-            revision: last_revision(api, node).await,
+            revision: api.last_revision(node).await,
         }
     }
 }
@@ -1061,35 +1062,4 @@ async fn get(api: &Api, node: &Node, key: &str) -> KvEntry {
     api.get(node, &format!("/v1/kv/{key}"))
         .await
         .expect_json(200)
-}
-
-/// Every event after revision `after`, in order.
-async fn events_after(api: &Api, node: &Node, mut after: u64) -> Vec<Event> {
-    let mut events = Vec::new();
-    loop {
-        let page: EventsPage = api
-            .get(node, &format!("/v1/events?after={after}&limit=1000"))
-            .await
-            .expect_json(200);
-        if page.events.is_empty() {
-            return events;
-        }
-        after = page.next;
-        events.extend(page.events);
-    }
-}
-
-/// The revision of the last event so far.
-async fn last_revision(api: &Api, node: &Node) -> u64 {
-    let mut after = 0;
-    loop {
-        let page: EventsPage = api
-            .get(node, &format!("/v1/events?after={after}&limit=1000"))
-            .await
-            .expect_json(200);
-        if page.events.is_empty() {
-            return page.next;
-        }
-        after = page.next;
-    }
 }

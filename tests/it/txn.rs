@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use baton_client::api::{
-    ClaimResponse, CreateSessionResponse, ErrorCode, Event, EventKind, EventsPage, Grant, KvEntry,
+    ClaimResponse, CreateSessionResponse, ErrorCode, Event, EventKind, Grant, KvEntry,
     KvPutResponse, QueueCounts, QueueInfo, Task, TaskList, TaskState, TxnOpResult, TxnResponse,
 };
 use baton_tests::{
@@ -62,7 +62,7 @@ async fn an_outbox_through_a_follower_completes_enqueues_records_and_releases_in
         .await
         .expect_json(200);
     assert_eq!(claimed.task.id, "build", "{claimed:?}");
-    let before = last_revision(api, observer).await;
+    let before = api.last_revision(observer).await;
 
     let reply = txn(
         api,
@@ -159,7 +159,7 @@ async fn an_outbox_through_a_follower_completes_enqueues_records_and_releases_in
         .expect_problem(404, ErrorCode::NotFound);
 
     // One write: the five changes are the next five events, in op order, at one cluster time.
-    let events = events_after(api, observer, before).await;
+    let events = api.events_after(observer, before).await;
     assert_eq!(
         events.iter().map(describe_event).collect::<Vec<_>>(),
         [
@@ -185,7 +185,7 @@ async fn a_failed_compare_runs_only_the_failure_ops_and_a_refused_txn_changes_no
         .put(&nodes[0], "/v1/kv/config/app", &json!({"value": {"v": 1}}))
         .await
         .expect_json(200);
-    let revision = last_revision(api, &nodes[0]).await;
+    let revision = api.last_revision(&nodes[0]).await;
 
     // The compare fails and there are no failure ops: nothing at all happens.
     let reply = txn(
@@ -217,7 +217,7 @@ async fn a_failed_compare_runs_only_the_failure_ops_and_a_refused_txn_changes_no
         }
     }
     assert_eq!(
-        last_revision(api, &nodes[2]).await,
+        api.last_revision(&nodes[2]).await,
         revision,
         "a failed compare without failure ops emitted an event"
     );
@@ -289,7 +289,7 @@ async fn a_failed_compare_runs_only_the_failure_ops_and_a_refused_txn_changes_no
         ..QueueCounts::default()
     };
     assert_eq!(counts(api, &nodes[0], "jobs").await, baseline);
-    let revision = last_revision(api, &nodes[0]).await;
+    let revision = api.last_revision(&nodes[0]).await;
     let put_x = json!({"op": "put", "key": "x", "value": "must not be written"});
     let puts = |n: usize| -> Vec<Value> {
         (0..n)
@@ -375,7 +375,7 @@ async fn a_failed_compare_runs_only_the_failure_ops_and_a_refused_txn_changes_no
             "{what} released the lease: {lease}"
         );
         assert_eq!(
-            last_revision(api, node).await,
+            api.last_revision(node).await,
             revision,
             "{what} emitted an event"
         );
@@ -449,13 +449,13 @@ async fn a_txn_retried_with_its_idempotency_key_applies_once() {
     let TxnOpResult::Put { revision } = applied.results[1] else {
         unreachable!("checked above")
     };
-    let revision_after_first = last_revision(api, &nodes[0]).await;
+    let revision_after_first = api.last_revision(&nodes[0]).await;
 
     let replay = send(&nodes[1], Some(&key), &body).await;
     assert!(replay.replayed(), "not a replay: {replay}");
     assert_eq!(replay.expect_json::<TxnResponse>(200), applied, "{replay}");
     assert_eq!(replay.body, first.body, "{replay}");
-    assert_eq!(last_revision(api, &nodes[2]).await, revision_after_first);
+    assert_eq!(api.last_revision(&nodes[2]).await, revision_after_first);
     let tasks = list_tasks(api, &nodes[2], queue, None).await;
     assert_eq!(
         tasks
@@ -479,7 +479,7 @@ async fn a_txn_retried_with_its_idempotency_key_applies_once() {
     )
     .await
     .expect_problem(422, ErrorCode::IdempotencyKeyReused);
-    assert_eq!(last_revision(api, &nodes[0]).await, revision_after_first);
+    assert_eq!(api.last_revision(&nodes[0]).await, revision_after_first);
     let again: TxnResponse = send(&nodes[0], None, &body).await.expect_json(200);
     assert!(again.succeeded);
     assert_eq!(list_tasks(api, &nodes[1], queue, None).await.len(), 2);
@@ -535,7 +535,7 @@ async fn a_dead_task_enqueues_exactly_one_compensation_in_the_same_write() {
 
     // No waiting: the compensations are there as soon as the fail is answered.
     let compensations = list_tasks(api, &nodes[2], undo, None).await;
-    let events = events_after(api, &nodes[2], 0).await;
+    let events = api.events_after(&nodes[2], 0).await;
     let death = |id: &str| -> &Event {
         events
             .iter()
@@ -633,7 +633,7 @@ async fn a_dead_task_enqueues_exactly_one_compensation_in_the_same_write() {
     );
 
     // An invalid compensation is refused with its task, and nothing is enqueued.
-    let revision = last_revision(api, &nodes[0]).await;
+    let revision = api.last_revision(&nodes[0]).await;
     let long_queue = "q".repeat(200);
     let bad_on_dead = [
         json!({"queue": long_queue, "payload": {}}),
@@ -659,7 +659,7 @@ async fn a_dead_task_enqueues_exactly_one_compensation_in_the_same_write() {
         .await
         .expect_problem(400, ErrorCode::InvalidArgument);
         assert_eq!(
-            last_revision(api, node).await,
+            api.last_revision(node).await,
             revision,
             "on_dead {on_dead} emitted an event"
         );
@@ -790,7 +790,8 @@ async fn finished_tasks_are_removed_after_their_retention_and_their_events_stay(
     }
 
     // Their events stay.
-    let events: Vec<String> = events_after(api, cluster.node(1), 0)
+    let events: Vec<String> = api
+        .events_after(cluster.node(1), 0)
         .await
         .iter()
         .map(describe_event)
@@ -1065,37 +1066,6 @@ async fn list_tasks(api: &Api, node: &Node, queue: &str, state: Option<&str>) ->
             Some(next) => cursor = Some(next),
             None => return tasks,
         }
-    }
-}
-
-/// Every event after revision `after`, in order.
-async fn events_after(api: &Api, node: &Node, mut after: u64) -> Vec<Event> {
-    let mut events = Vec::new();
-    loop {
-        let page: EventsPage = api
-            .get(node, &format!("/v1/events?after={after}&limit=1000"))
-            .await
-            .expect_json(200);
-        if page.events.is_empty() {
-            return events;
-        }
-        after = page.next;
-        events.extend(page.events);
-    }
-}
-
-/// The revision of the last event so far.
-async fn last_revision(api: &Api, node: &Node) -> u64 {
-    let mut after = 0;
-    loop {
-        let page: EventsPage = api
-            .get(node, &format!("/v1/events?after={after}&limit=1000"))
-            .await
-            .expect_json(200);
-        if page.events.is_empty() {
-            return page.next;
-        }
-        after = page.next;
     }
 }
 

@@ -509,29 +509,7 @@ impl Model {
                 let revision = self.event(namespace, EventKind::KvDeleted { key: key.clone() });
                 Ok(Reply::KvDeleted { revision })
             }
-            Op::Enqueue {
-                queue,
-                task:
-                    TaskSpec {
-                        task_id,
-                        payload,
-                        priority,
-                        depends_on,
-                        max_attempts,
-                        delay_ms,
-                        on_dead,
-                    },
-            } => self.enqueue(
-                namespace,
-                queue,
-                task_id,
-                payload,
-                *priority,
-                depends_on,
-                *max_attempts,
-                *delay_ms,
-                on_dead.as_ref(),
-            ),
+            Op::Enqueue { queue, task } => self.enqueue(namespace, queue, task),
             Op::Claim { queue, owner } => self.claim(namespace, queue, owner),
             Op::Complete {
                 queue,
@@ -773,6 +751,40 @@ impl Model {
         Ok(Reply::TxnDone { succeeded, results })
     }
 
+    /// A new task's admission, in the real order: names, payload size, attempts, delay, the
+    /// number of dependencies as given (repeats counted), each dependency's name, then the
+    /// compensation's queue, payload and attempts.
+    fn check_task_shape(&self, queue: &Name, task: &TaskSpec) -> Result<(), Refusal> {
+        self.check_name(queue)?;
+        self.check_name(&task.task_id)?;
+        if task.payload.len() > self.limits.task_payload_bytes_max {
+            return Err(Refusal::PayloadTooLarge);
+        }
+        if task.max_attempts == 0 || task.max_attempts > self.limits.task_attempts_max {
+            return Err(Refusal::Invalid);
+        }
+        if task.delay_ms > self.limits.task_delay_ms_max
+            || task.depends_on.len() > self.limits.task_dependencies_max
+        {
+            return Err(Refusal::Invalid);
+        }
+        for dependency in &task.depends_on {
+            self.check_name(dependency)?;
+        }
+        if let Some(compensation) = &task.on_dead {
+            self.check_name(&compensation.queue)?;
+            if compensation.payload.len() > self.limits.task_payload_bytes_max {
+                return Err(Refusal::PayloadTooLarge);
+            }
+            if compensation.max_attempts == 0
+                || compensation.max_attempts > self.limits.task_attempts_max
+            {
+                return Err(Refusal::Invalid);
+            }
+        }
+        Ok(())
+    }
+
     /// The shape checks of one transaction op, in the order the single operation makes them.
     fn check_txn_op_shape(&self, op: &TxnOp) -> Result<(), Refusal> {
         match op {
@@ -784,35 +796,7 @@ impl Model {
             }
             TxnOp::Delete { key } => self.check_path(key)?,
             TxnOp::Release { resource } => self.check_path(resource)?,
-            TxnOp::AddTask { queue, task } => {
-                self.check_name(queue)?;
-                self.check_name(&task.task_id)?;
-                if task.payload.len() > self.limits.task_payload_bytes_max {
-                    return Err(Refusal::PayloadTooLarge);
-                }
-                if task.max_attempts == 0 || task.max_attempts > self.limits.task_attempts_max {
-                    return Err(Refusal::Invalid);
-                }
-                if task.delay_ms > self.limits.task_delay_ms_max
-                    || task.depends_on.len() > self.limits.task_dependencies_max
-                {
-                    return Err(Refusal::Invalid);
-                }
-                for dependency in &task.depends_on {
-                    self.check_name(dependency)?;
-                }
-                if let Some(compensation) = &task.on_dead {
-                    self.check_name(&compensation.queue)?;
-                    if compensation.payload.len() > self.limits.task_payload_bytes_max {
-                        return Err(Refusal::PayloadTooLarge);
-                    }
-                    if compensation.max_attempts == 0
-                        || compensation.max_attempts > self.limits.task_attempts_max
-                    {
-                        return Err(Refusal::Invalid);
-                    }
-                }
-            }
+            TxnOp::AddTask { queue, task } => self.check_task_shape(queue, task)?,
             TxnOp::CompleteTask {
                 queue,
                 task_id,
@@ -842,51 +826,25 @@ impl Model {
         Ok(())
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn enqueue(
         &mut self,
         namespace: &Namespace,
         queue: &Name,
-        task_id: &Name,
-        payload: &str,
-        priority: i32,
-        depends_on: &[Name],
-        max_attempts: u32,
-        delay_ms: u64,
-        on_dead: Option<&Compensation>,
+        task: &TaskSpec,
     ) -> Result<Reply, Refusal> {
-        // Mirrors the real order: admission (names, payload size, attempts, delay, the number
-        // of dependencies as given (repeats counted), each dependency's name, the
-        // compensation's queue, payload and attempts), then a taken id, the queue's quota, then
-        // each dependency's task.
-        self.check_name(queue)?;
-        self.check_name(task_id)?;
-        if payload.len() > self.limits.task_payload_bytes_max {
-            return Err(Refusal::PayloadTooLarge);
-        }
-        if max_attempts == 0 || max_attempts > self.limits.task_attempts_max {
-            return Err(Refusal::Invalid);
-        }
-        if delay_ms > self.limits.task_delay_ms_max {
-            return Err(Refusal::Invalid);
-        }
-        if depends_on.len() > self.limits.task_dependencies_max {
-            return Err(Refusal::Invalid);
-        }
-        for dependency in depends_on {
-            self.check_name(dependency)?;
-        }
-        if let Some(compensation) = on_dead {
-            self.check_name(&compensation.queue)?;
-            if compensation.payload.len() > self.limits.task_payload_bytes_max {
-                return Err(Refusal::PayloadTooLarge);
-            }
-            if compensation.max_attempts == 0
-                || compensation.max_attempts > self.limits.task_attempts_max
-            {
-                return Err(Refusal::Invalid);
-            }
-        }
+        // Mirrors the real order: admission (`check_task_shape`), then a taken id, the queue's
+        // quota, then each dependency's task.
+        self.check_task_shape(queue, task)?;
+        let TaskSpec {
+            task_id,
+            payload,
+            priority,
+            depends_on,
+            max_attempts,
+            delay_ms,
+            on_dead,
+        } = task;
+        let (priority, max_attempts, delay_ms) = (*priority, *max_attempts, *delay_ms);
         if self.task_index(namespace, queue, task_id).is_some() {
             return Err(Refusal::Invalid);
         }
@@ -955,7 +913,7 @@ impl Model {
             note: None,
             last_failure: None,
             finished_ms: None,
-            on_dead: on_dead.cloned(),
+            on_dead: on_dead.clone(),
         });
         Ok(Reply::TaskEnqueued(self.task_view(self.tasks.len() - 1)))
     }
