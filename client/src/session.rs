@@ -814,7 +814,16 @@ pub(crate) async fn acquire_waiting(
                 if left.is_zero() {
                     return Err(Error::Held { held_by, message });
                 }
-                let until_expiry = Duration::from_millis(held_by.expires_in_ms.saturating_add(1));
+                // The soonest a place frees up: the lease in the way, or for a full shared
+                // lease whichever of its holders expires first.
+                let soonest_ms = held_by
+                    .holders
+                    .iter()
+                    .map(|holder| holder.expires_in_ms)
+                    .chain([held_by.expires_in_ms])
+                    .min()
+                    .unwrap_or(held_by.expires_in_ms);
+                let until_expiry = Duration::from_millis(soonest_ms.saturating_add(1));
                 let jitter = rand::random::<f64>() * 0.5 + 0.5;
                 let step = pause.mul_f64(jitter).min(until_expiry).min(left);
                 tokio::time::sleep(step).await;
