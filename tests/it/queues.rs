@@ -869,17 +869,17 @@ async fn drain_worker(api: &Api, node: &Node, queue: &str, worker: usize) -> Vec
     }
 }
 
-async fn enqueue(api: &Api, node: &Node, queue: &str, body: &Value) -> HttpReply {
+pub(crate) async fn enqueue(api: &Api, node: &Node, queue: &str, body: &Value) -> HttpReply {
     api.post(node, &format!("/v1/queues/{queue}/tasks"), body)
         .await
 }
 
-async fn claim(api: &Api, node: &Node, queue: &str, body: &Value) -> HttpReply {
+pub(crate) async fn claim(api: &Api, node: &Node, queue: &str, body: &Value) -> HttpReply {
     api.post(node, &format!("/v1/queues/{queue}/claim"), body)
         .await
 }
 
-async fn task_action(
+pub(crate) async fn task_action(
     api: &Api,
     node: &Node,
     queue: &str,
@@ -910,7 +910,7 @@ async fn complete(
     .await
 }
 
-async fn new_session(api: &Api, node: &Node, holder: &str, ttl_ms: u64) -> String {
+pub(crate) async fn new_session(api: &Api, node: &Node, holder: &str, ttl_ms: u64) -> String {
     let session: CreateSessionResponse = api
         .post(
             node,
@@ -922,7 +922,7 @@ async fn new_session(api: &Api, node: &Node, holder: &str, ttl_ms: u64) -> Strin
     session.session_id.as_str().to_owned()
 }
 
-async fn counts(api: &Api, node: &Node, queue: &str) -> QueueCounts {
+pub(crate) async fn counts(api: &Api, node: &Node, queue: &str) -> QueueCounts {
     let info: QueueInfo = api
         .get(node, &format!("/v1/queues/{queue}"))
         .await

@@ -10,14 +10,15 @@
 //! together with its own session only; a holder whose session lapses loses its place to a
 //! waiter with an `expired` event; and `baton acquire --shared N` exits as docs/cli.md says.
 
+use crate::queues::new_session;
 use std::cell::Cell;
 use std::collections::BTreeSet;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use baton_client::api::{
-    CreateSessionResponse, ErrorCode, EventKind, FenceCheckResponse, FenceRef, Grant, KvEntry,
-    KvPutResponse, Lease, LeaseList, LeaseMode, Problem, SessionInfo,
+    ErrorCode, EventKind, FenceCheckResponse, FenceRef, Grant, KvEntry, KvPutResponse, Lease,
+    LeaseList, LeaseMode, Problem, SessionInfo,
 };
 use baton_client::{AcquireOptions, Client};
 use baton_tests::{
@@ -1007,18 +1008,6 @@ async fn release(api: &Api, node: &Node, session: &str, resource: &str) -> HttpR
         &json!({"resource": resource}),
     )
     .await
-}
-
-async fn new_session(api: &Api, node: &Node, holder: &str, ttl_ms: u64) -> String {
-    let session: CreateSessionResponse = api
-        .post(
-            node,
-            "/v1/sessions",
-            &json!({"holder": holder, "ttl_ms": ttl_ms}),
-        )
-        .await
-        .expect_json(201);
-    session.session_id.as_str().to_owned()
 }
 
 /// One page of the live leases under `prefix` (these tests hold far fewer than a page).

@@ -9,12 +9,13 @@
 //! `task_retention_ms` while their events stay; and `baton txn` and `baton task add --on-dead`
 //! exit as docs/cli.md says.
 
+use crate::queues::{claim, counts, enqueue, new_session, task_action};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use baton_client::api::{
-    ClaimResponse, CreateSessionResponse, ErrorCode, Event, EventKind, Grant, KvEntry,
-    KvPutResponse, QueueCounts, QueueInfo, Task, TaskList, TaskState, TxnOpResult, TxnResponse,
+    ClaimResponse, ErrorCode, Event, EventKind, Grant, KvEntry, KvPutResponse, QueueCounts,
+    QueueInfo, Task, TaskList, TaskState, TxnOpResult, TxnResponse,
 };
 use baton_tests::{
     idempotency_key, json, poll_until, Api, Cluster, HttpReply, Method, Node, Value,
@@ -1003,49 +1004,6 @@ async fn baton_txn_and_task_add_on_dead_exit_as_documented() {
 
 async fn txn(api: &Api, node: &Node, body: &Value) -> HttpReply {
     api.post(node, "/v1/txn", body).await
-}
-
-async fn enqueue(api: &Api, node: &Node, queue: &str, body: &Value) -> HttpReply {
-    api.post(node, &format!("/v1/queues/{queue}/tasks"), body)
-        .await
-}
-
-async fn claim(api: &Api, node: &Node, queue: &str, body: &Value) -> HttpReply {
-    api.post(node, &format!("/v1/queues/{queue}/claim"), body)
-        .await
-}
-
-async fn task_action(
-    api: &Api,
-    node: &Node,
-    queue: &str,
-    id: &str,
-    verb: &str,
-    body: &Value,
-) -> HttpReply {
-    api.post(node, &format!("/v1/queues/{queue}/tasks/{id}/{verb}"), body)
-        .await
-}
-
-async fn new_session(api: &Api, node: &Node, holder: &str, ttl_ms: u64) -> String {
-    let session: CreateSessionResponse = api
-        .post(
-            node,
-            "/v1/sessions",
-            &json!({"holder": holder, "ttl_ms": ttl_ms}),
-        )
-        .await
-        .expect_json(201);
-    session.session_id.as_str().to_owned()
-}
-
-async fn counts(api: &Api, node: &Node, queue: &str) -> QueueCounts {
-    let info: QueueInfo = api
-        .get(node, &format!("/v1/queues/{queue}"))
-        .await
-        .expect_json(200);
-    assert_eq!(info.queue, queue);
-    info.counts
 }
 
 /// Every task of `queue`, or only those in `state`, following the cursor.

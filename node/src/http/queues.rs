@@ -23,7 +23,8 @@ fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence
     Ok(TaskFence { session_id, fence })
 }
 
-fn json_text(value: &serde_json::Value) -> Result<String, ApiError> {
+/// A JSON value as the text the machine stores.
+pub(super) fn json_text(value: &serde_json::Value) -> Result<String, ApiError> {
     serde_json::to_string(value).map_err(ApiError::internal)
 }
 

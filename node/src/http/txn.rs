@@ -9,13 +9,9 @@ use baton_raft_store::machine::{Compare, SessionId, Txn, TxnOp};
 use super::convert;
 use super::error::ApiError;
 use super::extract::{write_name, write_path, ApiJson, By, IdempotencyKey, Ns};
-use super::queues::task_spec;
+use super::queues::{json_text, task_spec};
 use super::service::{Mutation, TxnResult};
 use super::{ApiAnswer, AppState};
-
-fn json_text(value: &serde_json::Value) -> Result<String, ApiError> {
-    serde_json::to_string(value).map_err(ApiError::internal)
-}
 
 fn compare(compare: &baton_api::TxnCompare) -> Result<Compare, ApiError> {
     Ok(match compare.kind().map_err(ApiError::invalid)? {

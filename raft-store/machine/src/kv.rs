@@ -31,13 +31,7 @@ impl Machine {
             key: key.clone(),
             fence: fence.as_ref().map(|(_, fence)| *fence),
         };
-        let revision = self.events.push(
-            self.time_ms,
-            namespace,
-            event,
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        let revision = self.record(namespace, event);
         let entry = KvEntry {
             value: value.to_owned(),
             revision,
@@ -70,13 +64,7 @@ impl Machine {
         if let Some(state) = self.namespaces.get_mut(namespace) {
             state.kv.remove(key);
         }
-        let revision = self.events.push(
-            self.time_ms,
-            namespace,
-            EventKind::KvDeleted { key: key.clone() },
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        let revision = self.record(namespace, EventKind::KvDeleted { key: key.clone() });
         Ok(Reply::KvDeleted { revision })
     }
 

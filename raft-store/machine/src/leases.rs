@@ -179,8 +179,7 @@ impl Machine {
         let holder = self.namespaces[namespace].sessions[&session_id]
             .holder
             .clone();
-        self.events.push(
-            self.time_ms,
+        self.record(
             namespace,
             EventKind::Granted {
                 resource: resource.clone(),
@@ -188,8 +187,6 @@ impl Machine {
                 fence,
                 mode,
             },
-            self.acting.as_ref(),
-            &self.limits,
         );
 
         let state = &self.namespaces[namespace];
@@ -516,13 +513,7 @@ impl Machine {
             self.max_hold_deadlines
                 .remove(&(deadline_ms, namespace.clone(), resource.clone()));
         }
-        self.events.push(
-            self.time_ms,
-            namespace,
-            event,
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        self.record(namespace, event);
     }
 
     fn remove_session(&mut self, namespace: &Namespace, session_id: SessionId) {

@@ -195,12 +195,20 @@ impl Machine {
         batch
             .commands
             .iter()
-            .map(|command| {
-                let response = self.apply_command(command);
-                self.enqueue_compensations();
-                response
-            })
+            .map(|command| self.apply_command(command))
             .collect()
+    }
+
+    /// Records a state change at the applied cluster time, made by the acting token: its
+    /// revision.
+    fn record(&mut self, namespace: &Namespace, kind: EventKind) -> u64 {
+        self.events.push(
+            self.time_ms,
+            namespace,
+            kind,
+            self.acting.as_ref(),
+            &self.limits,
+        )
     }
 
     /// Cluster time of the applied state, in milliseconds.
@@ -412,20 +420,21 @@ impl Machine {
         resource: &ResourcePath,
         fence: u64,
     ) -> FenceStatus {
-        let holder = self.namespaces.get(namespace).and_then(|state| {
-            self.live_holders(state, resource)
-                .into_iter()
-                .find(|(_, view)| view.fence == fence)
-        });
-        if holder.is_some() {
-            return FenceStatus {
-                current: true,
-                live_fence: Some(fence),
-            };
-        }
-        let live_fence = self
-            .covering_lease(namespace, resource)
-            .map(|(lease, _)| lease.fence);
+        // The path's own live leases (one, or a shared lease's holders), else a covering
+        // subtree lease above it.
+        let own = self
+            .namespaces
+            .get(namespace)
+            .map(|state| self.leases_on(state, resource))
+            .unwrap_or_default();
+        let live_fence = if own.iter().any(|view| view.fence == fence) {
+            Some(fence)
+        } else {
+            own.first().map(|view| view.fence).or_else(|| {
+                self.covering_lease(namespace, resource)
+                    .map(|(lease, _)| lease.fence)
+            })
+        };
         FenceStatus {
             current: live_fence == Some(fence),
             live_fence,

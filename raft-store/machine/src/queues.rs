@@ -353,13 +353,7 @@ impl Machine {
             queue: queue.clone(),
             task_id: spec.task_id.clone(),
         };
-        let revision = self.events.push(
-            time_ms,
-            namespace,
-            event,
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        let revision = self.record(namespace, event);
         let state = self.namespaces.entry(namespace.clone()).or_default();
         let queue_state = state.queues.entry(queue.clone()).or_default();
         let dependencies: BTreeSet<&Name> = spec.depends_on.iter().collect();
@@ -397,8 +391,9 @@ impl Machine {
         self.make_ready(namespace, queue, &spec.task_id);
     }
 
-    /// Enqueues the compensations of the tasks that went dead since the last call: run after
-    /// every command and after the time-driven transitions, so each lands in the same apply as
+    /// Enqueues the compensations of the tasks that went dead since the last call: run at the
+    /// end of every client operation (the only commands that kill tasks) and after the
+    /// time-driven transitions, so each lands in the same apply as
     /// the death that asked for it (and after all of a transaction's ops). A compensation's id
     /// is `on-dead-R`, R the revision of the `TaskDead` event, with a suffix if a task already
     /// took that name; no limit refuses it.
@@ -544,13 +539,7 @@ impl Machine {
             fence,
             attempt,
         };
-        self.events.push(
-            self.time_ms,
-            namespace,
-            event,
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        self.record(namespace, event);
         let expires_in_ms =
             self.namespaces[namespace].sessions[&session_id].deadline_ms - self.time_ms;
         Ok(Reply::TaskClaimed(TaskClaimed {
@@ -594,13 +583,7 @@ impl Machine {
             task_id: task_id.clone(),
             fence: claim.fence,
         };
-        self.events.push(
-            self.time_ms,
-            namespace,
-            event,
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        self.record(namespace, event);
         self.wake_dependents(namespace, queue, task_id);
         Ok(Reply::TaskUpdated(
             self.task_view(namespace, queue, task_id).expect("exists"),
@@ -624,13 +607,7 @@ impl Machine {
             fence: claim.fence,
             retry: retried,
         };
-        self.events.push(
-            self.time_ms,
-            namespace,
-            event,
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        self.record(namespace, event);
         if retried {
             self.end_claim(namespace, queue, task_id, Life::Ready);
             let task = self
@@ -672,13 +649,7 @@ impl Machine {
             task_id: task_id.clone(),
             fence: claim.fence,
         };
-        self.events.push(
-            self.time_ms,
-            namespace,
-            event,
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        self.record(namespace, event);
         self.make_ready(namespace, queue, task_id);
         Ok(Reply::TaskUpdated(
             self.task_view(namespace, queue, task_id).expect("exists"),
@@ -737,13 +708,7 @@ impl Machine {
                 task_id: task_id.clone(),
                 fence,
             };
-            self.events.push(
-                self.time_ms,
-                namespace,
-                event,
-                self.acting.as_ref(),
-                &self.limits,
-            );
+            self.record(namespace, event);
             if last_attempt {
                 self.kill_task(
                     namespace,
@@ -1064,13 +1029,7 @@ impl Machine {
                 queue: queue.clone(),
                 task_id: id.clone(),
             };
-            let revision = self.events.push(
-                self.time_ms,
-                namespace,
-                event,
-                self.acting.as_ref(),
-                &self.limits,
-            );
+            let revision = self.record(namespace, event);
             self.finished
                 .insert((finished_ms, namespace.clone(), queue.clone(), id.clone()));
             let task = self

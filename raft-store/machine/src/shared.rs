@@ -159,13 +159,7 @@ impl Machine {
                 session_id,
             ));
         }
-        self.events.push(
-            self.time_ms,
-            namespace,
-            event,
-            self.acting.as_ref(),
-            &self.limits,
-        );
+        self.record(namespace, event);
     }
 
     /// Clears what a grant found dead in its way, each with its `expired` event.

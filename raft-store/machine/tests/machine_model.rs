@@ -517,16 +517,8 @@ impl Model {
                 claim,
                 result,
             } => {
-                // Mirrors the real order (admission, then the operation): the names, the
-                // result's size, then the claim.
-                self.check_name(queue)?;
-                self.check_name(task_id)?;
-                if result
-                    .as_ref()
-                    .is_some_and(|result| result.len() > self.limits.task_payload_bytes_max)
-                {
-                    return Err(Refusal::PayloadTooLarge);
-                }
+                // Mirrors the real order (admission, then the operation).
+                self.check_complete_shape(queue, task_id, result.as_deref())?;
                 let index = self.check_task_claim(namespace, queue, task_id, claim)?;
                 self.tasks[index].finished_ms = Some(self.time_ms);
                 self.tasks[index].life = ModelLife::Done {
@@ -550,9 +542,7 @@ impl Model {
                 retry,
             } => {
                 // Mirrors the real order: the names, the reason's length, then the claim.
-                self.check_name(queue)?;
-                self.check_name(task_id)?;
-                self.check_text(reason)?;
+                self.check_fail_shape(queue, task_id, reason)?;
                 let index = self.check_task_claim(namespace, queue, task_id, claim)?;
                 let task = &self.tasks[index];
                 let retried = *retry && task.attempt < task.max_attempts;
@@ -802,28 +792,37 @@ impl Model {
                 task_id,
                 result,
                 ..
-            } => {
-                self.check_name(queue)?;
-                self.check_name(task_id)?;
-                if result
-                    .as_ref()
-                    .is_some_and(|result| result.len() > self.limits.task_payload_bytes_max)
-                {
-                    return Err(Refusal::PayloadTooLarge);
-                }
-            }
+            } => self.check_complete_shape(queue, task_id, result.as_deref())?,
             TxnOp::FailTask {
                 queue,
                 task_id,
                 reason,
                 ..
-            } => {
-                self.check_name(queue)?;
-                self.check_name(task_id)?;
-                self.check_text(reason)?;
-            }
+            } => self.check_fail_shape(queue, task_id, reason)?,
         }
         Ok(())
+    }
+
+    /// A complete's admission: the names, then the result's size.
+    fn check_complete_shape(
+        &self,
+        queue: &Name,
+        task_id: &Name,
+        result: Option<&str>,
+    ) -> Result<(), Refusal> {
+        self.check_name(queue)?;
+        self.check_name(task_id)?;
+        if result.is_some_and(|result| result.len() > self.limits.task_payload_bytes_max) {
+            return Err(Refusal::PayloadTooLarge);
+        }
+        Ok(())
+    }
+
+    /// A fail's admission: the names, then the reason's length.
+    fn check_fail_shape(&self, queue: &Name, task_id: &Name, reason: &str) -> Result<(), Refusal> {
+        self.check_name(queue)?;
+        self.check_name(task_id)?;
+        self.check_text(reason)
     }
 
     fn enqueue(
