@@ -57,8 +57,17 @@ pub(crate) fn admit_op(namespace: &Namespace, op: &Op, limits: &Limits) -> Resul
     match op {
         Op::CreateSession(new_session) => admit_new_session(new_session, limits),
         Op::Keepalive { .. } | Op::EndSession { .. } => Ok(()),
-        Op::Release { resource, .. } => Ok(resource.check(limits)?),
+        Op::Release { resource, .. } | Op::LeaveOrRelease { resource, .. } => {
+            Ok(resource.check(limits)?)
+        }
         Op::Acquire {
+            resource,
+            mode,
+            owner,
+            max_hold_ms,
+            labels,
+        }
+        | Op::AcquireOrWait {
             resource,
             mode,
             owner,

@@ -328,6 +328,10 @@ impl Op {
                 owner: Owner::NewSession(new_session),
                 ..
             }
+            | Op::AcquireOrWait {
+                owner: Owner::NewSession(new_session),
+                ..
+            }
             | Op::Claim {
                 owner: Owner::NewSession(new_session),
                 ..
@@ -341,8 +345,11 @@ impl Op {
         match self {
             Op::Keepalive { session_id }
             | Op::Release { session_id, .. }
+            | Op::LeaveOrRelease { session_id, .. }
             | Op::EndSession { session_id } => Some(*session_id),
-            Op::Acquire { owner, .. } | Op::Claim { owner, .. } => match owner {
+            Op::Acquire { owner, .. }
+            | Op::AcquireOrWait { owner, .. }
+            | Op::Claim { owner, .. } => match owner {
                 Owner::Session(session_id) => Some(*session_id),
                 Owner::NewSession(_) => None,
             },

@@ -9,14 +9,16 @@ use serde::{Deserialize, Serialize};
 
 use super::events::{EventLog, EventLogV1};
 use super::idempotency::IdempotencyTable;
-use super::legacy::{LimitsV1, NamespaceStateV2};
+use super::legacy::{LimitsV1, NamespaceStateV2, NamespaceStateV3};
 use super::{AuthState, Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
 /// Version 2 added the access-control state (`auth`) at the end and the token to each event
 /// (`by`); version 3 gave tasks `on_dead` and a finishing time and the limits two more
-/// (legacy.rs). Versions 1 and 2 are still read.
-const SNAPSHOT_VERSION: u32 = 3;
+/// (legacy.rs); version 4 added the lines of waiting acquires to each namespace. Versions 1
+/// to 3 are still read.
+const SNAPSHOT_VERSION: u32 = 4;
+const SNAPSHOT_VERSION_WITHOUT_LINES: u32 = 3;
 const SNAPSHOT_VERSION_WITHOUT_TXN: u32 = 2;
 const SNAPSHOT_VERSION_WITHOUT_AUTH: u32 = 1;
 /// Larger than any snapshot the limits allow.
@@ -63,6 +65,18 @@ struct SnapshotOwned {
     time_ms: u64,
     fence_counter: u64,
     namespaces: BTreeMap<Namespace, NamespaceState>,
+    idempotency: IdempotencyTable,
+    events: EventLog,
+    auth: AuthState,
+}
+
+/// A version 3 snapshot: namespaces without lines.
+#[derive(Deserialize)]
+struct SnapshotOwnedV3 {
+    limits: Limits,
+    time_ms: u64,
+    fence_counter: u64,
+    namespaces: BTreeMap<Namespace, NamespaceStateV3>,
     idempotency: IdempotencyTable,
     events: EventLog,
     auth: AuthState,
@@ -182,6 +196,22 @@ impl Machine {
         let version = u32::from_le_bytes(bytes[4..8].try_into().expect("four bytes"));
         let body: SnapshotOwned = match version {
             SNAPSHOT_VERSION => decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?,
+            SNAPSHOT_VERSION_WITHOUT_LINES => {
+                let v3: SnapshotOwnedV3 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                SnapshotOwned {
+                    limits: v3.limits,
+                    time_ms: v3.time_ms,
+                    fence_counter: v3.fence_counter,
+                    namespaces: v3
+                        .namespaces
+                        .into_iter()
+                        .map(|(namespace, state)| (namespace, state.into()))
+                        .collect(),
+                    idempotency: v3.idempotency,
+                    events: v3.events,
+                    auth: v3.auth,
+                }
+            }
             SNAPSHOT_VERSION_WITHOUT_TXN => {
                 let v2: SnapshotOwnedV2 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
                 SnapshotOwned {
@@ -224,6 +254,7 @@ impl Machine {
             auth: body.auth,
             acting: None,
             compensations: Vec::new(),
+            to_serve: Default::default(),
         };
         machine
             .rebuild_indexes()

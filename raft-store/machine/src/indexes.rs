@@ -1,5 +1,5 @@
 //! The indexes a snapshot leaves out, recomputed from the state it holds: each session's
-//! leases and claims, the deadline and delay indexes the sweeps walk, each queue's ready order.
+//! leases, claims and places in line, the deadline and delay indexes the sweeps walk, each queue's ready order.
 //! `decode_snapshot` (codec.rs) calls it, then `check_invariants` before trusting the result.
 
 use super::queues::claims_by_session;
@@ -45,6 +45,14 @@ impl Machine {
                             *session_id,
                         ));
                     }
+                }
+            }
+            for (resource, line) in &state.lines {
+                for waiter in line {
+                    let session = state.sessions.get_mut(&waiter.session_id).ok_or_else(|| {
+                        format!("a waiter in the line of {resource} names a missing session")
+                    })?;
+                    session.waits.insert(resource.clone());
                 }
             }
             for (queue, queue_state) in &mut state.queues {

@@ -182,6 +182,71 @@ impl Machine {
                     ));
                 }
             }
+            for (resource, line) in &state.lines {
+                if line.is_empty() {
+                    return Err(format!("the line of {resource} is empty but kept"));
+                }
+                let mut seen = BTreeSet::new();
+                for waiter in line {
+                    if !seen.insert(waiter.session_id) {
+                        return Err(format!(
+                            "session {} waits twice in the line of {resource}",
+                            waiter.session_id
+                        ));
+                    }
+                    if !state
+                        .sessions
+                        .get(&waiter.session_id)
+                        .is_some_and(|session| session.waits.contains(resource))
+                    {
+                        return Err(format!(
+                            "a waiter in the line of {resource} is missing from its session"
+                        ));
+                    }
+                    if self
+                        .lease_of(namespace, resource, waiter.session_id)
+                        .is_some()
+                    {
+                        return Err(format!(
+                            "session {} waits for {resource}, which it holds",
+                            waiter.session_id
+                        ));
+                    }
+                    if waiter.joined_at_ms > self.time_ms {
+                        return Err(format!(
+                            "a waiter joined the line of {resource} in the future"
+                        ));
+                    }
+                }
+                // Served in the apply that freed it: the first live waiter cannot be granted.
+                let first = line.iter().find(|waiter| {
+                    state
+                        .sessions
+                        .get(&waiter.session_id)
+                        .is_some_and(|session| self.time_ms < session.deadline_ms)
+                });
+                if let Some(first) = first {
+                    let grantable = self
+                        .check_conflicts(namespace, resource, first.mode, Some(first.session_id))
+                        .is_ok();
+                    if grantable {
+                        return Err(format!(
+                            "the first waiter in the line of {resource} could be granted but waits"
+                        ));
+                    }
+                }
+            }
+            for (session_id, session) in &state.sessions {
+                for resource in &session.waits {
+                    if !state.lines.get(resource).is_some_and(|line| {
+                        line.iter().any(|waiter| waiter.session_id == *session_id)
+                    }) {
+                        return Err(format!(
+                            "session {session_id} lists a place in the line of {resource} it does not have"
+                        ));
+                    }
+                }
+            }
             for (queue, queue_state) in &state.queues {
                 queue_state.check(queue, self.time_ms)?;
                 for (session_id, task_id, fence) in queue_state.claims() {

@@ -109,6 +109,7 @@ impl Machine {
                 released.push(resource);
             }
         }
+        self.leave_lines(namespace, session_id);
         // Its claims lapse now, as if it had expired: each counts as an attempt.
         self.lapse_claims(namespace, session_id);
         self.remove_session(namespace, session_id);
@@ -124,23 +125,13 @@ impl Machine {
         max_hold_ms: Option<u64>,
         labels: &Labels,
     ) -> Result<Reply, Rejection> {
-        match owner {
-            Owner::Session(session_id) => {
-                let session = self.live_session_mut(namespace, *session_id)?;
-                if session.held() >= self.limits.leases_per_session_max {
-                    return Err(Rejection::ResourceExhausted(format!(
-                        "this session already holds {} leases and claims, the most a session may hold; release some or use another session",
-                        self.limits.leases_per_session_max
-                    )));
-                }
-            }
-            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session)?,
-        }
+        self.check_owner(namespace, owner)?;
         let acting = match owner {
             Owner::Session(session_id) => Some(*session_id),
             Owner::NewSession(_) => None,
         };
         let dead_in_the_way = self.check_conflicts(namespace, resource, mode, acting)?;
+        self.refuse_if_waiters(namespace, resource)?;
         self.clear_dead(namespace, dead_in_the_way);
         let (session_id, session_created) = match owner {
             Owner::Session(session_id) => (*session_id, false),
@@ -149,6 +140,59 @@ impl Machine {
                 (new_session.session_id, true)
             }
         };
+        let grant = self.grant(
+            namespace,
+            resource,
+            mode,
+            session_id,
+            session_created,
+            max_hold_ms,
+            labels,
+        );
+        Ok(Reply::Granted(grant))
+    }
+
+    /// Whether `owner` may take one more lease or place in line: a live session below
+    /// `leases_per_session_max`, or a new session the namespace has room for.
+    pub(super) fn check_owner(
+        &mut self,
+        namespace: &Namespace,
+        owner: &Owner,
+    ) -> Result<(), Rejection> {
+        match owner {
+            Owner::Session(session_id) => {
+                let session = self.live_session_mut(namespace, *session_id)?;
+                if session.held() >= self.limits.leases_per_session_max {
+                    return Err(Rejection::ResourceExhausted(format!(
+                        "this session already holds {} leases, claims and places in line, the most a session may hold; release some or use another session",
+                        self.limits.leases_per_session_max
+                    )));
+                }
+                Ok(())
+            }
+            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session),
+        }
+    }
+
+    /// Grants `resource` to the live `session_id` (checked free by `check_conflicts`, dead
+    /// leases in the way cleared), taking the session out of the resource's line if it waited.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn grant(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+        session_id: SessionId,
+        session_created: bool,
+        max_hold_ms: Option<u64>,
+        labels: &Labels,
+    ) -> Grant {
+        if self.namespaces[namespace].sessions[&session_id]
+            .waits
+            .contains(resource)
+        {
+            self.remove_waiter(namespace, resource, session_id);
+        }
         self.fence_counter += 1;
         let fence = self.fence_counter;
         let max_hold_deadline_ms = max_hold_ms.map(|max_hold_ms| self.time_ms + max_hold_ms);
@@ -171,7 +215,7 @@ impl Machine {
             state
                 .sessions
                 .get_mut(&session_id)
-                .expect("the owner session was checked live above")
+                .expect("the owner session was checked live")
                 .leases
                 .insert(resource.clone());
             state.leases.insert(resource.clone(), lease);
@@ -188,26 +232,20 @@ impl Machine {
                 mode,
             },
         );
-
-        let state = &self.namespaces[namespace];
-        let lease = match mode {
-            LeaseMode::Shared { .. } => &state.shared[resource].holders[&session_id],
-            _ => &state.leases[resource],
-        };
         let view = self
-            .live_view(state, resource, lease)
+            .lease_of(namespace, resource, session_id)
             .expect("a lease just granted is live");
-        Ok(Reply::Granted(Grant {
+        Grant {
             lease: view,
             session_id,
             session_created,
-        }))
+        }
     }
 
     /// Finds what stands in the way of a `mode` lease on `resource` (G2). A live conflicting
     /// lease refuses the acquire with `LEASE_HELD`; dead leases that occupy the same path or lie
     /// below a subtree request are returned so the grant can clear them (emitting `expired`).
-    fn check_conflicts(
+    pub(super) fn check_conflicts(
         &self,
         namespace: &Namespace,
         resource: &ResourcePath,
@@ -302,6 +340,7 @@ impl Machine {
             }
             let session = &self.namespaces[&namespace].sessions[&session_id];
             if session.leases.is_empty() && session.shared.is_empty() {
+                work += self.leave_lines(&namespace, session_id);
                 self.remove_session(&namespace, session_id);
                 sessions += 1;
                 work += 1;
@@ -441,6 +480,7 @@ impl Machine {
             leases: Default::default(),
             shared: Default::default(),
             claims: Default::default(),
+            waits: Default::default(),
         };
         self.namespaces
             .entry(namespace.clone())
@@ -514,6 +554,7 @@ impl Machine {
                 .remove(&(deadline_ms, namespace.clone(), resource.clone()));
         }
         self.record(namespace, event);
+        self.lines_freed_by(namespace, resource, lease.mode == LeaseMode::Subtree);
     }
 
     fn remove_session(&mut self, namespace: &Namespace, session_id: SessionId) {

@@ -1,9 +1,9 @@
 //! The shapes that earlier formats wrote, kept only to read them: log entries of batch format
-//! `V1` and snapshots of formats 1 and 2. Each converts into the current type; nothing here is
+//! `V1` and snapshots of formats 1, 2 and 3. Each converts into the current type; nothing here is
 //! ever written.
 //!
 //! What changed since: tasks gained `on_dead` (a compensation) and the time they finished (for
-//! retention); the limits gained `task_retention_ms` and `txn_ops_max`; `Op::Enqueue` carries
+//! retention); namespaces gained the lines of waiting acquires (format 4); the limits gained `task_retention_ms` and `txn_ops_max`; `Op::Enqueue` carries
 //! a `TaskSpec`. A finished task read from an old snapshot counts as finished at the
 //! snapshot's cluster time, so its retention starts when the upgrade reads it.
 
@@ -17,7 +17,7 @@ use super::command::{
 };
 use super::queues::QueueState;
 use super::types::{Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId};
-use super::{KvEntry, Lease, NamespaceState, Session};
+use super::{KvEntry, Lease, NamespaceState, Session, SharedLease};
 
 /// The limits before `task_retention_ms`, `txn_ops_max` and `shared_limit_max`.
 #[derive(Deserialize)]
@@ -317,6 +317,30 @@ impl NamespaceStateV2 {
                 .into_iter()
                 .map(|(name, queue)| (name, queue.upgrade(time_ms)))
                 .collect(),
+            lines: BTreeMap::new(),
+        }
+    }
+}
+
+/// A namespace as snapshot format 3 wrote it: without lines.
+#[derive(Deserialize)]
+pub(super) struct NamespaceStateV3 {
+    sessions: BTreeMap<SessionId, Session>,
+    leases: BTreeMap<ResourcePath, Lease>,
+    shared: BTreeMap<ResourcePath, SharedLease>,
+    kv: BTreeMap<ResourcePath, KvEntry>,
+    queues: BTreeMap<Name, QueueState>,
+}
+
+impl From<NamespaceStateV3> for NamespaceState {
+    fn from(old: NamespaceStateV3) -> NamespaceState {
+        NamespaceState {
+            sessions: old.sessions,
+            leases: old.leases,
+            shared: old.shared,
+            kv: old.kv,
+            queues: old.queues,
+            lines: BTreeMap::new(),
         }
     }
 }

@@ -21,6 +21,7 @@ mod invariants;
 mod kv;
 mod leases;
 mod legacy;
+mod line;
 mod queues;
 mod shared;
 mod txn;
@@ -39,9 +40,9 @@ pub use auth::{AuthState, Caller, NewToken, Quotas, Role, Scope, TokenView, BOOT
 pub use codec::{decode_batch, decode_value, encode_batch, encode_value, CodecError};
 pub use command::{
     Batch, Command, Compare, Compensation, Event, EventKind, FenceStatus, Grant, IdempotencyTag,
-    KvView, LeaseView, NewSession, Op, Owner, Page, Recorded, Rejection, Reply, ResourceFence,
-    Response, SessionView, TaskClaimed, TaskCounts, TaskFence, TaskSpec, TaskState, TaskView, Txn,
-    TxnOp,
+    KvView, LeaseView, NewSession, Op, Owner, Page, Queued, Recorded, Rejection, Reply,
+    ResourceFence, Response, SessionView, TaskClaimed, TaskCounts, TaskFence, TaskSpec, TaskState,
+    TaskView, Txn, TxnOp,
 };
 pub use types::{
     validate_idempotency_key, Invalid, Labels, LeaseMode, Limits, Name, Namespace, ResourcePath,
@@ -51,6 +52,7 @@ pub use types::{
 use admission::admit_op;
 use events::EventLog;
 use idempotency::IdempotencyTable;
+use line::Line;
 use queues::{PendingCompensation, QueueState};
 
 /// The whole replicated state. See the module docs for the rules it lives by.
@@ -84,6 +86,9 @@ pub struct Machine {
     /// Compensations owed by tasks that went dead in the command being applied; empty between
     /// commands, so never part of the state.
     compensations: Vec<PendingCompensation>,
+    /// Lines that something freed in the command being applied may unblock (line.rs); empty
+    /// between commands, so never part of the state.
+    to_serve: BTreeSet<(Namespace, ResourcePath)>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -95,11 +100,14 @@ struct NamespaceState {
     shared: BTreeMap<ResourcePath, SharedLease>,
     kv: BTreeMap<ResourcePath, KvEntry>,
     queues: BTreeMap<Name, QueueState>,
+    /// Acquires waiting for a path, first come first (line.rs).
+    lines: BTreeMap<ResourcePath, Line>,
 }
 
 impl NamespaceState {
     fn is_empty(&self) -> bool {
         self.sessions.is_empty()
+            && self.lines.is_empty()
             && self.leases.is_empty()
             && self.shared.is_empty()
             && self.kv.is_empty()
@@ -123,13 +131,16 @@ struct Session {
     /// The tasks this session holds a claim on, as `(queue, task id)` (rebuilt on decode).
     #[serde(skip)]
     claims: BTreeSet<(Name, Name)>,
+    /// The resources whose line this session waits in (rebuilt on decode).
+    #[serde(skip)]
+    waits: BTreeSet<ResourcePath>,
 }
 
 impl Session {
-    /// Leases (exclusive, subtree, shared) and task claims held: what `leases_per_session_max`
-    /// bounds.
+    /// Leases (exclusive, subtree, shared), task claims and places in line: what
+    /// `leases_per_session_max` bounds.
     fn held(&self) -> usize {
-        self.leases.len() + self.shared.len() + self.claims.len()
+        self.leases.len() + self.shared.len() + self.claims.len() + self.waits.len()
     }
 }
 
@@ -183,15 +194,18 @@ impl Machine {
             auth: AuthState::default(),
             acting: None,
             compensations: Vec::new(),
+            to_serve: BTreeSet::new(),
         }
     }
 
     /// Applies one log entry at `max(batch.stamp_ms, cluster time)` and answers each command.
     pub fn apply(&mut self, batch: &Batch) -> Vec<Response> {
+        let before_ms = self.time_ms;
         self.time_ms = self.time_ms.max(batch.stamp_ms);
         self.idempotency.prune(self.time_ms, &self.limits);
         self.advance_queues();
         self.enqueue_compensations();
+        self.serve_lines_freed_by_time(before_ms);
         batch
             .commands
             .iter()
@@ -463,6 +477,7 @@ impl Machine {
             Command::Sweep { max } => {
                 let max = (*max as usize).min(self.limits.sweep_batch_max);
                 let (leases, sessions) = self.sweep(max);
+                self.serve_lines();
                 let tasks =
                     self.remove_retired_tasks(max.saturating_sub((leases + sessions) as usize));
                 Response::fresh(Ok(Reply::Swept {
@@ -548,7 +563,9 @@ impl Machine {
                 )));
             }
         }
-        if let (Some(leases_max), Op::Acquire { .. }) = (quotas.leases_max, op) {
+        if let (Some(leases_max), Op::Acquire { .. } | Op::AcquireOrWait { .. }) =
+            (quotas.leases_max, op)
+        {
             let held: usize = sessions()
                 .filter_map(|(namespace, session_id)| {
                     let session = self.namespaces.get(namespace)?.sessions.get(session_id)?;
@@ -581,7 +598,9 @@ impl Machine {
             }
         }
         let outcome = self.apply_op(namespace, op);
-        // The compensations this operation owes, made by the same token (`acting`).
+        // The waiters that what this operation freed lets in, then the compensations this
+        // operation owes, all made by the same token (`acting`).
+        self.serve_lines();
         self.enqueue_compensations();
         if let (Some(by), Some(session_id)) = (by, op.session_created()) {
             let created = self
@@ -655,6 +674,17 @@ impl Machine {
                 note,
             } => self.release_task(namespace, queue, task_id, *claim, note.as_deref()),
             Op::Txn(txn) => self.txn(namespace, txn),
+            Op::AcquireOrWait {
+                resource,
+                mode,
+                owner,
+                max_hold_ms,
+                labels,
+            } => self.acquire_or_wait(namespace, resource, *mode, owner, *max_hold_ms, labels),
+            Op::LeaveOrRelease {
+                session_id,
+                resource,
+            } => self.leave_or_release(namespace, *session_id, resource),
         }
     }
 

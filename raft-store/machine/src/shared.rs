@@ -160,6 +160,7 @@ impl Machine {
             ));
         }
         self.record(namespace, event);
+        self.lines_freed_by(namespace, resource, false);
     }
 
     /// Clears what a grant found dead in its way, each with its `expired` event.

@@ -157,6 +157,11 @@ fn render(response: &Response) -> String {
             )
         }
         Ok(Reply::QueueEmpty) => "empty".to_owned(),
+        Ok(Reply::Queued(queued)) if queued.joined => {
+            format!("queued position={}", queued.position)
+        }
+        Ok(Reply::Queued(queued)) => format!("still queued position={}", queued.position),
+        Ok(Reply::LeftLine { resource }) => format!("left the line of {resource}"),
         Ok(Reply::TxnDone { succeeded, results }) => {
             let results: Vec<String> = results
                 .iter()
@@ -1097,10 +1102,10 @@ fn snapshots_round_trip_and_refuse_garbage() {
     assert_eq!(decoded.encode_snapshot().expect("encode"), bytes);
 
     let mut future = bytes.clone();
-    future[4] = 4;
+    future[4] = 5;
     assert!(matches!(
         Machine::decode_snapshot(&future),
-        Err(CodecError::UnsupportedVersion(4))
+        Err(CodecError::UnsupportedVersion(5))
     ));
     assert!(matches!(
         Machine::decode_snapshot(b"nope"),
@@ -1910,13 +1915,14 @@ fn events_name_the_token_whose_request_made_them() {
 }
 
 /// Snapshots and log entries written by earlier builds (tests/fixtures, made by the build
-/// before each format change) still decode: version 1 (before access control) and 2 (before
-/// compensations and retention) snapshots, and `V1` batches.
+/// before each format change) still decode: version 1 (before access control), 2 (before
+/// compensations and retention) and 3 (before lines) snapshots, and `V1` batches.
 #[test]
 fn earlier_formats_still_decode() {
     for bytes in [
         &include_bytes!("../tests/fixtures/snapshot-v1.bin")[..],
         &include_bytes!("../tests/fixtures/snapshot-v2.bin")[..],
+        &include_bytes!("../tests/fixtures/snapshot-v3.bin")[..],
     ] {
         let machine = Machine::decode_snapshot(bytes).expect("an earlier snapshot decodes");
         assert_eq!(machine.limits().ttl_ms_max, 600_000);
@@ -2672,4 +2678,307 @@ fn shared_holds_expire_with_their_session_or_max_hold_and_are_swept() {
         .collect();
     assert_eq!(events.len(), 4, "{events:?}");
     assert!(events[2].starts_with("Expired") && events[3].starts_with("Expired"));
+}
+
+// ---- the line ----
+
+fn wait_as(session: u128, resource: &str, mode: LeaseMode) -> Op {
+    Op::AcquireOrWait {
+        resource: path(resource),
+        mode,
+        owner: Owner::Session(SessionId(session)),
+        max_hold_ms: None,
+        labels: Labels::new(),
+    }
+}
+
+fn wait(session: u128, resource: &str) -> Op {
+    wait_as(session, resource, LeaseMode::Exclusive)
+}
+
+fn leave(session: u128, resource: &str) -> Op {
+    Op::LeaveOrRelease {
+        session_id: SessionId(session),
+        resource: path(resource),
+    }
+}
+
+/// The lease events after `after`, as `granted a bob`, `queued a carol`, `expired a`, ...
+fn lease_events(machine: &Machine, after: u64) -> Vec<String> {
+    machine
+        .events_after(after, 1_000)
+        .expect("within the window")
+        .into_iter()
+        .filter_map(|event| match event.kind {
+            EventKind::Granted {
+                resource, holder, ..
+            } => Some(format!("granted {resource} {holder}")),
+            EventKind::Queued {
+                resource, holder, ..
+            } => Some(format!("queued {resource} {holder}")),
+            EventKind::LeftLine { resource, holder } => Some(format!("left {resource} {holder}")),
+            EventKind::Released { resource, .. } => Some(format!("released {resource}")),
+            EventKind::Expired { resource, .. } => Some(format!("expired {resource}")),
+            _ => None,
+        })
+        .collect()
+}
+
+fn holder_of(machine: &Machine, resource: &str) -> Option<String> {
+    machine
+        .lease(&namespace(), &path(resource))
+        .map(|view| view.holder)
+}
+
+#[test]
+fn the_line_grants_in_arrival_order_in_the_apply_that_frees_the_resource() {
+    let mut machine = check(vec![
+        (0, create(A, "alice", 1_000), "session expires_in=1000"),
+        (0, create(B, "bob", 1_000), "session expires_in=1000"),
+        (0, create(C, "carol", 5_000), "session expires_in=5000"),
+        (1, acquire(A, "a"), "granted fence=1 expires_in=999"),
+        (2, wait(B, "a"), "queued position=1"),
+        (3, wait(C, "a"), "queued position=2"),
+        // Asking again keeps the place and changes nothing.
+        (4, wait(B, "a"), "still queued position=1"),
+        (4, wait(C, "a"), "still queued position=2"),
+        // The release grants bob in the same apply: a new fence, a new holder.
+        (5, release(A, "a"), "released fence=1"),
+    ]);
+    assert_eq!(holder_of(&machine, "a").as_deref(), Some("bob"));
+    assert_eq!(
+        machine.line_position(&namespace(), &path("a"), SessionId(C)),
+        Some(1)
+    );
+    // Bob falls silent: his session dies at 1000, and the first entry at or after it hands
+    // the resource to carol before any of its commands runs.
+    assert_eq!(
+        step(&mut machine, 1_000, command(acquire(A, "b"))),
+        "LEASE_LOST"
+    );
+    assert_eq!(holder_of(&machine, "a").as_deref(), Some("carol"));
+    assert_eq!(
+        lease_events(&machine, 0),
+        [
+            "granted a alice",
+            "queued a bob",
+            "queued a carol",
+            "released a",
+            "granted a bob",
+            "expired a",
+            "granted a carol",
+        ]
+    );
+    assert_eq!(machine.fence_counter(), 3);
+}
+
+#[test]
+fn nobody_overtakes_the_line_and_shared_waiters_in_a_row_are_granted_together() {
+    let shared = LeaseMode::Shared { limit: 3 };
+    let machine = check(vec![
+        (0, create(A, "alice", 10_000), "session expires_in=10000"),
+        (0, create(B, "bob", 10_000), "session expires_in=10000"),
+        (0, create(C, "carol", 10_000), "session expires_in=10000"),
+        (0, create(4, "dave", 10_000), "session expires_in=10000"),
+        (0, create(5, "erin", 10_000), "session expires_in=10000"),
+        (1, acquire(A, "s"), "granted fence=1 expires_in=9999"),
+        (2, wait_as(B, "s", shared), "queued position=1"),
+        (2, wait_as(C, "s", shared), "queued position=2"),
+        (2, wait(4, "s"), "queued position=3"),
+        (2, wait_as(5, "s", shared), "queued position=4"),
+        // A try-lock does not overtake the line either.
+        (
+            3,
+            acquire_as(5, "t", shared),
+            "granted fence=2 expires_in=9997",
+        ),
+        (
+            3,
+            acquire_as(4, "s", shared),
+            "LEASE_HELD alice fence=1 expires_in=9997",
+        ),
+        // Bob and carol are granted together; dave (exclusive) waits for them, and erin
+        // waits behind dave although her shared acquire would fit.
+        (4, release(A, "s"), "released fence=1"),
+        (5, wait_as(A, "s", shared), "queued position=3"),
+        (6, release(B, "s"), "released fence=3"),
+        (7, leave(C, "s"), "released fence=4"),
+    ]);
+    assert_eq!(holder_of(&machine, "s").as_deref(), Some("dave"));
+    assert_eq!(
+        lease_events(&machine, 0)[6..],
+        [
+            "released s",
+            "granted s bob",
+            "granted s carol",
+            "queued s alice",
+            "released s",
+            "released s",
+            "granted s dave",
+        ]
+    );
+    let mut machine = machine;
+    check_on(&mut machine, vec![(8, release(4, "s"), "released fence=5")]);
+    let holders: Vec<String> = machine
+        .leases(&namespace(), "s", None, 10)
+        .items
+        .into_iter()
+        .filter(|view| view.resource == path("s"))
+        .map(|view| view.holder)
+        .collect();
+    assert_eq!(holders, ["erin", "alice"]);
+}
+
+#[test]
+fn a_waiter_leaves_the_line_on_request_or_with_its_session() {
+    let machine = check(vec![
+        (0, create(A, "alice", 10_000), "session expires_in=10000"),
+        (0, create(B, "bob", 10_000), "session expires_in=10000"),
+        (0, create(C, "carol", 10_000), "session expires_in=10000"),
+        (0, create(4, "dave", 1_000), "session expires_in=1000"),
+        (1, acquire(A, "a"), "granted fence=1 expires_in=9999"),
+        (2, wait(4, "a"), "queued position=1"),
+        (2, wait(B, "a"), "queued position=2"),
+        (2, wait(C, "a"), "queued position=3"),
+        (3, leave(B, "a"), "left the line of a"),
+        (3, leave(B, "a"), "LEASE_LOST"),
+        (3, wait(C, "a"), "still queued position=2"),
+        // Dave's session dies: he no longer counts, and the sweep takes him out.
+        (1_000, wait(C, "a"), "still queued position=1"),
+    ]);
+    let mut machine = machine;
+    assert_eq!(
+        step(&mut machine, 1_001, Command::Sweep { max: 10 }),
+        "swept leases=0 sessions=1 tasks=0"
+    );
+    check_on(
+        &mut machine,
+        vec![
+            (1_002, end(C), "ended []"),
+            (1_003, release(A, "a"), "released fence=1"),
+        ],
+    );
+    assert_eq!(holder_of(&machine, "a"), None);
+    assert_eq!(
+        lease_events(&machine, 0),
+        [
+            "granted a alice",
+            "queued a dave",
+            "queued a bob",
+            "queued a carol",
+            "left a bob",
+            "left a dave",
+            "left a carol",
+            "released a",
+        ]
+    );
+}
+
+#[test]
+fn a_session_never_waits_for_itself_and_its_places_count_towards_its_limit() {
+    let mut machine = with_limits(|limits| limits.leases_per_session_max = 2);
+    check_on(
+        &mut machine,
+        vec![
+            (0, create(A, "alice", 10_000), "session expires_in=10000"),
+            (0, create(B, "bob", 10_000), "session expires_in=10000"),
+            (1, acquire(A, "a"), "granted fence=1 expires_in=9999"),
+            (
+                1,
+                acquire_subtree(A, "t"),
+                "granted fence=2 expires_in=9999",
+            ),
+            (2, wait(A, "a"), "RESOURCE_EXHAUSTED"),
+            (2, release(A, "t"), "released fence=2"),
+            (2, wait(A, "a"), "LEASE_HELD alice fence=1 expires_in=9998"),
+            (
+                2,
+                acquire_subtree(A, "t"),
+                "granted fence=3 expires_in=9998",
+            ),
+            (2, wait(A, "t/x"), "RESOURCE_EXHAUSTED"),
+            (3, wait(B, "a"), "queued position=1"),
+            (3, wait_as(B, "t", LeaseMode::Subtree), "queued position=1"),
+            (3, wait(B, "u"), "RESOURCE_EXHAUSTED"),
+            // Bob gets t from the line, and alice waits below it.
+            (4, release(A, "t"), "released fence=3"),
+            (4, wait(A, "t/x"), "queued position=1"),
+            // A new session can be created to wait.
+            (
+                5,
+                Op::AcquireOrWait {
+                    resource: path("a"),
+                    mode: LeaseMode::Exclusive,
+                    owner: Owner::NewSession(new_session(C, "carol", 1_000)),
+                    max_hold_ms: None,
+                    labels: Labels::new(),
+                },
+                "queued position=2",
+            ),
+        ],
+    );
+    // A refused wait changes nothing.
+    let before = machine.encode_snapshot().expect("encode");
+    assert_eq!(
+        step(&mut machine, 5, command(wait(B, "b"))),
+        "RESOURCE_EXHAUSTED"
+    );
+    assert_eq!(machine.encode_snapshot().expect("encode"), before);
+}
+
+#[test]
+fn subtree_waiters_are_served_when_a_lease_below_them_dies_or_reaches_its_max_hold() {
+    let mut machine = check(vec![
+        (0, create(A, "alice", 1_000), "session expires_in=1000"),
+        (0, create(B, "bob", 10_000), "session expires_in=10000"),
+        (0, create(C, "carol", 10_000), "session expires_in=10000"),
+        (1, acquire(A, "a/b"), "granted fence=1 expires_in=999"),
+        (
+            1,
+            acquire_max_hold(C, "x/y", 50),
+            "granted fence=2 expires_in=50",
+        ),
+        (2, wait_as(B, "a", LeaseMode::Subtree), "queued position=1"),
+        (2, wait_as(A, "x", LeaseMode::Subtree), "queued position=1"),
+        // Carol's max hold on x/y ends at 51: alice gets x.
+        (51, keepalive(B), "kept_alive expires_in=10000"),
+    ]);
+    assert_eq!(holder_of(&machine, "x").as_deref(), Some("alice"));
+    assert_eq!(holder_of(&machine, "a"), None);
+    // Alice's session (holding a/b and now x) dies at 1000: bob gets the subtree a.
+    assert_eq!(
+        step(&mut machine, 1_000, command(keepalive(B))),
+        "kept_alive expires_in=10000"
+    );
+    assert_eq!(holder_of(&machine, "a").as_deref(), Some("bob"));
+    let snapshot = machine.encode_snapshot().expect("encode");
+    assert_eq!(
+        Machine::decode_snapshot(&snapshot).expect("decode"),
+        machine
+    );
+}
+
+#[test]
+fn lines_survive_a_snapshot_with_their_order() {
+    let mut machine = check(vec![
+        (0, create(A, "alice", 10_000), "session expires_in=10000"),
+        (0, create(B, "bob", 10_000), "session expires_in=10000"),
+        (0, create(C, "carol", 10_000), "session expires_in=10000"),
+        (1, acquire(A, "a"), "granted fence=1 expires_in=9999"),
+        (2, wait(C, "a"), "queued position=1"),
+        (3, wait(B, "a"), "queued position=2"),
+    ]);
+    let mut restored =
+        Machine::decode_snapshot(&machine.encode_snapshot().expect("encode")).expect("decode");
+    assert_eq!(restored, machine);
+    for machine in [&mut machine, &mut restored] {
+        assert_eq!(
+            step(machine, 4, command(release(A, "a"))),
+            "released fence=1"
+        );
+        assert_eq!(holder_of(machine, "a").as_deref(), Some("carol"));
+        assert_eq!(step(machine, 5, command(end(C))), "ended [a]");
+        assert_eq!(holder_of(machine, "a").as_deref(), Some("bob"));
+    }
+    assert_eq!(restored, machine);
 }

@@ -1,0 +1,463 @@
+//! The line: acquires that wait instead of being refused.
+//!
+//! An acquire made with `wait_ms` (`Op::AcquireOrWait`) that the resource's holders refuse
+//! joins the resource's line: replicated state, first come first served. Whenever something
+//! that could stand in a waiter's way goes away (a release, a session's end, a lease's expiry
+//! or max hold, a waiter leaving), the paths it could free are served in the same apply: the
+//! first live waiter is granted if it can be, then the next, and so on; serving stops at the
+//! first waiter that still cannot be granted, so nobody overtakes the waiter ahead of them
+//! (shared waiters in a row are granted together). A waiting acquire never overtakes the line
+//! either: while live waiters are ahead it joins behind them even if it could be granted.
+//!
+//! Expiry needs no command to free anything (docs/guarantees.md, "Time"), so at the start of
+//! each entry the paths whose holders died since the previous entry's time are served too,
+//! before any command of the entry can take them.
+//!
+//! A waiter whose session dies is skipped, and leaves the line (with its `line_left` event)
+//! when served past or when its session is swept or ended. A session's places in lines count
+//! towards `leases_per_session_max`. An acquire without `wait_ms` never joins a line; it takes
+//! a resource only when nothing, the line included, is ahead of it, which happens when the
+//! line's first waiter is kept out by something else (a subtree waiter by a lease below).
+
+use std::collections::{BTreeSet, VecDeque};
+
+use serde::{Deserialize, Serialize};
+
+use super::command::{EventKind, Owner, Queued, Rejection, Reply};
+use super::{
+    descendants, Labels, LeaseMode, LeaseView, Machine, Namespace, NamespaceState, ResourcePath,
+    SessionId,
+};
+
+/// One acquire waiting in a resource's line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(super) struct Waiter {
+    pub(super) session_id: SessionId,
+    pub(super) mode: LeaseMode,
+    pub(super) labels: Labels,
+    pub(super) max_hold_ms: Option<u64>,
+    pub(super) joined_at_ms: u64,
+}
+
+/// The waiters of one resource, first come first.
+pub(super) type Line = VecDeque<Waiter>;
+
+impl Machine {
+    /// `acquire`, except that a refusal because the resource is held (or because live
+    /// waiters are ahead) joins the line instead; a session already in the line keeps its
+    /// place and learns it.
+    pub(super) fn acquire_or_wait(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+        owner: &Owner,
+        max_hold_ms: Option<u64>,
+        labels: &Labels,
+    ) -> Result<Reply, Rejection> {
+        let acting = match owner {
+            Owner::Session(session_id) => {
+                self.live_session_mut(namespace, *session_id)?;
+                if let Some(position) = self.line_position(namespace, resource, *session_id) {
+                    return Ok(Reply::Queued(Queued {
+                        resource: resource.clone(),
+                        session_id: *session_id,
+                        session_created: false,
+                        position,
+                        joined: false,
+                    }));
+                }
+                Some(*session_id)
+            }
+            Owner::NewSession(_) => None,
+        };
+        self.check_owner(namespace, owner)?;
+        let ahead = self.live_waiters(namespace, resource);
+        match self.check_conflicts(namespace, resource, mode, acting) {
+            Ok(_) if ahead == 0 => {
+                return self.acquire(namespace, resource, mode, owner, max_hold_ms, labels)
+            }
+            Ok(_) => {}
+            Err(Rejection::LeaseHeld { held_by, .. })
+                if !self.is_held_by(namespace, &held_by, acting) => {}
+            Err(refused) => return Err(refused),
+        }
+        let (session_id, session_created) = match owner {
+            Owner::Session(session_id) => (*session_id, false),
+            Owner::NewSession(new_session) => {
+                self.insert_session(namespace, new_session);
+                (new_session.session_id, true)
+            }
+        };
+        let state = self
+            .namespaces
+            .get_mut(namespace)
+            .expect("the waiter's session lives in this namespace");
+        state
+            .lines
+            .entry(resource.clone())
+            .or_default()
+            .push_back(Waiter {
+                session_id,
+                mode,
+                labels: labels.clone(),
+                max_hold_ms,
+                joined_at_ms: self.time_ms,
+            });
+        let session = state
+            .sessions
+            .get_mut(&session_id)
+            .expect("the waiter's session was checked live");
+        session.waits.insert(resource.clone());
+        let holder = session.holder.clone();
+        self.record(
+            namespace,
+            EventKind::Queued {
+                resource: resource.clone(),
+                holder,
+                mode,
+            },
+        );
+        Ok(Reply::Queued(Queued {
+            resource: resource.clone(),
+            session_id,
+            session_created,
+            position: ahead + 1,
+            joined: true,
+        }))
+    }
+
+    /// Takes `session_id` out of `resource`'s line if it waits there, else releases its lease
+    /// on `resource`: whichever it has, in one write, so a grant racing the request is
+    /// released rather than left behind.
+    pub(super) fn leave_or_release(
+        &mut self,
+        namespace: &Namespace,
+        session_id: SessionId,
+        resource: &ResourcePath,
+    ) -> Result<Reply, Rejection> {
+        self.live_session_mut(namespace, session_id)?;
+        if self
+            .line_position(namespace, resource, session_id)
+            .is_some()
+        {
+            self.leave_line(namespace, resource, session_id);
+            return Ok(Reply::LeftLine {
+                resource: resource.clone(),
+            });
+        }
+        self.release(namespace, session_id, resource)
+    }
+
+    /// `LEASE_HELD` when live waiters are in `resource`'s line: an acquire that does not wait
+    /// never overtakes them. It names what keeps the first waiter out.
+    pub(super) fn refuse_if_waiters(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+    ) -> Result<(), Rejection> {
+        let waiting = self.live_waiters(namespace, resource);
+        if waiting == 0 {
+            return Ok(());
+        }
+        let state = &self.namespaces[namespace];
+        let first = state.lines[resource]
+            .iter()
+            .find(|waiter| self.session_live(state, waiter.session_id))
+            .expect("a live waiter was counted");
+        match self.check_conflicts(namespace, resource, first.mode, Some(first.session_id)) {
+            Err(Rejection::LeaseHeld {
+                message,
+                held_by,
+                holders,
+                holders_total,
+            }) => Err(Rejection::LeaseHeld {
+                message: format!("{resource} has {waiting} acquires waiting in line; {message}"),
+                held_by,
+                holders,
+                holders_total,
+            }),
+            // A shared lease whose limit the first waiter does not give keeps it out: name
+            // its holders. (The first waiter is never grantable between commands, so `Ok`
+            // does not happen; it would let the acquire through.)
+            Err(_) => {
+                let holders: Vec<LeaseView> = self.leases_on(state, resource);
+                let Some(held_by) = holders.first().cloned() else {
+                    return Ok(());
+                };
+                Err(Rejection::LeaseHeld {
+                    message: format!(
+                        "{resource} has {waiting} acquires waiting in line; it is held by {} (fence {})",
+                        held_by.holder, held_by.fence
+                    ),
+                    held_by: Box::new(held_by),
+                    holders_total: holders.len() as u32,
+                    holders,
+                })
+            }
+            Ok(_) => Ok(()),
+        }
+    }
+
+    /// Whether the live lease `view` is held by `session` (so waiting for it would be waiting
+    /// for oneself).
+    fn is_held_by(
+        &self,
+        namespace: &Namespace,
+        view: &LeaseView,
+        session: Option<SessionId>,
+    ) -> bool {
+        let (Some(session_id), Some(state)) = (session, self.namespaces.get(namespace)) else {
+            return false;
+        };
+        state
+            .leases
+            .get(&view.resource)
+            .is_some_and(|lease| lease.session_id == session_id && lease.fence == view.fence)
+            || state
+                .shared
+                .get(&view.resource)
+                .and_then(|shared| shared.holders.get(&session_id))
+                .is_some_and(|lease| lease.fence == view.fence)
+    }
+
+    /// Live waiters in `resource`'s line.
+    fn live_waiters(&self, namespace: &Namespace, resource: &ResourcePath) -> u32 {
+        let Some(state) = self.namespaces.get(namespace) else {
+            return 0;
+        };
+        state.lines.get(resource).map_or(0, |line| {
+            line.iter()
+                .filter(|waiter| self.session_live(state, waiter.session_id))
+                .count() as u32
+        })
+    }
+
+    fn session_live(&self, state: &NamespaceState, session_id: SessionId) -> bool {
+        state
+            .sessions
+            .get(&session_id)
+            .is_some_and(|session| self.time_ms < session.deadline_ms)
+    }
+
+    /// `session_id`'s place in `resource`'s line (1 = next), counting live waiters only.
+    pub fn line_position(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        session_id: SessionId,
+    ) -> Option<u32> {
+        let state = self.namespaces.get(namespace)?;
+        if !self.session_live(state, session_id) {
+            return None;
+        }
+        let line = state.lines.get(resource)?;
+        let mut position = 0u32;
+        for waiter in line {
+            if self.session_live(state, waiter.session_id) {
+                position += 1;
+            }
+            if waiter.session_id == session_id {
+                return Some(position);
+            }
+        }
+        None
+    }
+
+    /// The live lease `session_id` holds on exactly `resource`, if any.
+    pub fn lease_of(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        session_id: SessionId,
+    ) -> Option<LeaseView> {
+        let state = self.namespaces.get(namespace)?;
+        let lease = state
+            .leases
+            .get(resource)
+            .filter(|lease| lease.session_id == session_id)
+            .or_else(|| state.shared.get(resource)?.holders.get(&session_id))?;
+        self.live_view(state, resource, lease)
+    }
+
+    /// Removes `session_id` from `resource`'s line with a `line_left` event, and serves the
+    /// line (those behind may be grantable now).
+    pub(super) fn leave_line(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        session_id: SessionId,
+    ) {
+        self.remove_waiter(namespace, resource, session_id);
+        let holder = self.namespaces[namespace].sessions[&session_id]
+            .holder
+            .clone();
+        self.record(
+            namespace,
+            EventKind::LeftLine {
+                resource: resource.clone(),
+                holder,
+            },
+        );
+        self.to_serve.insert((namespace.clone(), resource.clone()));
+    }
+
+    /// Takes a session that ends or died out of every line it waits in; returns how many.
+    pub(super) fn leave_lines(&mut self, namespace: &Namespace, session_id: SessionId) -> usize {
+        let waits: Vec<ResourcePath> = self.namespaces[namespace].sessions[&session_id]
+            .waits
+            .iter()
+            .cloned()
+            .collect();
+        for resource in &waits {
+            self.leave_line(namespace, resource, session_id);
+        }
+        waits.len()
+    }
+
+    /// Takes `session_id`'s waiter out of `resource`'s line (and the line when it empties).
+    pub(super) fn remove_waiter(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        session_id: SessionId,
+    ) {
+        let state = self
+            .namespaces
+            .get_mut(namespace)
+            .expect("the waiter's namespace exists");
+        let line = state.lines.get_mut(resource).expect("the line exists");
+        line.retain(|waiter| waiter.session_id != session_id);
+        if line.is_empty() {
+            state.lines.remove(resource);
+        }
+        state
+            .sessions
+            .get_mut(&session_id)
+            .expect("a waiter's session exists")
+            .waits
+            .remove(resource);
+    }
+
+    /// Notes the lines that a lease (or hold) going away from `resource` may unblock: its
+    /// own, its ancestors' (subtree waiters), and, for a subtree lease, its descendants'.
+    pub(super) fn lines_freed_by(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        subtree: bool,
+    ) {
+        let Some(state) = self.namespaces.get(namespace) else {
+            return;
+        };
+        if state.lines.is_empty() {
+            return;
+        }
+        let mut paths: Vec<ResourcePath> = std::iter::once(resource.as_str())
+            .chain(resource.ancestors())
+            .filter_map(|path| state.lines.get_key_value(path))
+            .map(|(path, _)| path.clone())
+            .collect();
+        if subtree {
+            paths.extend(descendants(&state.lines, resource).map(|(path, _)| path.clone()));
+        }
+        self.to_serve
+            .extend(paths.into_iter().map(|path| (namespace.clone(), path)));
+    }
+
+    /// Serves every line noted since the last call, and the lines those grants unblock.
+    pub(super) fn serve_lines(&mut self) {
+        while let Some((namespace, resource)) = self.to_serve.pop_first() {
+            self.serve_line(&namespace, &resource);
+        }
+    }
+
+    /// Grants `resource` to the waiters at the front of its line while they can be granted.
+    fn serve_line(&mut self, namespace: &Namespace, resource: &ResourcePath) {
+        loop {
+            let Some(state) = self.namespaces.get(namespace) else {
+                return;
+            };
+            let Some(head) = state.lines.get(resource).and_then(|line| line.front()) else {
+                return;
+            };
+            let head = head.clone();
+            if !self.session_live(state, head.session_id) {
+                self.leave_line(namespace, resource, head.session_id);
+                continue;
+            }
+            let Ok(dead) =
+                self.check_conflicts(namespace, resource, head.mode, Some(head.session_id))
+            else {
+                return;
+            };
+            self.clear_dead(namespace, dead);
+            self.grant(
+                namespace,
+                resource,
+                head.mode,
+                head.session_id,
+                false,
+                head.max_hold_ms,
+                &head.labels,
+            );
+        }
+    }
+
+    /// At the start of an entry: serves the lines of whatever died by time since `before_ms`
+    /// (sessions past their deadline, with their leases and places in line; leases past their
+    /// max hold), so the first waiter gets a dead holder's resource before anyone else can.
+    pub(super) fn serve_lines_freed_by_time(&mut self, before_ms: u64) {
+        if before_ms >= self.time_ms || self.namespaces.values().all(|state| state.lines.is_empty())
+        {
+            return;
+        }
+        let died = |deadline_ms: u64| before_ms < deadline_ms && deadline_ms <= self.time_ms;
+        let mut freed: BTreeSet<(Namespace, ResourcePath, bool)> = BTreeSet::new();
+        let mut waits: Vec<(Namespace, ResourcePath)> = Vec::new();
+        for (_, namespace, session_id) in self
+            .session_deadlines
+            .iter()
+            .take_while(|(deadline_ms, _, _)| *deadline_ms <= self.time_ms)
+            .filter(|(deadline_ms, _, _)| died(*deadline_ms))
+        {
+            let state = &self.namespaces[namespace];
+            let session = &state.sessions[session_id];
+            for resource in &session.leases {
+                let subtree = state.leases[resource].mode == LeaseMode::Subtree;
+                freed.insert((namespace.clone(), resource.clone(), subtree));
+            }
+            for resource in &session.shared {
+                freed.insert((namespace.clone(), resource.clone(), false));
+            }
+            waits.extend(
+                session
+                    .waits
+                    .iter()
+                    .map(|resource| (namespace.clone(), resource.clone())),
+            );
+        }
+        for (_, namespace, resource) in self
+            .max_hold_deadlines
+            .iter()
+            .take_while(|(deadline_ms, _, _)| *deadline_ms <= self.time_ms)
+            .filter(|(deadline_ms, _, _)| died(*deadline_ms))
+        {
+            let subtree = self.namespaces[namespace].leases[resource].mode == LeaseMode::Subtree;
+            freed.insert((namespace.clone(), resource.clone(), subtree));
+        }
+        for (_, namespace, resource, _) in self
+            .shared_max_hold_deadlines
+            .iter()
+            .take_while(|(deadline_ms, _, _, _)| *deadline_ms <= self.time_ms)
+            .filter(|(deadline_ms, _, _, _)| died(*deadline_ms))
+        {
+            freed.insert((namespace.clone(), resource.clone(), false));
+        }
+        for (namespace, resource, subtree) in freed {
+            self.lines_freed_by(&namespace, &resource, subtree);
+        }
+        self.to_serve.extend(waits);
+        self.serve_lines();
+    }
+}
