@@ -194,13 +194,17 @@ impl Machine {
                             waiter.session_id
                         ));
                     }
-                    if !state
-                        .sessions
-                        .get(&waiter.session_id)
-                        .is_some_and(|session| session.waits.contains(resource))
-                    {
+                    let Some(session) = state.sessions.get(&waiter.session_id) else {
+                        return Err(format!("a waiter in the line of {resource} has no session"));
+                    };
+                    if !session.waits.contains(resource) {
                         return Err(format!(
                             "a waiter in the line of {resource} is missing from its session"
+                        ));
+                    }
+                    if session.deadline_ms <= self.time_ms {
+                        return Err(format!(
+                            "a waiter in the line of {resource} has a dead session"
                         ));
                     }
                     if self
@@ -218,14 +222,8 @@ impl Machine {
                         ));
                     }
                 }
-                // Served in the apply that freed it: the first live waiter cannot be granted.
-                let first = line.iter().find(|waiter| {
-                    state
-                        .sessions
-                        .get(&waiter.session_id)
-                        .is_some_and(|session| self.time_ms < session.deadline_ms)
-                });
-                if let Some(first) = first {
+                // Served in the apply that freed it: the first waiter cannot be granted.
+                if let Some(first) = line.front() {
                     let grantable = self
                         .check_conflicts(namespace, resource, first.mode, Some(first.session_id))
                         .is_ok();

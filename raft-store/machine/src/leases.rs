@@ -340,7 +340,6 @@ impl Machine {
             }
             let session = &self.namespaces[&namespace].sessions[&session_id];
             if session.leases.is_empty() && session.shared.is_empty() {
-                work += self.leave_lines(&namespace, session_id);
                 self.remove_session(&namespace, session_id);
                 sessions += 1;
                 work += 1;

@@ -10,11 +10,10 @@
 //! either: while live waiters are ahead it joins behind them even if it could be granted.
 //!
 //! Expiry needs no command to free anything (docs/guarantees.md, "Time"), so at the start of
-//! each entry the paths whose holders died since the previous entry's time are served too,
-//! before any command of the entry can take them.
-//!
-//! A waiter whose session dies is skipped, and leaves the line (with its `line_left` event)
-//! when served past or when its session is swept or ended. A session's places in lines count
+//! each entry, before any of its commands, the sessions that died since the previous entry's
+//! time leave the lines they waited in (each with a `left_line` event), and the paths whose
+//! holders died are served. So every waiter in a line has a live session, between entries and
+//! commands alike; an ended session leaves its lines the same way. A session's places in lines count
 //! towards `leases_per_session_max`. An acquire without `wait_ms` never joins a line; it takes
 //! a resource only when nothing, the line included, is ahead of it, which happens when the
 //! line's first waiter is kept out by something else (a subtree waiter by a lease below).
@@ -25,8 +24,7 @@ use serde::{Deserialize, Serialize};
 
 use super::command::{EventKind, Owner, Queued, Rejection, Reply};
 use super::{
-    descendants, Labels, LeaseMode, LeaseView, Machine, Namespace, NamespaceState, ResourcePath,
-    SessionId,
+    descendants, Labels, LeaseMode, LeaseView, Machine, Namespace, ResourcePath, SessionId,
 };
 
 /// One acquire waiting in a resource's line.
@@ -72,7 +70,7 @@ impl Machine {
             Owner::NewSession(_) => None,
         };
         self.check_owner(namespace, owner)?;
-        let ahead = self.live_waiters(namespace, resource);
+        let ahead = self.waiting(namespace, resource);
         match self.check_conflicts(namespace, resource, mode, acting) {
             Ok(_) if ahead == 0 => {
                 return self.acquire(namespace, resource, mode, owner, max_hold_ms, labels)
@@ -156,15 +154,12 @@ impl Machine {
         namespace: &Namespace,
         resource: &ResourcePath,
     ) -> Result<(), Rejection> {
-        let waiting = self.live_waiters(namespace, resource);
+        let waiting = self.waiting(namespace, resource);
         if waiting == 0 {
             return Ok(());
         }
         let state = &self.namespaces[namespace];
-        let first = state.lines[resource]
-            .iter()
-            .find(|waiter| self.session_live(state, waiter.session_id))
-            .expect("a live waiter was counted");
+        let first = &state.lines[resource][0];
         match self.check_conflicts(namespace, resource, first.mode, Some(first.session_id)) {
             Err(Rejection::LeaseHeld {
                 message,
@@ -221,47 +216,26 @@ impl Machine {
                 .is_some_and(|lease| lease.fence == view.fence)
     }
 
-    /// Live waiters in `resource`'s line.
-    fn live_waiters(&self, namespace: &Namespace, resource: &ResourcePath) -> u32 {
-        let Some(state) = self.namespaces.get(namespace) else {
-            return 0;
-        };
-        state.lines.get(resource).map_or(0, |line| {
-            line.iter()
-                .filter(|waiter| self.session_live(state, waiter.session_id))
-                .count() as u32
-        })
+    /// The number of waiters in `resource`'s line (every one with a live session).
+    fn waiting(&self, namespace: &Namespace, resource: &ResourcePath) -> u32 {
+        self.namespaces
+            .get(namespace)
+            .and_then(|state| state.lines.get(resource))
+            .map_or(0, |line| line.len() as u32)
     }
 
-    fn session_live(&self, state: &NamespaceState, session_id: SessionId) -> bool {
-        state
-            .sessions
-            .get(&session_id)
-            .is_some_and(|session| self.time_ms < session.deadline_ms)
-    }
-
-    /// `session_id`'s place in `resource`'s line (1 = next), counting live waiters only.
+    /// `session_id`'s place in `resource`'s line (1 = next).
     pub fn line_position(
         &self,
         namespace: &Namespace,
         resource: &ResourcePath,
         session_id: SessionId,
     ) -> Option<u32> {
-        let state = self.namespaces.get(namespace)?;
-        if !self.session_live(state, session_id) {
-            return None;
-        }
-        let line = state.lines.get(resource)?;
-        let mut position = 0u32;
-        for waiter in line {
-            if self.session_live(state, waiter.session_id) {
-                position += 1;
-            }
-            if waiter.session_id == session_id {
-                return Some(position);
-            }
-        }
-        None
+        let line = self.namespaces.get(namespace)?.lines.get(resource)?;
+        let index = line
+            .iter()
+            .position(|waiter| waiter.session_id == session_id)?;
+        Some(index as u32 + 1)
     }
 
     /// The live lease `session_id` holds on exactly `resource`, if any.
@@ -302,8 +276,8 @@ impl Machine {
         self.to_serve.insert((namespace.clone(), resource.clone()));
     }
 
-    /// Takes a session that ends or died out of every line it waits in; returns how many.
-    pub(super) fn leave_lines(&mut self, namespace: &Namespace, session_id: SessionId) -> usize {
+    /// Takes a session that ends or died out of every line it waits in.
+    pub(super) fn leave_lines(&mut self, namespace: &Namespace, session_id: SessionId) {
         let waits: Vec<ResourcePath> = self.namespaces[namespace].sessions[&session_id]
             .waits
             .iter()
@@ -312,7 +286,6 @@ impl Machine {
         for resource in &waits {
             self.leave_line(namespace, resource, session_id);
         }
-        waits.len()
     }
 
     /// Takes `session_id`'s waiter out of `resource`'s line (and the line when it empties).
@@ -382,10 +355,6 @@ impl Machine {
                 return;
             };
             let head = head.clone();
-            if !self.session_live(state, head.session_id) {
-                self.leave_line(namespace, resource, head.session_id);
-                continue;
-            }
             let Ok(dead) =
                 self.check_conflicts(namespace, resource, head.mode, Some(head.session_id))
             else {
@@ -404,23 +373,27 @@ impl Machine {
         }
     }
 
-    /// At the start of an entry: serves the lines of whatever died by time since `before_ms`
-    /// (sessions past their deadline, with their leases and places in line; leases past their
-    /// max hold), so the first waiter gets a dead holder's resource before anyone else can.
+    /// At the start of an entry: the sessions that died by time since `before_ms` leave their
+    /// lines, then the lines of whatever died (those sessions' leases, leases past their max
+    /// hold) are served, so the first waiter gets a dead holder's resource before any command
+    /// can take it.
     pub(super) fn serve_lines_freed_by_time(&mut self, before_ms: u64) {
         if before_ms >= self.time_ms || self.namespaces.values().all(|state| state.lines.is_empty())
         {
             return;
         }
-        let died = |deadline_ms: u64| before_ms < deadline_ms && deadline_ms <= self.time_ms;
-        let mut freed: BTreeSet<(Namespace, ResourcePath, bool)> = BTreeSet::new();
-        let mut waits: Vec<(Namespace, ResourcePath)> = Vec::new();
-        for (_, namespace, session_id) in self
+        let time_ms = self.time_ms;
+        let died = |deadline_ms: u64| before_ms < deadline_ms && deadline_ms <= time_ms;
+        let sessions: Vec<(Namespace, SessionId)> = self
             .session_deadlines
             .iter()
-            .take_while(|(deadline_ms, _, _)| *deadline_ms <= self.time_ms)
+            .take_while(|(deadline_ms, _, _)| *deadline_ms <= time_ms)
             .filter(|(deadline_ms, _, _)| died(*deadline_ms))
-        {
+            .map(|(_, namespace, session_id)| (namespace.clone(), *session_id))
+            .collect();
+        let mut freed: BTreeSet<(Namespace, ResourcePath, bool)> = BTreeSet::new();
+        for (namespace, session_id) in &sessions {
+            self.leave_lines(namespace, *session_id);
             let state = &self.namespaces[namespace];
             let session = &state.sessions[session_id];
             for resource in &session.leases {
@@ -430,17 +403,11 @@ impl Machine {
             for resource in &session.shared {
                 freed.insert((namespace.clone(), resource.clone(), false));
             }
-            waits.extend(
-                session
-                    .waits
-                    .iter()
-                    .map(|resource| (namespace.clone(), resource.clone())),
-            );
         }
         for (_, namespace, resource) in self
             .max_hold_deadlines
             .iter()
-            .take_while(|(deadline_ms, _, _)| *deadline_ms <= self.time_ms)
+            .take_while(|(deadline_ms, _, _)| *deadline_ms <= time_ms)
             .filter(|(deadline_ms, _, _)| died(*deadline_ms))
         {
             let subtree = self.namespaces[namespace].leases[resource].mode == LeaseMode::Subtree;
@@ -449,7 +416,7 @@ impl Machine {
         for (_, namespace, resource, _) in self
             .shared_max_hold_deadlines
             .iter()
-            .take_while(|(deadline_ms, _, _, _)| *deadline_ms <= self.time_ms)
+            .take_while(|(deadline_ms, _, _, _)| *deadline_ms <= time_ms)
             .filter(|(deadline_ms, _, _, _)| died(*deadline_ms))
         {
             freed.insert((namespace.clone(), resource.clone(), false));
@@ -457,7 +424,6 @@ impl Machine {
         for (namespace, resource, subtree) in freed {
             self.lines_freed_by(&namespace, &resource, subtree);
         }
-        self.to_serve.extend(waits);
         self.serve_lines();
     }
 }
