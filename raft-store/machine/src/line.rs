@@ -76,8 +76,34 @@ impl Machine {
                 return self.acquire(namespace, resource, mode, owner, max_hold_ms, labels)
             }
             Ok(_) => {}
-            Err(Rejection::LeaseHeld { held_by, .. })
-                if !self.is_held_by(namespace, &held_by, acting) => {}
+            Err(Rejection::LeaseHeld { held_by, .. }) => {
+                // Never wait for oneself: a lease of the session's own on the path, or the
+                // one that refuses it.
+                let own =
+                    acting.and_then(|session_id| self.lease_of(namespace, resource, session_id));
+                if let Some(own) = own {
+                    return Err(Rejection::LeaseHeld {
+                        message: format!(
+                            "this session already holds {resource} (fence {}): release it before waiting for it again",
+                            own.fence
+                        ),
+                        held_by: Box::new(own),
+                        holders: Vec::new(),
+                        holders_total: 0,
+                    });
+                }
+                if self.is_held_by(namespace, &held_by, acting) {
+                    return Err(Rejection::LeaseHeld {
+                        message: format!(
+                            "{resource} is kept out by this session's own lease on {} (fence {}): release that first",
+                            held_by.resource, held_by.fence
+                        ),
+                        held_by,
+                        holders: Vec::new(),
+                        holders_total: 0,
+                    });
+                }
+            }
             Err(refused) => return Err(refused),
         }
         let (session_id, session_created) = match owner {
@@ -222,6 +248,17 @@ impl Machine {
             .get(namespace)
             .and_then(|state| state.lines.get(resource))
             .map_or(0, |line| line.len() as u32)
+    }
+
+    /// The sessions waiting in `resource`'s line, first come first (session ids: for the node
+    /// and tests, never shown to other callers).
+    pub fn waiters(&self, namespace: &Namespace, resource: &ResourcePath) -> Vec<SessionId> {
+        self.namespaces
+            .get(namespace)
+            .and_then(|state| state.lines.get(resource))
+            .map_or_else(Vec::new, |line| {
+                line.iter().map(|waiter| waiter.session_id).collect()
+            })
     }
 
     /// `session_id`'s place in `resource`'s line (1 = next).

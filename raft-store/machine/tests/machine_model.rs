@@ -15,7 +15,7 @@ mod common;
 
 use baton_machine::{
     Batch, Command, Compare, Compensation, Event, EventKind, Grant, IdempotencyTag, Labels,
-    LeaseMode, LeaseView, Limits, Machine, Name, Namespace, NewSession, Op, Owner, Reply,
+    LeaseMode, LeaseView, Limits, Machine, Name, Namespace, NewSession, Op, Owner, Queued, Reply,
     ResourceFence, ResourcePath, Response, SessionId, SessionView, TaskClaimed, TaskCounts,
     TaskFence, TaskSpec, TaskState, TaskView, Txn, TxnOp,
 };
@@ -44,6 +44,18 @@ struct ModelLease {
     labels: Labels,
     acquired_at_ms: u64,
     max_hold_deadline_ms: Option<u64>,
+}
+
+/// An acquire waiting in line. The model keeps one list of every waiter in arrival order; a
+/// resource's line is the waiters on it, in that order.
+#[derive(Debug, Clone)]
+struct ModelWaiter {
+    namespace: Namespace,
+    resource: ResourcePath,
+    session: SessionId,
+    mode: LeaseMode,
+    labels: Labels,
+    max_hold_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone)]
@@ -215,6 +227,8 @@ struct Model {
     events: Vec<Event>,
     sessions: Vec<ModelSession>,
     leases: Vec<ModelLease>,
+    /// Every waiter, in arrival order.
+    waiters: Vec<ModelWaiter>,
     values: Vec<ModelValue>,
     /// In enqueue order; done and dead ones are removed after their retention.
     tasks: Vec<ModelTask>,
@@ -258,6 +272,7 @@ impl Model {
             events: Vec::new(),
             sessions: Vec::new(),
             leases: Vec::new(),
+            waiters: Vec::new(),
             values: Vec::new(),
             tasks: Vec::new(),
             next_order: 0,
@@ -267,6 +282,7 @@ impl Model {
     }
 
     fn apply(&mut self, batch: &Batch) -> Vec<Normalized> {
+        let before_ms = self.time_ms;
         self.time_ms = self.time_ms.max(batch.stamp_ms);
         // G8: records older than the idempotency window are forgotten, oldest first.
         let (time_ms, ttl_ms) = (self.time_ms, self.limits.idempotency_ttl_ms);
@@ -277,6 +293,8 @@ impl Model {
         }
         self.lapse_dead_claims();
         self.enqueue_compensations();
+        self.leave_dead_waiters(before_ms);
+        self.serve();
         batch
             .commands
             .iter()
@@ -294,6 +312,7 @@ impl Model {
             }
             Command::Sweep { max } => {
                 let (leases, sessions, tasks) = self.sweep(*max as usize);
+                self.serve();
                 normalize_model(
                     &Ok(Reply::Swept {
                         leases,
@@ -330,8 +349,10 @@ impl Model {
                     }
                 }
                 let outcome = self.op(namespace, op);
+                self.serve();
                 self.enqueue_compensations();
-                // G8: a claim on an empty queue changed nothing and is not recorded.
+                // G8: a claim on an empty queue, or a wait already in line, changed nothing
+                // and is not recorded.
                 if let (
                     Some(IdempotencyTag {
                         key, fingerprint, ..
@@ -339,8 +360,9 @@ impl Model {
                     Ok(reply),
                 ) = (idempotency, &outcome)
                 {
-                    if *reply == Reply::QueueEmpty && self.mutant != Some(Mutant::RecordEmptyClaims)
-                    {
+                    let unchanged = *reply == Reply::QueueEmpty
+                        || matches!(reply, Reply::Queued(Queued { joined: false, .. }));
+                    if unchanged && self.mutant != Some(Mutant::RecordEmptyClaims) {
                         return normalize_model(&outcome, false);
                     }
                     self.records.push(ModelRecord {
@@ -449,6 +471,19 @@ impl Model {
                             },
                         );
                     }
+                }
+                // It leaves every line it waits in, in path order.
+                let mut waits: Vec<ResourcePath> = self
+                    .waiters
+                    .iter()
+                    .filter(|waiter| {
+                        waiter.namespace == *namespace && waiter.session == *session_id
+                    })
+                    .map(|waiter| waiter.resource.clone())
+                    .collect();
+                waits.sort();
+                for resource in waits {
+                    self.leave(namespace, &resource, *session_id);
                 }
                 // Its claims lapse as if it had expired (each counted as an attempt).
                 self.lapse_claims(namespace, *session_id);
@@ -595,6 +630,34 @@ impl Model {
                 Ok(Reply::TaskUpdated(self.task_view(index)))
             }
             Op::Txn(txn) => self.txn(namespace, txn),
+            Op::AcquireOrWait {
+                resource,
+                mode,
+                owner,
+                max_hold_ms,
+                labels,
+            } => self.acquire_or_wait(namespace, resource, *mode, owner, *max_hold_ms, labels),
+            Op::LeaveOrRelease {
+                session_id,
+                resource,
+            } => {
+                self.check_path(resource)?;
+                self.live_session(namespace, *session_id)
+                    .ok_or(Refusal::LeaseLost)?;
+                if self.position(namespace, resource, *session_id).is_some() {
+                    self.leave(namespace, resource, *session_id);
+                    return Ok(Reply::LeftLine {
+                        resource: resource.clone(),
+                    });
+                }
+                self.op(
+                    namespace,
+                    &Op::Release {
+                        session_id: *session_id,
+                        resource: resource.clone(),
+                    },
+                )
+            }
         }
     }
 
@@ -1165,17 +1228,14 @@ impl Model {
         }
     }
 
-    fn acquire(
-        &mut self,
-        namespace: &Namespace,
+    /// Mirrors the real order of admission: path, a shared limit, labels, max hold.
+    fn check_acquire_shape(
+        &self,
         resource: &ResourcePath,
         mode: LeaseMode,
-        owner: &Owner,
         max_hold_ms: Option<u64>,
         labels: &Labels,
-    ) -> Result<Reply, Refusal> {
-        // Mirrors the real order: path, a shared limit, labels, max hold, then the owner,
-        // then conflicts.
+    ) -> Result<(), Refusal> {
         self.check_path(resource)?;
         if let LeaseMode::Shared { limit } = mode {
             if limit == 0 || limit > self.limits.shared_limit_max {
@@ -1188,22 +1248,87 @@ impl Model {
                 return Err(Refusal::Invalid);
             }
         }
+        Ok(())
+    }
+
+    /// The owner may take one more lease or place in line: a live session below the limit,
+    /// or a new session the namespace has room for.
+    fn check_owner(&self, namespace: &Namespace, owner: &Owner) -> Result<(), Refusal> {
         match owner {
             Owner::Session(session_id) => {
                 self.live_session(namespace, *session_id)
                     .ok_or(Refusal::LeaseLost)?;
-                // Counts every lease the session still has, dead (max hold) or alive, and
-                // its task claims.
+                // Counts every lease the session still has, dead (max hold) or alive, its
+                // places in line and its task claims.
                 if self.held(namespace, *session_id) >= self.limits.leases_per_session_max {
                     return Err(Refusal::Exhausted);
                 }
+                Ok(())
             }
-            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session)?,
+            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session),
         }
+    }
 
-        // G2, by pairs. Of several live conflicts the real machine reports the lease on the
-        // same path first, then the subtree ancestors from the root down, then the lease
-        // below in path order; the model sorts its candidates the same way.
+    fn acquire(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+        owner: &Owner,
+        max_hold_ms: Option<u64>,
+        labels: &Labels,
+    ) -> Result<Reply, Refusal> {
+        // Mirrors the real order: the shape, the owner, conflicts, then the line.
+        self.check_acquire_shape(resource, mode, max_hold_ms, labels)?;
+        self.check_owner(namespace, owner)?;
+        let acting = match owner {
+            Owner::Session(session_id) => Some(*session_id),
+            Owner::NewSession(_) => None,
+        };
+        let dead_in_the_way = self.conflicts_for(namespace, resource, mode, acting)?;
+        // Nobody overtakes the line.
+        if let Some(&first) = self.line(namespace, resource).first() {
+            let first = self.waiters[first].clone();
+            match self.conflicts_for(namespace, resource, first.mode, Some(first.session)) {
+                Err(Refusal::LeaseHeld(view)) => return Err(Refusal::LeaseHeld(view)),
+                Err(_) => {
+                    if let Some(&oldest) = self.live_on(namespace, resource).first() {
+                        return Err(Refusal::LeaseHeld(self.view(oldest).expect("live")));
+                    }
+                }
+                Ok(_) => {}
+            }
+        }
+        self.clear(namespace, resource, dead_in_the_way);
+        let (session_id, session_created) = match owner {
+            Owner::Session(session_id) => (*session_id, false),
+            Owner::NewSession(new_session) => {
+                self.insert_session(namespace, new_session);
+                (new_session.session_id, true)
+            }
+        };
+        Ok(Reply::Granted(self.grant(
+            namespace,
+            resource,
+            mode,
+            session_id,
+            session_created,
+            max_hold_ms,
+            labels,
+        )))
+    }
+
+    /// G2, by pairs: the live lease that refuses a `mode` lease on `resource` for `acting`,
+    /// else the dead leases the grant clears. Of several live conflicts the real machine
+    /// reports the lease on the same path first, then the subtree ancestors from the root
+    /// down, then the lease below in path order; the model sorts its candidates the same way.
+    fn conflicts_for(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+        acting: Option<SessionId>,
+    ) -> Result<Vec<usize>, Refusal> {
         let mut live_conflicts: Vec<(u8, usize)> = Vec::new();
         let mut dead_in_the_way: Vec<usize> = Vec::new();
         for (index, lease) in self.leases.iter().enumerate() {
@@ -1239,10 +1364,6 @@ impl Model {
         let mut shared_refusal = None;
         if let LeaseMode::Shared { limit } = mode {
             let live = self.live_on(namespace, resource);
-            let acting = match owner {
-                Owner::Session(session_id) => Some(*session_id),
-                Owner::NewSession(_) => None,
-            };
             if let Some(&oldest) = live.first() {
                 if self.leases[oldest].mode != mode {
                     shared_refusal = Some(Refusal::Invalid);
@@ -1264,16 +1385,22 @@ impl Model {
             }));
         }
         match (live_conflicts.first(), shared_refusal) {
-            (Some(&(rank, index)), refusal) if rank == 0 || refusal.is_none() => {
-                return Err(Refusal::LeaseHeld(
-                    self.view(index).expect("a live lease has a view"),
-                ));
-            }
-            (_, Some(refusal)) => return Err(refusal),
-            _ => {}
+            (Some(&(rank, index)), refusal) if rank == 0 || refusal.is_none() => Err(
+                Refusal::LeaseHeld(self.view(index).expect("a live lease has a view")),
+            ),
+            (_, Some(refusal)) => Err(refusal),
+            _ => Ok(dead_in_the_way),
         }
-        // The dead ones go first, each with its `expired` event: the path itself, then
-        // the leases below in path order.
+    }
+
+    /// Clears the dead leases in a grant's way, each with its `expired` event: the path
+    /// itself, then the leases below in path order.
+    fn clear(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        dead_in_the_way: Vec<usize>,
+    ) {
         let mut dead: Vec<(bool, ResourcePath, u64)> = dead_in_the_way
             .iter()
             .map(|&index| {
@@ -1301,14 +1428,25 @@ impl Model {
                 },
             );
         }
+    }
 
-        let (session_id, session_created) = match owner {
-            Owner::Session(session_id) => (*session_id, false),
-            Owner::NewSession(new_session) => {
-                self.insert_session(namespace, new_session);
-                (new_session.session_id, true)
-            }
-        };
+    /// A new lease for the live `session_id` (out of the resource's line if it waited there).
+    #[allow(clippy::too_many_arguments)]
+    fn grant(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+        session_id: SessionId,
+        session_created: bool,
+        max_hold_ms: Option<u64>,
+        labels: &Labels,
+    ) -> Grant {
+        self.waiters.retain(|waiter| {
+            !(waiter.namespace == *namespace
+                && waiter.resource == *resource
+                && waiter.session == session_id)
+        });
         self.fence_counter += 1;
         let fence = self.fence_counter;
         self.leases.push(ModelLease {
@@ -1338,11 +1476,218 @@ impl Model {
         let view = self
             .view(self.leases.len() - 1)
             .expect("a fresh lease is live");
-        Ok(Reply::Granted(Grant {
+        Grant {
             lease: view,
             session_id,
             session_created,
+        }
+    }
+
+    /// An acquire that waits: as `acquire`, but a refusal by holders (not by the session's
+    /// own lease), or waiters ahead, puts it at the end of the line.
+    fn acquire_or_wait(
+        &mut self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        mode: LeaseMode,
+        owner: &Owner,
+        max_hold_ms: Option<u64>,
+        labels: &Labels,
+    ) -> Result<Reply, Refusal> {
+        // Mirrors the real order: the shape, a live session, its place if it waits, the
+        // owner's limits, then conflicts.
+        self.check_acquire_shape(resource, mode, max_hold_ms, labels)?;
+        let acting = match owner {
+            Owner::Session(session_id) => {
+                self.live_session(namespace, *session_id)
+                    .ok_or(Refusal::LeaseLost)?;
+                if let Some(position) = self.position(namespace, resource, *session_id) {
+                    return Ok(Reply::Queued(Queued {
+                        resource: resource.clone(),
+                        session_id: *session_id,
+                        session_created: false,
+                        position,
+                        joined: false,
+                    }));
+                }
+                Some(*session_id)
+            }
+            Owner::NewSession(_) => None,
+        };
+        self.check_owner(namespace, owner)?;
+        let ahead = self.line(namespace, resource).len() as u32;
+        match self.conflicts_for(namespace, resource, mode, acting) {
+            Ok(_) if ahead == 0 => {
+                return self.acquire(namespace, resource, mode, owner, max_hold_ms, labels)
+            }
+            Ok(_) => {}
+            Err(Refusal::LeaseHeld(view)) => {
+                // Its own live lease on the path, else its own lease that refuses it, refuses
+                // it.
+                let own = acting.and_then(|session_id| {
+                    let index = self.holding_index(namespace, resource, session_id)?;
+                    self.view(index)
+                });
+                if let Some(own) = own {
+                    return Err(Refusal::LeaseHeld(own));
+                }
+                let by_itself = self.leases.iter().any(|lease| {
+                    lease.namespace == *namespace
+                        && lease.fence == view.fence
+                        && Some(lease.session) == acting
+                });
+                if by_itself {
+                    return Err(Refusal::LeaseHeld(view));
+                }
+            }
+            Err(refusal) => return Err(refusal),
+        }
+        let (session_id, session_created) = match owner {
+            Owner::Session(session_id) => (*session_id, false),
+            Owner::NewSession(new_session) => {
+                self.insert_session(namespace, new_session);
+                (new_session.session_id, true)
+            }
+        };
+        self.waiters.push(ModelWaiter {
+            namespace: namespace.clone(),
+            resource: resource.clone(),
+            session: session_id,
+            mode,
+            labels: labels.clone(),
+            max_hold_ms,
+        });
+        let holder = self
+            .session(namespace, session_id)
+            .expect("the waiter's session exists")
+            .holder
+            .clone();
+        self.event(
+            namespace,
+            EventKind::Queued {
+                resource: resource.clone(),
+                holder,
+                mode,
+            },
+        );
+        Ok(Reply::Queued(Queued {
+            resource: resource.clone(),
+            session_id,
+            session_created,
+            position: ahead + 1,
+            joined: true,
         }))
+    }
+
+    /// The indexes of `resource`'s waiters, first come first.
+    fn line(&self, namespace: &Namespace, resource: &ResourcePath) -> Vec<usize> {
+        (0..self.waiters.len())
+            .filter(|&index| {
+                self.waiters[index].namespace == *namespace
+                    && self.waiters[index].resource == *resource
+            })
+            .collect()
+    }
+
+    fn position(
+        &self,
+        namespace: &Namespace,
+        resource: &ResourcePath,
+        session_id: SessionId,
+    ) -> Option<u32> {
+        self.line(namespace, resource)
+            .iter()
+            .position(|&index| self.waiters[index].session == session_id)
+            .map(|position| position as u32 + 1)
+    }
+
+    /// Takes a waiter out of its line, with its `left_line` event.
+    fn leave(&mut self, namespace: &Namespace, resource: &ResourcePath, session_id: SessionId) {
+        let index = self
+            .waiters
+            .iter()
+            .position(|waiter| {
+                waiter.namespace == *namespace
+                    && waiter.resource == *resource
+                    && waiter.session == session_id
+            })
+            .expect("the waiter is in line");
+        self.waiters.remove(index);
+        let holder = self
+            .session(namespace, session_id)
+            .expect("a waiter's session exists")
+            .holder
+            .clone();
+        self.event(
+            namespace,
+            EventKind::LeftLine {
+                resource: resource.clone(),
+                holder,
+            },
+        );
+    }
+
+    /// The waiters whose session died since `before_ms` leave their lines, by (deadline,
+    /// namespace, session, path).
+    fn leave_dead_waiters(&mut self, before_ms: u64) {
+        let mut dead: Vec<(u64, Namespace, SessionId, ResourcePath)> = self
+            .waiters
+            .iter()
+            .filter_map(|waiter| {
+                let deadline_ms = self.session(&waiter.namespace, waiter.session)?.deadline_ms;
+                (before_ms < deadline_ms && deadline_ms <= self.time_ms).then(|| {
+                    (
+                        deadline_ms,
+                        waiter.namespace.clone(),
+                        waiter.session,
+                        waiter.resource.clone(),
+                    )
+                })
+            })
+            .collect();
+        dead.sort();
+        for (_, namespace, session_id, resource) in dead {
+            self.leave(&namespace, &resource, session_id);
+        }
+    }
+
+    /// Grants every line's first waiter while it can be granted, lines in (namespace, path)
+    /// order, until a whole pass grants nothing.
+    fn serve(&mut self) {
+        loop {
+            let mut lines: Vec<(Namespace, ResourcePath)> = self
+                .waiters
+                .iter()
+                .map(|waiter| (waiter.namespace.clone(), waiter.resource.clone()))
+                .collect();
+            lines.sort();
+            lines.dedup();
+            let mut granted = false;
+            for (namespace, resource) in lines {
+                while let Some(&first) = self.line(&namespace, &resource).first() {
+                    let first = self.waiters[first].clone();
+                    let Ok(dead) =
+                        self.conflicts_for(&namespace, &resource, first.mode, Some(first.session))
+                    else {
+                        break;
+                    };
+                    self.clear(&namespace, &resource, dead);
+                    self.grant(
+                        &namespace,
+                        &resource,
+                        first.mode,
+                        first.session,
+                        false,
+                        first.max_hold_ms,
+                        &first.labels,
+                    );
+                    granted = true;
+                }
+            }
+            if !granted {
+                break;
+            }
+        }
     }
 
     /// G4: the claim must name the live lease on its resource, held by the claim's session.
@@ -1609,17 +1954,23 @@ impl Model {
         })
     }
 
-    /// What counts against `leases_per_session_max`: leases (dead or alive) and task claims.
+    /// What counts against `leases_per_session_max`: leases (dead or alive), places in line
+    /// and task claims.
     fn held(&self, namespace: &Namespace, session_id: SessionId) -> usize {
         let leases = self
             .leases
             .iter()
             .filter(|lease| lease.namespace == *namespace && lease.session == session_id)
             .count();
+        let waits = self
+            .waiters
+            .iter()
+            .filter(|waiter| waiter.namespace == *namespace && waiter.session == session_id)
+            .count();
         if self.mutant == Some(Mutant::ClaimsAreFree) {
-            return leases;
+            return leases + waits;
         }
-        leases + self.held_claims(namespace, session_id)
+        leases + waits + self.held_claims(namespace, session_id)
     }
 
     fn held_claims(&self, namespace: &Namespace, session_id: SessionId) -> usize {
@@ -1946,6 +2297,18 @@ fn apply_both(
                 machine.lease(namespace, resource),
                 model.lease(namespace, resource),
                 "entry {}: lease on {} in {}",
+                index,
+                resource,
+                namespace
+            );
+            prop_assert_eq!(
+                machine.waiters(namespace, resource),
+                model
+                    .line(namespace, resource)
+                    .into_iter()
+                    .map(|index| model.waiters[index].session)
+                    .collect::<Vec<_>>(),
+                "entry {}: line of {} in {}",
                 index,
                 resource,
                 namespace

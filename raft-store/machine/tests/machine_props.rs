@@ -315,6 +315,12 @@ fn generator_reaches_every_outcome() {
         "Txn PAYLOAD_TOO_LARGE with several ops",
         "swept finished tasks",
         "compensation enqueued",
+        // The line: joined, asked again, left, granted in the apply that freed it.
+        "Queued",
+        "still Queued",
+        "LeftLine",
+        "event LeftLine",
+        "granted to a line",
     ];
     for name in expected {
         assert!(
@@ -587,6 +593,12 @@ fn event_names(before: &Machine, after: &Machine, revision: u64) -> Vec<String> 
             EventKind::TaskEnqueued { task_id, .. } if task_id.as_str().starts_with("on-dead-") => {
                 names.push("compensation enqueued".to_owned());
             }
+            EventKind::Granted { resource, .. }
+                if !before.waiters(&event.namespace, resource).is_empty() =>
+            {
+                names.push("granted to a line".to_owned());
+            }
+            EventKind::LeftLine { .. } => names.push("event LeftLine".to_owned()),
             _ => {}
         }
     }
@@ -631,6 +643,9 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::TokenRevoked { .. } => "TokenRevoked",
         Reply::TokenBootstrapped { .. } => "TokenBootstrapped",
         Reply::TxnDone { .. } => "TxnDone",
+        Reply::Queued(queued) if queued.joined => "Queued",
+        Reply::Queued(_) => "still Queued",
+        Reply::LeftLine { .. } => "LeftLine",
     }
 }
 
@@ -890,7 +905,7 @@ fn decode_refuses_every_truncation_and_version_bump() {
         );
     }
     // A snapshot from another format version, or with a bad magic.
-    for version in [0u32, 4, u32::MAX] {
+    for version in [0u32, 5, u32::MAX] {
         let mut bumped = snapshot_bytes.clone();
         bumped[4..8].copy_from_slice(&version.to_le_bytes());
         assert!(

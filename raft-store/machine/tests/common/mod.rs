@@ -189,13 +189,17 @@ pub enum AbstractOp {
     Keepalive(SessionId),
     Release(SessionId, ReleaseChoice),
     EndSession(SessionId),
+    /// `wait`: an acquire that waits in line (`Op::AcquireOrWait`).
     Acquire {
         resource: ResourcePath,
         mode: LeaseMode,
         owner: Owner,
         max_hold_ms: Option<u64>,
         labels: Labels,
+        wait: bool,
     },
+    /// Leaves a line, or releases (`Op::LeaveOrRelease`).
+    Leave(SessionId, ReleaseChoice),
     KvPut {
         key: ResourcePath,
         value: String,
@@ -397,9 +401,17 @@ impl AbstractOp {
             AbstractOp::Keepalive(session_id) => Op::Keepalive {
                 session_id: *session_id,
             },
-            AbstractOp::Release(session_id, choice) => {
+            AbstractOp::Release(session_id, choice) | AbstractOp::Leave(session_id, choice) => {
                 let resource = match choice {
                     ReleaseChoice::Path(resource) => resource.clone(),
+                    // Leaving picks a line the session waits in, if any.
+                    ReleaseChoice::Held(index)
+                        if matches!(self, AbstractOp::Leave(..))
+                            && !waited(machine, namespace, *session_id).is_empty() =>
+                    {
+                        let waits = waited(machine, namespace, *session_id);
+                        waits[index % waits.len()].clone()
+                    }
                     ReleaseChoice::Held(index) => {
                         match machine.session(namespace, *session_id, None, usize::MAX) {
                             Some((_, leases)) if !leases.items.is_empty() => {
@@ -409,9 +421,15 @@ impl AbstractOp {
                         }
                     }
                 };
-                Op::Release {
-                    session_id: *session_id,
-                    resource,
+                match self {
+                    AbstractOp::Leave(..) => Op::LeaveOrRelease {
+                        session_id: *session_id,
+                        resource,
+                    },
+                    _ => Op::Release {
+                        session_id: *session_id,
+                        resource,
+                    },
                 }
             }
             AbstractOp::EndSession(session_id) => Op::EndSession {
@@ -423,7 +441,22 @@ impl AbstractOp {
                 owner,
                 max_hold_ms,
                 labels,
+                wait: false,
             } => Op::Acquire {
+                resource: resource.clone(),
+                mode: *mode,
+                owner: owner.clone(),
+                max_hold_ms: *max_hold_ms,
+                labels: labels.clone(),
+            },
+            AbstractOp::Acquire {
+                resource,
+                mode,
+                owner,
+                max_hold_ms,
+                labels,
+                wait: true,
+            } => Op::AcquireOrWait {
                 resource: resource.clone(),
                 mode: *mode,
                 owner: owner.clone(),
@@ -780,6 +813,13 @@ fn resource() -> impl Strategy<Value = ResourcePath> {
     ]
 }
 
+fn waited_resource() -> impl Strategy<Value = ResourcePath> {
+    prop_oneof![
+        8 => proptest::sample::select(vec!["a", "a/b"]).prop_map(path),
+        1 => resource(),
+    ]
+}
+
 fn holder() -> impl Strategy<Value = String> {
     prop_oneof![
         60 => proptest::sample::select(vec!["a", "b", "c"]).prop_map(str::to_owned),
@@ -1097,8 +1137,13 @@ fn lease_op() -> BoxedStrategy<AbstractOp> {
         4 => (session_id(), release_choice()).prop_map(|(session_id, choice)| AbstractOp::Release(session_id, choice)),
         1 => session_id().prop_map(AbstractOp::EndSession),
         10 => (resource(), mode(), owner(), max_hold_ms(), labels()).prop_map(
-            |(resource, mode, owner, max_hold_ms, labels)| AbstractOp::Acquire { resource, mode, owner, max_hold_ms, labels }
+            |(resource, mode, owner, max_hold_ms, labels)| AbstractOp::Acquire { resource, mode, owner, max_hold_ms, labels, wait: false }
         ).boxed(),
+        // Waits go mostly to a few paths, so that lines form behind holders.
+        8 => (waited_resource(), mode(), owner(), max_hold_ms(), labels()).prop_map(
+            |(resource, mode, owner, max_hold_ms, labels)| AbstractOp::Acquire { resource, mode, owner, max_hold_ms, labels, wait: true }
+        ).boxed(),
+        3 => (session_id(), release_choice()).prop_map(|(session_id, choice)| AbstractOp::Leave(session_id, choice)),
         3 => (resource(), value(), fence()).prop_map(|(key, value, fence)| AbstractOp::KvPut { key, value, fence }),
         2 => (resource(), fence()).prop_map(|(key, fence)| AbstractOp::KvDelete { key, fence }),
     ]
@@ -1221,6 +1266,7 @@ impl Scenario {
                     }
                     | AbstractOp::Keepalive(session_id)
                     | AbstractOp::Release(session_id, _)
+                    | AbstractOp::Leave(session_id, _)
                     | AbstractOp::EndSession(session_id) => follow(namespace, session_id),
                     AbstractOp::KvPut { fence, .. } | AbstractOp::KvDelete { fence, .. } => {
                         if let Some(AbstractFence {
@@ -1277,6 +1323,18 @@ impl Scenario {
             }
         }
     }
+}
+
+/// The paths whose line `session_id` waits in.
+fn waited(machine: &Machine, namespace: &Namespace, session_id: SessionId) -> Vec<ResourcePath> {
+    all_paths()
+        .into_iter()
+        .filter(|resource| {
+            machine
+                .line_position(namespace, resource, session_id)
+                .is_some()
+        })
+        .collect()
 }
 
 /// The number of proptest cases: `PROPTEST_CASES` if set, else `default`.
