@@ -907,6 +907,32 @@ impl Client {
         .await
     }
 
+    /// A mutation the server may hold for up to `held` on purpose (a `wait_ms`): each
+    /// attempt, and the whole budget, get that much longer.
+    pub(crate) async fn mutate_held<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: String,
+        body: &B,
+        held: Duration,
+    ) -> Result<Answer<T>> {
+        let body = serde_json::to_vec(body).map_err(|error| invalid(error.to_string()))?;
+        let budget = self.default_budget();
+        self.execute(
+            Operation {
+                method,
+                path,
+                body: Some(body),
+                idempotency_key: Some(idempotency_key()),
+            },
+            Budget {
+                request_timeout: budget.request_timeout + held,
+                deadline: budget.deadline + held,
+            },
+        )
+        .await
+    }
+
     /// A read: retried freely, no key.
     pub(crate) async fn read<B: Serialize, T: DeserializeOwned>(
         &self,

@@ -222,6 +222,7 @@ impl Client {
             session_id: None,
             holder: Some(self.holder().to_owned()),
             ttl_ms: Some(millis(ttl)),
+            wait_ms: None,
         };
         let Some(answer) = claimed(self.claim_raw(queue, &request).await?) else {
             return Ok(None);
@@ -449,6 +450,7 @@ impl Session {
             session_id: Some(self.shared.id.clone()),
             holder: None,
             ttl_ms: None,
+            wait_ms: None,
         };
         let answer = match self.shared.client.claim_raw(queue, &request).await {
             Err(Error::Lost { message }) => {

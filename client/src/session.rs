@@ -22,9 +22,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use reqwest::Method;
+use serde::Deserialize;
+
 use crate::api::{
     AcquireRequest, FenceCheckResponse, FenceRef, Grant, KvDeleteRequest, KvDeleteResponse,
-    KvPutRequest, KvPutResponse, LeaseMode, SessionId,
+    KvPutRequest, KvPutResponse, LeaseMode, Queued, SessionId, WAIT_MS_MAX,
 };
 use crate::client::{millis, AcquireOptions, Answer, Budget, Client};
 use crate::clock::valid_until;
@@ -37,10 +40,6 @@ const LOST_POLL_MAX: Duration = Duration::from_millis(50);
 const KEEPALIVE_RETRY_INITIAL: Duration = Duration::from_millis(50);
 /// The shortest per-request timeout of a keepalive.
 const KEEPALIVE_TIMEOUT_MIN: Duration = Duration::from_millis(200);
-/// The first pause between two acquire attempts while waiting for a held resource.
-const WAIT_BACKOFF_INITIAL: Duration = Duration::from_millis(100);
-/// The longest pause between two acquire attempts while waiting.
-const WAIT_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Why a session or lease stopped being valid.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -705,6 +704,7 @@ fn acquire_request(resource: &str, options: &AcquireOptions, owner: Owner<'_>) -
         max_hold_ms: options.max_hold.map(millis),
         labels: options.labels.clone(),
         reason: options.reason.clone(),
+        wait_ms: None,
     }
 }
 
@@ -794,43 +794,76 @@ impl Client {
     }
 }
 
-/// Acquires, retrying while `LEASE_HELD` for up to `wait`: a growing pause with jitter, cut
-/// short when the holder's lease is due to expire sooner. Each attempt is its own operation
-/// with its own idempotency key (a refusal changes nothing, so nothing is recorded).
+/// What a waiting acquire answers: granted (201), or still in line (202).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum InLine {
+    Queued(Queued),
+    Granted(Grant),
+}
+
+/// Acquires, waiting up to `wait` in the resource's line when it is held: the server grants
+/// it to the first waiter in the same write that frees it, so the answer comes as soon as the
+/// resource is ours. Each round asks the server to hold the request for at most a third of
+/// the session's TTL (and `WAIT_MS_MAX`), and renews the session between rounds. When `wait`
+/// runs out the session leaves the line (a session this wait created is ended), and one last
+/// plain acquire either takes the resource or reports who holds it.
 pub(crate) async fn acquire_waiting(
     client: &Client,
     request: &AcquireRequest,
     wait: Option<Duration>,
 ) -> Result<Answer<Grant>> {
-    let deadline = wait.map(|wait| Instant::now() + wait);
-    let mut pause = WAIT_BACKOFF_INITIAL;
+    let Some(wait) = wait else {
+        return client.acquire_raw(request).await;
+    };
+    let deadline = Instant::now() + wait;
+    let ttl_ms = match (&request.session_id, request.ttl_ms) {
+        (Some(session_id), _) => client.get_session(session_id).await?.ttl_ms,
+        (None, Some(ttl_ms)) => ttl_ms,
+        (None, None) => WAIT_MS_MAX,
+    };
+    let round_max = Duration::from_millis((ttl_ms / 3).clamp(1, WAIT_MS_MAX));
+    let mut waiting = request.clone();
+    let mut created: Option<SessionId> = None;
     loop {
-        match client.acquire_raw(request).await {
-            Err(Error::Held { held_by, message }) => {
-                let Some(deadline) = deadline else {
-                    return Err(Error::Held { held_by, message });
-                };
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    return Err(Error::Held { held_by, message });
-                }
-                // The soonest a place frees up: the lease in the way, or for a full shared
-                // lease whichever of its holders expires first.
-                let soonest_ms = held_by
-                    .holders
-                    .iter()
-                    .map(|holder| holder.expires_in_ms)
-                    .chain([held_by.expires_in_ms])
-                    .min()
-                    .unwrap_or(held_by.expires_in_ms);
-                let until_expiry = Duration::from_millis(soonest_ms.saturating_add(1));
-                let jitter = rand::random::<f64>() * 0.5 + 0.5;
-                let step = pause.mul_f64(jitter).min(until_expiry).min(left);
-                tokio::time::sleep(step).await;
-                pause = (pause * 2).min(WAIT_BACKOFF_MAX);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let round = left.min(round_max);
+        waiting.wait_ms = Some(millis(round));
+        let answer: Answer<InLine> = client
+            .mutate_held(Method::POST, "/v1/leases".to_owned(), &waiting, round)
+            .await?;
+        let queued = match answer.value {
+            InLine::Granted(grant) => {
+                return Ok(Answer {
+                    value: grant,
+                    sent_at: answer.sent_at,
+                    replayed: answer.replayed,
+                    leader: answer.leader,
+                    cluster_time_ms: answer.cluster_time_ms,
+                })
             }
-            other => return other,
+            InLine::Queued(queued) => queued,
+        };
+        if queued.session_created {
+            created = Some(queued.session_id.clone());
         }
+        // Later rounds keep the same place: the same session asks again.
+        waiting.session_id = Some(queued.session_id.clone());
+        waiting.holder = None;
+        waiting.ttl_ms = None;
+        if Instant::now() >= deadline {
+            // Out of the line, or a grant that raced the deadline let go, before the last try.
+            match &created {
+                Some(session_id) => {
+                    client.end_session(session_id).await?;
+                }
+                None => {
+                    client.release(&queued.session_id, &queued.resource).await?;
+                }
+            }
+            return client.acquire_raw(request).await;
+        }
+        client.keepalive(&queued.session_id).await?;
     }
 }
 

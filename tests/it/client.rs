@@ -165,6 +165,7 @@ async fn a_retried_acquire_after_a_timeout_is_applied_once() {
         max_hold_ms: None,
         labels: Default::default(),
         reason: None,
+        wait_ms: None,
     };
     let answer = client
         .acquire_raw(&request)

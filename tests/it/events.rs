@@ -398,7 +398,7 @@ fn add_all(counts: &mut BTreeMap<String, usize>, changes: Vec<String>) {
 }
 
 /// `"<type> <what>"`: enough to tell the changes of these tests apart.
-fn describe(event: &Event) -> String {
+pub(crate) fn describe(event: &Event) -> String {
     match &event.kind {
         EventKind::KvWritten { key, .. } => format!("kv_written {key}"),
         EventKind::KvDeleted { key } => format!("kv_deleted {key}"),
@@ -422,6 +422,10 @@ fn describe(event: &Event) -> String {
         EventKind::TaskExpired(change) => {
             format!("task_expired {}/{}", change.queue, change.task_id)
         }
+        EventKind::Queued {
+            resource, holder, ..
+        } => format!("queued {resource} {holder}"),
+        EventKind::LeftLine { resource, holder } => format!("left_line {resource} {holder}"),
         EventKind::Unknown => "unknown".to_owned(),
     }
 }

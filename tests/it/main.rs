@@ -14,6 +14,7 @@ mod failover;
 mod fencing;
 mod forwarding;
 mod leases;
+mod line;
 mod mcp;
 mod membership;
 mod process;

@@ -9,6 +9,7 @@
 //! `task_retention_ms` while their events stay; and `baton txn` and `baton task add --on-dead`
 //! exit as docs/cli.md says.
 
+use crate::events::describe;
 use crate::queues::{claim, counts, enqueue, new_session, task_action};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -162,7 +163,7 @@ async fn an_outbox_through_a_follower_completes_enqueues_records_and_releases_in
     // One write: the five changes are the next five events, in op order, at one cluster time.
     let events = api.events_after(observer, before).await;
     assert_eq!(
-        events.iter().map(describe_event).collect::<Vec<_>>(),
+        events.iter().map(describe).collect::<Vec<_>>(),
         [
             "task_completed pipeline/build",
             "task_enqueued pipeline/next",
@@ -795,7 +796,7 @@ async fn finished_tasks_are_removed_after_their_retention_and_their_events_stay(
         .events_after(cluster.node(1), 0)
         .await
         .iter()
-        .map(describe_event)
+        .map(describe)
         .collect();
     for kept in ["task_completed short/kept", "task_dead short/failed"] {
         assert!(
@@ -1024,35 +1025,6 @@ async fn list_tasks(api: &Api, node: &Node, queue: &str, state: Option<&str>) ->
             Some(next) => cursor = Some(next),
             None => return tasks,
         }
-    }
-}
-
-/// `TYPE NAME`: `task_completed QUEUE/ID`, `kv_written KEY`, `released RESOURCE`, ...
-fn describe_event(event: &Event) -> String {
-    match &event.kind {
-        EventKind::Granted { resource, .. } => format!("granted {resource}"),
-        EventKind::Released { resource, .. } => format!("released {resource}"),
-        EventKind::Expired { resource, .. } => format!("expired {resource}"),
-        EventKind::KvWritten { key, .. } => format!("kv_written {key}"),
-        EventKind::KvDeleted { key } => format!("kv_deleted {key}"),
-        EventKind::TaskEnqueued(change) => {
-            format!("task_enqueued {}/{}", change.queue, change.task_id)
-        }
-        EventKind::TaskClaimed(change) => {
-            format!("task_claimed {}/{}", change.queue, change.task_id)
-        }
-        EventKind::TaskCompleted(change) => {
-            format!("task_completed {}/{}", change.queue, change.task_id)
-        }
-        EventKind::TaskFailed(change) => format!("task_failed {}/{}", change.queue, change.task_id),
-        EventKind::TaskReleased(change) => {
-            format!("task_released {}/{}", change.queue, change.task_id)
-        }
-        EventKind::TaskDead(change) => format!("task_dead {}/{}", change.queue, change.task_id),
-        EventKind::TaskExpired(change) => {
-            format!("task_expired {}/{}", change.queue, change.task_id)
-        }
-        EventKind::Unknown => "unknown".to_owned(),
     }
 }
 

@@ -50,7 +50,8 @@ pub struct Event {
 
 /// What changed, tagged by `type` (`granted`, `released`, `expired`, `kv_written`,
 /// `kv_deleted`, `task_enqueued`, `task_claimed`, `task_completed`, `task_failed`,
-/// `task_released`, `task_dead`). Never carries a session id.
+/// `task_released`, `task_dead`, `task_expired`, `queued`, `left_line`). Never carries a
+/// session id.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum EventKind {
@@ -108,6 +109,22 @@ pub enum EventKind {
     TaskDead(TaskChange),
     /// A claim lapsed with its session (expired or ended); the task is ready again or dead.
     TaskExpired(TaskChange),
+    /// An acquire joined the resource's line.
+    Queued {
+        /// The path waited for.
+        resource: String,
+        /// The waiting session's holder name.
+        holder: String,
+        /// `exclusive`, `subtree` or `shared`.
+        mode: LeaseMode,
+    },
+    /// A waiter left the line without a grant: it asked to, or its session ended or died.
+    LeftLine {
+        /// The path it waited for.
+        resource: String,
+        /// The waiting session's holder name.
+        holder: String,
+    },
     /// An event type this client does not know (sent by a newer server). Never sent.
     #[serde(other)]
     Unknown,

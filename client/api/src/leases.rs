@@ -40,6 +40,29 @@ pub struct AcquireRequest {
     /// Why the caller wants the resource; free text.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Wait in the resource's line instead of being refused: 0..=60,000 ms. Granted within
+    /// it answers 201; else 202 with the place in line, and the session stays in line (send
+    /// the same acquire again to keep waiting, or release the resource to leave).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
+}
+
+/// The longest `wait_ms` of an acquire or a claim.
+pub const WAIT_MS_MAX: u64 = 60_000;
+
+/// `POST /v1/leases` answer 202: the acquire waits in the resource's line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Queued {
+    /// Always `true`.
+    pub queued: bool,
+    /// The place in line: 1 is next.
+    pub position: u32,
+    /// The path waited for.
+    pub resource: String,
+    /// The waiting session (given, or created by this acquire): keep it alive while waiting.
+    pub session_id: SessionId,
+    /// Whether this acquire created the session.
+    pub session_created: bool,
 }
 
 impl AcquireRequest {

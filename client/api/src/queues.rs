@@ -126,6 +126,10 @@ pub struct ClaimRequest {
     /// TTL of a session created with the claim; needs `holder`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_ms: Option<u64>,
+    /// When no task is ready, wait up to this long (0..=60,000 ms) for one before answering
+    /// 204.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wait_ms: Option<u64>,
 }
 
 impl ClaimRequest {

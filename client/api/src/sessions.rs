@@ -51,15 +51,19 @@ pub struct KeepaliveResponse {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReleaseRequest {
-    /// The resource to release; it is acquirable at once afterwards.
+    /// The resource to release (it is acquirable at once afterwards), or whose line to leave.
     pub resource: String,
 }
 
-/// `POST /v1/sessions/{id}/release` answer: `{released: resource}`.
+/// `POST /v1/sessions/{id}/release` answer: `{released: resource}`, or `{released: resource,
+/// left_line: true}` when the session was waiting in its line rather than holding it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ReleaseResponse {
-    /// The resource that was freed.
+    /// The resource that was freed, or whose line the session left.
     pub released: String,
+    /// The session left the resource's line (it held no lease on it).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub left_line: bool,
 }
 
 /// `GET /v1/sessions/{id}` answer: the session and its leases.

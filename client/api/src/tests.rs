@@ -459,6 +459,7 @@ fn unset_optional_fields_are_omitted() {
         max_hold_ms: None,
         labels: Labels::new(),
         reason: None,
+        wait_ms: None,
     };
     assert_eq!(
         serde_json::to_value(&acquire).unwrap(),
@@ -509,11 +510,13 @@ fn owner_is_a_session_or_a_new_session_never_both() {
             max_hold_ms: None,
             labels: Labels::new(),
             reason: None,
+            wait_ms: None,
         };
         let claim = ClaimRequest {
             session_id: acquire.session_id.clone(),
             holder: acquire.holder.clone(),
             ttl_ms,
+            wait_ms: None,
         };
         for owner in [acquire.owner(), claim.owner()] {
             match (&owner, &expected) {

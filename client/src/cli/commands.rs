@@ -123,6 +123,7 @@ async fn acquire(client: &Client, args: AcquireArgs, json: bool) -> Result<u8, F
         max_hold_ms: args.max_hold.map(millis),
         labels: Labels::new(),
         reason: args.reason.clone(),
+        wait_ms: None,
     };
     let grant = match acquire_waiting(client, &request, args.wait).await {
         Ok(grant) => grant,

@@ -180,6 +180,7 @@ async fn claim(
         max_hold_ms: None,
         labels: Labels::new(),
         reason: Some("editing with Claude Code".to_owned()),
+        wait_ms: None,
     };
     if let Some(session_id) = state.read() {
         let with_session = request(Some(session_id.clone()));

@@ -133,11 +133,13 @@ async fn claim(
             session_id: Some(SessionId::new(session)),
             holder: None,
             ttl_ms: None,
+            wait_ms: None,
         },
         None => ClaimRequest {
             session_id: None,
             holder: Some(client.holder().to_owned()),
             ttl_ms: Some(millis(ttl)),
+            wait_ms: None,
         },
     };
     let Some(claimed) = client.claim_raw(queue, &request).await?.value else {

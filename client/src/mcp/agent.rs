@@ -232,6 +232,7 @@ impl Agent {
                 max_hold_ms: None,
                 labels: Default::default(),
                 reason: args.reason.clone(),
+                wait_ms: None,
             };
             match self.client.acquire_raw(&request).await {
                 Ok(answer) => {
@@ -654,6 +655,7 @@ impl Agent {
                 session_id: Some(session.id().clone()),
                 holder: None,
                 ttl_ms: None,
+                wait_ms: None,
             };
             let mut outcome = match self.client.claim_raw(&queue, &request).await {
                 Ok(answer) => match answer.value {

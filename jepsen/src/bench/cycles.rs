@@ -247,6 +247,7 @@ pub(super) async fn cycle(
         max_hold_ms: None,
         labels: Default::default(),
         reason: None,
+        wait_ms: None,
     };
     let started = Instant::now();
     let answer = http

@@ -287,6 +287,19 @@ pub fn event(event: &Event) -> api::Event {
         EventKind::TaskDead { queue, task_id } => {
             api::EventKind::TaskDead(change(queue, task_id, None, None, None))
         }
+        EventKind::Queued {
+            resource,
+            holder,
+            mode: lease_mode,
+        } => api::EventKind::Queued {
+            resource: resource.to_string(),
+            holder: holder.clone(),
+            mode: mode(*lease_mode),
+        },
+        EventKind::LeftLine { resource, holder } => api::EventKind::LeftLine {
+            resource: resource.to_string(),
+            holder: holder.clone(),
+        },
     };
     api::Event {
         revision: event.revision,

@@ -4,6 +4,8 @@
 //! The bounds (the API's contract): a forward to a leader that stops answering (paused, cut
 //! off) gives up on it after twice the election timeout, by when a new leader has been elected,
 //! and goes to the new one; no request waits longer than `AppState::leader_wait` for a leader.
+//! A request that asks the leader to hold it (`wait_ms`: an acquire or a claim that waits) has
+//! that much longer.
 //! What a failed forward may be answered with: a request that surely never reached a leader
 //! (no connection) is tried again and, past the bound, `NO_LEADER`; a read that may have reached
 //! one is re-sent (reads change nothing); a write that may have reached one is
@@ -74,7 +76,7 @@ pub async fn forward_unless_leader(
         // The sender took this node for the leader; it is not (any more).
         return with_leader(ApiError::no_leader(None), None);
     }
-    let deadline = Instant::now() + app.leader_wait();
+    let started = Instant::now();
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, BODY_BYTES_MAX).await {
         Ok(body) => body,
@@ -86,6 +88,8 @@ pub async fn forward_unless_leader(
             return with_leader(error, app.leader());
         }
     };
+    let held = held_for(&body);
+    let deadline = started + app.leader_wait() + held;
     let mut unanswered: Option<u64> = None;
     loop {
         let leader = match wait_for_leader(&app, unanswered, deadline).await {
@@ -96,7 +100,7 @@ pub async fn forward_unless_leader(
             None => return with_leader(ApiError::no_leader(None), None),
         };
         let (leader_id, api_addr) = leader;
-        let attempt_timeout = (app.election_timeout * 2).min(deadline - Instant::now());
+        let attempt_timeout = (app.election_timeout * 2 + held).min(deadline - Instant::now());
         match send(&app, &parts, body.clone(), &api_addr, attempt_timeout).await {
             Ok(response) => return response,
             Err(Failure::Refused(error)) => return with_leader(error, Some(leader_id)),
@@ -120,6 +124,21 @@ pub async fn forward_unless_leader(
             return with_leader(ApiError::no_leader(None), None);
         }
     }
+}
+
+/// How long the leader may hold a request on purpose before answering: the `wait_ms` of a
+/// JSON body that has one at its top level (at most `WAIT_MS_MAX`), else nothing.
+fn held_for(body: &Bytes) -> Duration {
+    #[derive(serde::Deserialize)]
+    struct Waits {
+        wait_ms: Option<u64>,
+    }
+    serde_json::from_slice::<Waits>(body)
+        .ok()
+        .and_then(|waits| waits.wait_ms)
+        .map_or(Duration::ZERO, |wait_ms| {
+            Duration::from_millis(wait_ms.min(baton_api::WAIT_MS_MAX))
+        })
 }
 
 /// The leader to send to: waits until this node knows one other than `unanswered` (a leader

@@ -1,6 +1,8 @@
 //! Session, lease and fence-check routes. Handlers parse the request into machine types, hand
 //! writes to the proposer, and read through the linearizable path.
 
+use std::time::Duration;
+
 use axum::extract::State;
 use axum::http::StatusCode;
 use baton_api::{
@@ -8,12 +10,15 @@ use baton_api::{
     FenceCheckResponse, KeepaliveResponse, LeaseList, ListLeasesQuery, PageQuery, ReleaseRequest,
     ReleaseResponse,
 };
-use baton_raft_store::machine::{NewSession, SessionId};
+use baton_raft_store::machine::{
+    Grant, LeaseView, Namespace, NewSession, Rejection, ResourcePath, SessionId,
+};
+use tokio::time::Instant;
 
 use super::convert;
 use super::error::ApiError;
 use super::extract::{read_path, write_path, ApiJson, ApiPath, ApiQuery, By, IdempotencyKey, Ns};
-use super::service::Mutation;
+use super::service::{Acquired, LetGo, Mutation};
 use super::{ApiAnswer, AppState};
 
 /// A request's estimated share of a log entry, for bounding batches.
@@ -129,7 +134,7 @@ pub async fn keepalive(
     post,
     path = "/v1/sessions/{id}/release",
     tag = "sessions",
-    summary = "Release one lease of a session",
+    summary = "Release one lease of a session, or leave the resource's line",
     params(
         ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
@@ -166,11 +171,16 @@ pub async fn release(
         tag,
         size_bytes: size_of(&body.canonical),
     };
-    let released = app.release(mutation, session_id, resource).await?;
-    Ok(released.answer(
+    let let_go = app.release(mutation, session_id, resource).await?;
+    let (released, left_line) = match &let_go.value {
+        LetGo::Released(resource) => (resource.to_string(), false),
+        LetGo::LeftLine(resource) => (resource.to_string(), true),
+    };
+    Ok(let_go.answer(
         StatusCode::OK,
         &ReleaseResponse {
-            released: released.value.to_string(),
+            released,
+            left_line,
         },
     ))
 }
@@ -263,6 +273,7 @@ pub async fn get_session(
     request_body = baton_api::AcquireRequest,
     responses(
         (status = 201, description = "Granted, with its fence", body = baton_api::Grant),
+        (status = 202, description = "With `wait_ms`: not granted within it; the session waits in the resource's line", body = baton_api::Queued),
         (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
         (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
     )
@@ -289,13 +300,113 @@ pub async fn acquire(
         size_bytes: size_of(&body.canonical),
     };
     let mode = convert::mode_from_wire(request.mode, request.limit).map_err(ApiError::invalid)?;
-    let granted = app
-        .acquire(mutation, resource, mode, owner, request.max_hold_ms, labels)
+    let Some(wait_ms) = request.wait_ms else {
+        let granted = app
+            .acquire(mutation, resource, mode, owner, request.max_hold_ms, labels)
+            .await?;
+        return Ok(granted.answer(
+            StatusCode::CREATED,
+            &convert::grant(&granted.value, granted.clocks),
+        ));
+    };
+    let deadline = Instant::now() + wait_duration(wait_ms)?;
+    let namespace = mutation.namespace.clone();
+    let acquired = app
+        .acquire_or_wait(mutation, resource, mode, owner, request.max_hold_ms, labels)
         .await?;
-    Ok(granted.answer(
-        StatusCode::CREATED,
-        &convert::grant(&granted.value, granted.clocks),
-    ))
+    let queued = match &acquired.value {
+        Acquired::Granted(grant) => {
+            return Ok(acquired.answer(StatusCode::CREATED, &convert::grant(grant, acquired.clocks)))
+        }
+        Acquired::Queued(queued) => queued,
+    };
+    let (session_id, resource) = (queued.session_id, queued.resource.clone());
+    match wait_in_line(&app, &namespace, &resource, session_id, deadline).await? {
+        InLine::Granted(lease, cluster_ms) => {
+            let grant = Grant {
+                lease,
+                session_id,
+                session_created: queued.session_created,
+            };
+            Ok(ApiAnswer::new(
+                StatusCode::CREATED,
+                &convert::grant(&grant, app.clocks(cluster_ms)),
+                cluster_ms,
+            ))
+        }
+        InLine::Waiting(position, cluster_ms) => Ok(ApiAnswer::new(
+            StatusCode::ACCEPTED,
+            &baton_api::Queued {
+                queued: true,
+                position,
+                resource: resource.to_string(),
+                session_id: convert::session_id(session_id),
+                session_created: queued.session_created,
+            },
+            cluster_ms,
+        )),
+    }
+}
+
+/// `wait_ms` within 0..=60,000, as a duration.
+pub fn wait_duration(wait_ms: u64) -> Result<Duration, ApiError> {
+    if wait_ms > baton_api::WAIT_MS_MAX {
+        return Err(ApiError::invalid(format!(
+            "wait_ms must be 0..={}, got {wait_ms}",
+            baton_api::WAIT_MS_MAX
+        )));
+    }
+    Ok(Duration::from_millis(wait_ms))
+}
+
+/// Where a waiting acquire stands after its wait.
+enum InLine {
+    /// Granted (at this cluster time).
+    Granted(LeaseView, u64),
+    /// Still waiting, at this place.
+    Waiting(u32, u64),
+}
+
+/// Follows this node's applied state until `session_id` holds `resource` or `deadline`
+/// passes. Every applied entry wakes it; a grant seen applied here is committed.
+async fn wait_in_line(
+    app: &AppState,
+    namespace: &Namespace,
+    resource: &ResourcePath,
+    session_id: SessionId,
+    deadline: Instant,
+) -> Result<InLine, ApiError> {
+    let mut applied = app.raft.metrics();
+    loop {
+        applied.borrow_and_update();
+        let (lease, position, cluster_ms) = app
+            .machine
+            .read(|machine, _| {
+                (
+                    machine.lease_of(namespace, resource, session_id),
+                    machine.line_position(namespace, resource, session_id),
+                    machine.time_ms(),
+                )
+            })
+            .map_err(ApiError::internal)?;
+        let position = match (lease, position) {
+            (Some(lease), _) => return Ok(InLine::Granted(lease, cluster_ms)),
+            (None, Some(position)) => position,
+            (None, None) => {
+                let gone = Rejection::LeaseLost(format!(
+                    "the session is no longer in the line of {resource}: it ended, expired or left the line"
+                ));
+                return Err(app.refusal(gone, app.clocks(cluster_ms)));
+            }
+        };
+        if Instant::now() >= deadline {
+            return Ok(InLine::Waiting(position, cluster_ms));
+        }
+        if let Ok(Err(_)) = tokio::time::timeout_at(deadline, applied.changed()).await {
+            // The node is stopping: answer with the place as it stands.
+            return Ok(InLine::Waiting(position, cluster_ms));
+        }
+    }
 }
 
 #[utoipa::path(

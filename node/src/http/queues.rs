@@ -12,6 +12,8 @@ use baton_raft_store::machine::{
     Compensation, IdempotencyTag, Name, Namespace, SessionId, TaskFence, TaskSpec,
 };
 
+use tokio::time::Instant;
+
 use super::convert;
 use super::error::ApiError;
 use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, By, IdempotencyKey, Ns};
@@ -144,13 +146,44 @@ pub async fn claim(
         &body.canonical,
     );
     let owner = app.owner(body.value.owner())?;
+    let deadline = match body.value.wait_ms {
+        Some(wait_ms) => Some(Instant::now() + super::leases::wait_duration(wait_ms)?),
+        None => None,
+    };
     let mutation = Mutation {
-        namespace,
+        namespace: namespace.clone(),
         by,
         tag,
         size_bytes: 256,
     };
-    let claimed = app.claim(mutation, queue, owner).await?;
+    // An empty queue changes nothing (never recorded), so claiming again is safe; with
+    // `wait_ms` the claim is made again whenever this node's applied state shows a ready task.
+    let mut applied = app.raft.metrics();
+    let claimed = loop {
+        applied.borrow_and_update();
+        let claimed = app
+            .claim(mutation.clone(), queue.clone(), owner.clone())
+            .await?;
+        let Some(deadline) = deadline.filter(|_| claimed.value.is_none()) else {
+            break claimed;
+        };
+        let ready = loop {
+            let ready = app
+                .machine
+                .read(|machine, _| machine.queue_counts(&namespace, &queue).ready > 0)
+                .map_err(ApiError::internal)?;
+            if ready || Instant::now() >= deadline {
+                break ready;
+            }
+            match tokio::time::timeout_at(deadline, applied.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) | Err(_) => break false,
+            }
+        };
+        if !ready {
+            break claimed;
+        }
+    };
     match &claimed.value {
         Some(task) => Ok(claimed
             .answer(StatusCode::OK, &convert::claimed(task, claimed.clocks))

@@ -9,8 +9,8 @@
 use axum::http::StatusCode;
 use baton_raft_store::machine::{
     admit, Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op,
-    Owner, Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed, TaskFence,
-    TaskSpec, TaskView, Txn, TxnOp,
+    Owner, Queued, Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed,
+    TaskFence, TaskSpec, TaskView, Txn, TxnOp,
 };
 use serde::Serialize;
 
@@ -18,6 +18,7 @@ use super::{ApiAnswer, ApiError, AppState, Clocks};
 
 /// Where a mutation acts, by whom, how a retry of it is recognised, and its share of a log
 /// entry.
+#[derive(Clone)]
 pub struct Mutation {
     pub namespace: Namespace,
     /// The token it is made with, when access control is on: the machine checks it again.
@@ -102,6 +103,18 @@ impl TxnResult {
     }
 }
 
+/// An acquire that waits: granted at once, or its place in the resource's line.
+pub enum Acquired {
+    Granted(Grant),
+    Queued(Queued),
+}
+
+/// What `POST /v1/sessions/{id}/release` let go of: the session's lease, or its place in line.
+pub enum LetGo {
+    Released(ResourcePath),
+    LeftLine(ResourcePath),
+}
+
 /// What ends a claimed task's attempt (`Op::Complete`, `Op::Fail`, `Op::ReleaseTask`).
 pub enum TaskEnd {
     Complete { result: Option<String> },
@@ -139,19 +152,20 @@ impl AppState {
         .await
     }
 
-    /// Releases one lease of a session; the result is the released path.
+    /// Releases one lease of a session, or takes the session out of the resource's line.
     pub async fn release(
         &self,
         mutation: Mutation,
         session_id: SessionId,
         resource: ResourcePath,
-    ) -> Result<Committed<ResourcePath>, ApiError> {
-        let op = Op::Release {
+    ) -> Result<Committed<LetGo>, ApiError> {
+        let op = Op::LeaveOrRelease {
             session_id,
             resource,
         };
         self.commit(mutation, op, |reply| match reply {
-            Reply::Released { resource, .. } => Ok(resource),
+            Reply::Released { resource, .. } => Ok(LetGo::Released(resource)),
+            Reply::LeftLine { resource } => Ok(LetGo::LeftLine(resource)),
             other => Err(Box::new(other)),
         })
         .await
@@ -192,6 +206,31 @@ impl AppState {
         };
         self.commit(mutation, op, |reply| match reply {
             Reply::Granted(grant) => Ok(grant),
+            other => Err(Box::new(other)),
+        })
+        .await
+    }
+
+    /// An acquire that joins the resource's line instead of being refused by its holders.
+    pub async fn acquire_or_wait(
+        &self,
+        mutation: Mutation,
+        resource: ResourcePath,
+        mode: LeaseMode,
+        owner: Owner,
+        max_hold_ms: Option<u64>,
+        labels: Labels,
+    ) -> Result<Committed<Acquired>, ApiError> {
+        let op = Op::AcquireOrWait {
+            resource,
+            mode,
+            owner,
+            max_hold_ms,
+            labels,
+        };
+        self.commit(mutation, op, |reply| match reply {
+            Reply::Granted(grant) | Reply::StillGranted(grant) => Ok(Acquired::Granted(grant)),
+            Reply::Queued(queued) => Ok(Acquired::Queued(queued)),
             other => Err(Box::new(other)),
         })
         .await

@@ -372,6 +372,9 @@ pub enum Reply {
     LeftLine {
         resource: ResourcePath,
     },
+    /// A waiting acquire whose session was granted the lease from the line since it asked:
+    /// that grant, as it stands now. Nothing changed.
+    StillGranted(Grant),
 }
 
 impl Reply {
@@ -379,7 +382,9 @@ impl Reply {
     pub fn changed_state(&self) -> bool {
         !matches!(
             self,
-            Reply::QueueEmpty | Reply::Queued(Queued { joined: false, .. })
+            Reply::QueueEmpty
+                | Reply::Queued(Queued { joined: false, .. })
+                | Reply::StillGranted(_)
         )
     }
 }

@@ -22,7 +22,7 @@ use std::collections::{BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use super::command::{EventKind, Owner, Queued, Rejection, Reply};
+use super::command::{EventKind, Grant, Owner, Queued, Rejection, Reply};
 use super::{
     descendants, Labels, LeaseMode, LeaseView, Machine, Namespace, ResourcePath, SessionId,
 };
@@ -41,9 +41,9 @@ pub(super) struct Waiter {
 pub(super) type Line = VecDeque<Waiter>;
 
 impl Machine {
-    /// `acquire`, except that a refusal because the resource is held (or because live
-    /// waiters are ahead) joins the line instead; a session already in the line keeps its
-    /// place and learns it.
+    /// `acquire`, except that a refusal because the resource is held (or because waiters are
+    /// ahead) joins the line instead; a session already in the line keeps its place and
+    /// learns it, and one already granted the lease it asks for gets that grant again.
     pub(super) fn acquire_or_wait(
         &mut self,
         namespace: &Namespace,
@@ -63,6 +63,17 @@ impl Machine {
                         session_created: false,
                         position,
                         joined: false,
+                    }));
+                }
+                // Granted from the line since it asked: the answer is that grant.
+                if let Some(lease) = self
+                    .lease_of(namespace, resource, *session_id)
+                    .filter(|lease| lease.mode == mode)
+                {
+                    return Ok(Reply::StillGranted(Grant {
+                        lease,
+                        session_id: *session_id,
+                        session_created: false,
                     }));
                 }
                 Some(*session_id)

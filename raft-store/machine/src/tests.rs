@@ -134,6 +134,10 @@ fn render(response: &Response) -> String {
             "granted fence={} expires_in={}",
             grant.lease.fence, grant.lease.expires_in_ms
         ),
+        Ok(Reply::StillGranted(grant)) => format!(
+            "still granted fence={} expires_in={}",
+            grant.lease.fence, grant.lease.expires_in_ms
+        ),
         Ok(Reply::KvWritten { revision }) => format!("written rev={revision}"),
         Ok(Reply::KvDeleted { revision }) => format!("deleted rev={revision}"),
         Ok(Reply::Swept {
@@ -2888,9 +2892,15 @@ fn a_session_never_waits_for_itself_and_its_places_count_towards_its_limit() {
                 acquire_subtree(A, "t"),
                 "granted fence=2 expires_in=9999",
             ),
-            (2, wait(A, "a"), "RESOURCE_EXHAUSTED"),
+            (2, wait(A, "b"), "RESOURCE_EXHAUSTED"),
+            // Asking again for what it holds answers with its grant; another mode is refused.
+            (2, wait(A, "a"), "still granted fence=1 expires_in=9998"),
             (2, release(A, "t"), "released fence=2"),
-            (2, wait(A, "a"), "LEASE_HELD alice fence=1 expires_in=9998"),
+            (
+                2,
+                wait_as(A, "a", LeaseMode::Shared { limit: 2 }),
+                "LEASE_HELD alice fence=1 expires_in=9998",
+            ),
             (
                 2,
                 acquire_subtree(A, "t"),

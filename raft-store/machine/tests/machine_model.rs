@@ -361,7 +361,10 @@ impl Model {
                 ) = (idempotency, &outcome)
                 {
                     let unchanged = *reply == Reply::QueueEmpty
-                        || matches!(reply, Reply::Queued(Queued { joined: false, .. }));
+                        || matches!(
+                            reply,
+                            Reply::Queued(Queued { joined: false, .. }) | Reply::StillGranted(_)
+                        );
                     if unchanged && self.mutant != Some(Mutant::RecordEmptyClaims) {
                         return normalize_model(&outcome, false);
                     }
@@ -1508,6 +1511,18 @@ impl Model {
                         session_created: false,
                         position,
                         joined: false,
+                    }));
+                }
+                // Already granted this lease (from the line): that grant again.
+                let held = self
+                    .holding_index(namespace, resource, *session_id)
+                    .and_then(|index| self.view(index))
+                    .filter(|view| view.mode == mode);
+                if let Some(lease) = held {
+                    return Ok(Reply::StillGranted(Grant {
+                        lease,
+                        session_id: *session_id,
+                        session_created: false,
                     }));
                 }
                 Some(*session_id)

@@ -318,6 +318,7 @@ fn generator_reaches_every_outcome() {
         // The line: joined, asked again, left, granted in the apply that freed it.
         "Queued",
         "still Queued",
+        "StillGranted",
         "LeftLine",
         "event LeftLine",
         "granted to a line",
@@ -646,6 +647,7 @@ fn reply_name(reply: &Reply) -> &'static str {
         Reply::Queued(queued) if queued.joined => "Queued",
         Reply::Queued(_) => "still Queued",
         Reply::LeftLine { .. } => "LeftLine",
+        Reply::StillGranted(_) => "StillGranted",
     }
 }
 
