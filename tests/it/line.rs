@@ -354,3 +354,39 @@ async fn waiting_refusals_leaving_and_a_wait_that_runs_out_leave_nothing_behind(
     .await
     .expect_status(204);
 }
+
+#[tokio::test]
+async fn a_waiting_acquire_through_a_follower_waits_longer_than_a_forward_may_otherwise_take() {
+    const RESOURCE: &str = "jobs/nightly";
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let leader = cluster.leader().await;
+    let follower = cluster.followers().await[0];
+    let holder = new_session(api, leader, "agent-a", TTL_MS).await;
+    api.post(
+        leader,
+        "/v1/leases",
+        &json!({"resource": RESOURCE, "session_id": holder}),
+    )
+    .await
+    .expect_status(201);
+    let waiter = new_session(api, leader, "agent-b", TTL_MS).await;
+    // Released well after twice the election timeout, the bound of an ordinary forward.
+    let hold = Duration::from_millis(cluster.config().election_timeout_ms * 2 + 700);
+    let release = async {
+        tokio::time::sleep(hold).await;
+        api.post(
+            leader,
+            &format!("/v1/sessions/{holder}/release"),
+            &json!({"resource": RESOURCE}),
+        )
+        .await
+        .expect_status(200);
+    };
+    let body = acquire_body(RESOURCE, &waiter, 10_000);
+    let started = Instant::now();
+    let (reply, ()) = tokio::join!(api.post(follower, "/v1/leases", &body), release);
+    let grant: Grant = reply.expect_json(201);
+    assert!(started.elapsed() >= hold, "granted before the release");
+    assert_eq!(grant.holder, "agent-b");
+}
