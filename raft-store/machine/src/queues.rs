@@ -487,18 +487,7 @@ impl Machine {
         queue: &Name,
         owner: &Owner,
     ) -> Result<Reply, Rejection> {
-        match owner {
-            Owner::Session(session_id) => {
-                let session = self.live_session_mut(namespace, *session_id)?;
-                let held = session.held();
-                if held >= self.limits.leases_per_session_max {
-                    return Err(Rejection::ResourceExhausted(format!(
-                        "this session already holds {held} leases and claims, the most a session may hold"
-                    )));
-                }
-            }
-            Owner::NewSession(new_session) => self.check_new_session(namespace, new_session)?,
-        }
+        self.check_owner(namespace, owner)?;
         let best = self
             .namespaces
             .get(namespace)
