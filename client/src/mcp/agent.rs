@@ -15,11 +15,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use baton_client::api::{
-    AcquireRequest, ClaimRequest, CompleteRequest, EnqueueRequest, EventKind, FailRequest,
-    FenceRef, HeldBy, KvPutRequest, LeaseMode, ListLeasesQuery, TaskState,
+    AcquireRequest, ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, FenceRef, HeldBy,
+    KvPutRequest, LeaseMode, ListLeasesQuery, TaskState,
 };
-use baton_client::{Client, Error, EventStream, Session};
-use futures_util::StreamExt;
+use baton_client::{Client, Error, Session};
 use rmcp::ErrorData as McpError;
 use serde_json::{json, Value};
 use tokio::time::Instant;
@@ -35,9 +34,6 @@ const LIST_LIMIT: u32 = 200;
 const LIST_NAMED_MAX: usize = 20;
 /// How much of a JSON value a text line shows.
 const VALUE_TEXT_MAX: usize = 300;
-/// Past the holder's deadline, how long a waiting claim gives the sweeper before it asks again
-/// (an expiry is seen up to a tick plus a commit late).
-const EXPIRY_SLACK: Duration = Duration::from_millis(300);
 
 /// The answer of one tool call: a line for the model, a JSON object, and whether it is an
 /// error (Baton unreachable, outcome unknown).
@@ -210,7 +206,6 @@ impl Agent {
             Some(Mode::Exclusive) | None => LeaseMode::Exclusive,
         };
         let deadline = Instant::now() + wait;
-        let mut events: Option<EventStream> = None;
         let mut fresh_after: Option<Loss> = None;
         let mut sessions_tried = 0;
         loop {
@@ -234,7 +229,10 @@ impl Agent {
                 reason: args.reason.clone(),
                 wait_ms: None,
             };
-            match self.client.acquire_raw(&request).await {
+            // A wait is spent in the resource's line: first come first served.
+            let left = deadline.saturating_duration_since(Instant::now());
+            let waiting = (!left.is_zero()).then_some(left);
+            match self.client.acquire_raw_waiting(&request, waiting).await {
                 Ok(answer) => {
                     let grant = answer.value;
                     self.lock().claims.insert(
@@ -265,10 +263,6 @@ impl Agent {
                     if let Some(outcome) = self.held_by_us(&session, &args.resource, &held_by).await
                     {
                         return Ok(outcome);
-                    }
-                    if Instant::now() < deadline {
-                        wait_for_release(&self.client, &mut events, &held_by, deadline).await;
-                        continue;
                     }
                     let waited = if wait.is_zero() {
                         String::new()
@@ -911,45 +905,6 @@ fn lose(state: &mut State, reason: String) {
     });
 }
 
-/// Follows the event stream until the lease in `held_by` is released or expires, its
-/// holder's deadline passes (keepalives may have moved it: the caller asks again), or
-/// `deadline` passes. The stream is kept across calls; it starts at the oldest kept event,
-/// so a release that happened just before it opened is seen too (by its fence).
-async fn wait_for_release(
-    client: &Client,
-    events: &mut Option<EventStream>,
-    held_by: &HeldBy,
-    deadline: Instant,
-) {
-    let holder_deadline =
-        Instant::now() + Duration::from_millis(held_by.expires_in_ms) + EXPIRY_SLACK;
-    let until = holder_deadline.min(deadline);
-    let stream = events.get_or_insert_with(|| client.follow_events(None));
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep_until(until) => return,
-            next = stream.next() => match next {
-                Some(Ok(event)) => {
-                    if frees(&event.kind, held_by) {
-                        return;
-                    }
-                }
-                Some(Err(error)) => {
-                    tracing::debug!(%error, "the event stream failed; waiting for the deadline");
-                    *events = None;
-                    tokio::time::sleep_until(until).await;
-                    return;
-                }
-                None => {
-                    *events = None;
-                    tokio::time::sleep_until(until).await;
-                    return;
-                }
-            }
-        }
-    }
-}
-
 /// `src/auth.rs is held by agent-b (fence 41) for 38s more`, naming the lease's own path when
 /// it covers `resource` from above.
 fn denial(resource: &str, held_by: &HeldBy) -> String {
@@ -968,16 +923,6 @@ fn denial(resource: &str, held_by: &HeldBy) -> String {
         held_by.fence,
         format_duration(Duration::from_millis(held_by.expires_in_ms))
     )
-}
-
-/// Whether an event ends the lease described by `held_by`.
-fn frees(kind: &EventKind, held_by: &HeldBy) -> bool {
-    match kind {
-        EventKind::Released { resource, fence } | EventKind::Expired { resource, fence } => {
-            *resource == held_by.resource && *fence == held_by.fence
-        }
-        _ => false,
-    }
 }
 
 /// A failed call as the model should see it: bad input is an MCP error naming `argument`;
@@ -1098,28 +1043,6 @@ mod tests {
         ] {
             assert_eq!(denial(resource, &held), expected);
         }
-    }
-
-    #[test]
-    fn only_the_end_of_the_lease_waited_for_frees_it() {
-        let held = held_by("src/auth.rs", LeaseMode::Exclusive, 1_000);
-        let released = |resource: &str, fence| EventKind::Released {
-            resource: resource.to_owned(),
-            fence,
-        };
-        assert!(frees(&released("src/auth.rs", 41), &held));
-        assert!(frees(
-            &EventKind::Expired {
-                resource: "src/auth.rs".to_owned(),
-                fence: 41
-            },
-            &held
-        ));
-        assert!(
-            !frees(&released("src/auth.rs", 40), &held),
-            "an older lease"
-        );
-        assert!(!frees(&released("src/other.rs", 41), &held));
     }
 
     #[test]
