@@ -24,7 +24,7 @@ use crate::workloads::{self, ClientPause, Context, GuardClock, ProtectedResource
 /// Arguments of `baton-jepsen test`.
 #[derive(Debug, clap::Args)]
 pub struct TestArgs {
-    /// lease, fenced-kv, unfenced-lock or queue.
+    /// lease, semaphore, fenced-kv, unfenced-lock, queue or line.
     #[arg(long, value_enum)]
     workload: Workload,
     /// Faults, comma-separated: kill, pause, partition, clock, clock-beyond, membership, none.
@@ -235,6 +235,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
                 Workload::UnfencedLock => workloads::unfenced_lock::run(ctx, concurrency).await,
                 Workload::FencedKv => workloads::fenced_kv::run(ctx, concurrency).await,
                 Workload::Queue => workloads::queue::run(ctx, concurrency).await,
+                Workload::Line => workloads::line::run(ctx, concurrency).await,
             }
         })
     };
@@ -450,9 +451,14 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
                 }
             }
         }
+        Workload::Line => {
+            let read = read_events(cluster).await;
+            let node = read["node"].as_u64().unwrap_or(0);
+            record(checkers::line::FINAL_EVENTS, "", read, node);
+        }
         Workload::Lease | Workload::UnfencedLock | Workload::Semaphore => {}
     }
-    if workload != Workload::Queue {
+    if !matches!(workload, Workload::Queue | Workload::Line) {
         // Every node's view of the lease set, for the final-leases checker. Recorded once the
         // listing is complete, so the event's time is after every page's answer.
         for id in cluster.ids() {
@@ -509,6 +515,68 @@ async fn list_leases(cluster: &Cluster, id: u64) -> (Vec<Value>, bool) {
         }
     }
     (leases, false)
+}
+
+/// Pages of the event log a final read may take (a thousand events each).
+const EVENT_PAGES_MAX: usize = 1_000;
+
+/// The whole event log of the default namespace from revision 0, page by page, from the first
+/// node that answers every page (followers forward to the leader), for the `line` checker:
+/// `{node, complete, trimmed, error, events}`, each event `{revision, cluster_time_ms, type,
+/// resource, holder, fence, mode}`. `trimmed` when the server refuses a revision as older than
+/// its window (`after=0` included): the log no longer starts at revision 1.
+async fn read_events(cluster: &Cluster) -> Value {
+    let mut last_error = Value::Null;
+    for id in cluster.ids() {
+        let mut events: Vec<Value> = Vec::new();
+        let mut after = 0u64;
+        for _ in 0..EVENT_PAGES_MAX {
+            let path = format!("/v1/events?after={after}&limit=1000");
+            let mut page = None;
+            for _ in 0..5 {
+                match cluster
+                    .call(
+                        id,
+                        reqwest::Method::GET,
+                        &path,
+                        None,
+                        Duration::from_secs(3),
+                    )
+                    .await
+                {
+                    Ok((200, body)) => {
+                        page = Some(body);
+                        break;
+                    }
+                    Ok((404, body)) if body["code"] == "NOT_FOUND" => {
+                        return json!({"node": id, "complete": false, "trimmed": true,
+                                      "error": body, "events": []});
+                    }
+                    Ok((status, body)) => last_error = json!({"status": status, "body": body}),
+                    Err(error) => last_error = Value::from(format!("{error:#}")),
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let Some(page) = page else {
+                break;
+            };
+            for event in page["events"].as_array().into_iter().flatten() {
+                let kind = &event["kind"];
+                events.push(json!({"revision": event["revision"],
+                                   "cluster_time_ms": event["cluster_time_ms"],
+                                   "type": kind["type"], "resource": kind["resource"],
+                                   "holder": kind["holder"], "fence": kind["fence"],
+                                   "mode": kind["mode"]}));
+            }
+            let next = page["next"].as_u64().unwrap_or(after);
+            if next <= after {
+                return json!({"node": id, "complete": true, "trimmed": false,
+                              "error": null, "events": events});
+            }
+            after = next;
+        }
+    }
+    json!({"node": null, "complete": false, "trimmed": false, "error": last_error, "events": []})
 }
 
 async fn list_tasks(cluster: &Cluster, id: u64, queue: &str) -> (Vec<Value>, bool) {

@@ -3,7 +3,10 @@
 //! a token, and a grant that was invoked after another one completed has a larger token. A
 //! retry with the same idempotency key is the same grant (its replay shows the same token), so
 //! a grant counts as invoked when the first attempt with its key was: a replay answered late
-//! may carry a fence granted before grants that completed in between.
+//! may carry a fence granted before grants that completed in between. Likewise a grant an
+//! acquire in line learns of (the `line` workload's re-sent acquire, whose invocation records
+//! `since_ns`, when its wait began) may have been made at any time since the wait began: it
+//! counts as invoked then.
 
 use std::collections::BTreeMap;
 
@@ -30,8 +33,10 @@ pub fn check(history: &[Op]) -> CheckResult {
         .filter(|pair| pair.invoke.f == "acquire" || pair.invoke.f == "claim")
         .filter_map(|pair| {
             let key = pair.invoke.value["idempotency_key"].as_str().unwrap_or("");
+            let since_ns = pair.invoke.value["since_ns"].as_u64();
             Some(Grant {
-                invoke_ns: pair.invoke.time_ns,
+                invoke_ns: since_ns
+                    .map_or(pair.invoke.time_ns, |since| since.min(pair.invoke.time_ns)),
                 complete_ns: pair.end_ns(),
                 fence: pair.result()["fence"].as_u64()?,
                 key,
@@ -124,6 +129,19 @@ mod tests {
         assert_eq!(check(&reused).verdict, Verdict::Invalid);
         let replay = indexed([grant(1, 0, 1, 7, "k1"), grant(2, 2, 3, 7, "k1")].concat());
         assert_eq!(check(&replay).verdict, Verdict::Valid);
+    }
+
+    /// A waiter granted while it waited: its re-sent acquire learns of a fence made before
+    /// another grant completed, which is in order since the wait began before that grant.
+    #[test]
+    fn a_grant_learned_in_line_counts_from_when_the_wait_began() {
+        let mut waited = grant(3, 5, 6, 6, "k3");
+        waited[0].value["since_ns"] = json!(0);
+        let history = indexed([grant(2, 3, 4, 7, "k2"), waited.clone()].concat());
+        assert_eq!(check(&history).verdict, Verdict::Valid);
+        waited[0].value["since_ns"] = json!(4_500_000);
+        let history = indexed([grant(2, 3, 4, 7, "k2"), waited].concat());
+        assert_eq!(check(&history).verdict, Verdict::Invalid);
     }
 
     /// Seen in a real run under `partition`: an acquire timed out, a later grant completed with a

@@ -271,8 +271,10 @@ pub fn answer_digest(body: &Value) -> String {
     format!("{:016x}", hasher.finish())
 }
 
+/// Records a hold (process `holds`) for the `holds` and `shared-limits` checkers: from
+/// `start_ns`, when the grant came back, to `end_ns`; `g7_end_ns` is where G7 alone ends it.
 #[allow(clippy::too_many_arguments)]
-fn record_hold(
+pub(super) fn record_hold(
     ctx: &Context,
     lease_id: &str,
     resource: &str,

@@ -9,6 +9,7 @@
 
 pub mod fenced_kv;
 pub mod lease;
+pub mod line;
 pub mod long_leases;
 pub mod queue;
 pub mod requests;
@@ -46,6 +47,8 @@ pub enum Workload {
     Queue,
     /// Shared leases (semaphores) beside exclusive and subtree ones on the same tree.
     Semaphore,
+    /// Acquires that wait in line (`wait_ms`), served first come, first served.
+    Line,
 }
 
 impl Workload {
@@ -57,6 +60,7 @@ impl Workload {
             Workload::UnfencedLock => "unfenced-lock",
             Workload::Queue => "queue",
             Workload::Semaphore => "semaphore",
+            Workload::Line => "line",
         }
     }
 }

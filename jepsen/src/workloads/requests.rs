@@ -13,21 +13,71 @@ use super::Mode;
 
 /// `POST /v1/leases` for a new session of `holder` with `ttl_ms`.
 pub fn acquire(resource: &str, holder: &str, ttl_ms: u64, mode: Mode) -> Value {
-    wire(&AcquireRequest {
+    wire(&new_session_acquire(resource, holder, ttl_ms, mode, None))
+}
+
+fn new_session_acquire(
+    resource: &str,
+    holder: &str,
+    ttl_ms: u64,
+    mode: Mode,
+    wait_ms: Option<u64>,
+) -> AcquireRequest {
+    AcquireRequest {
         resource: resource.to_owned(),
         session_id: None,
         holder: Some(holder.to_owned()),
         ttl_ms: Some(ttl_ms),
-        mode: match mode {
-            Mode::Exclusive => LeaseMode::Exclusive,
-            Mode::Subtree => LeaseMode::Subtree,
-            Mode::Shared { .. } => LeaseMode::Shared,
-        },
+        mode: wire_mode(mode),
         limit: mode.limit(),
         max_hold_ms: None,
         labels: Default::default(),
         reason: None,
+        wait_ms,
+    }
+}
+
+/// `POST /v1/leases` for a new session of `holder` with `ttl_ms` that waits in the resource's
+/// line up to `wait_ms` when it cannot be granted at once.
+pub fn acquire_waiting(
+    resource: &str,
+    holder: &str,
+    ttl_ms: u64,
+    mode: Mode,
+    wait_ms: u64,
+) -> Value {
+    wire(&new_session_acquire(
+        resource,
+        holder,
+        ttl_ms,
+        mode,
+        Some(wait_ms),
+    ))
+}
+
+/// The same acquire again for `session`, which waits in the line already: it keeps its place
+/// and waits up to `wait_ms` more.
+pub fn acquire_again(resource: &str, session: &str, mode: Mode, wait_ms: u64) -> Value {
+    wire(&AcquireRequest {
+        resource: resource.to_owned(),
+        session_id: Some(SessionId::new(session)),
+        holder: None,
+        ttl_ms: None,
+        mode: wire_mode(mode),
+        limit: mode.limit(),
+        max_hold_ms: None,
+        labels: Default::default(),
+        reason: None,
+        wait_ms: Some(wait_ms),
     })
+}
+
+fn wire_mode(mode: Mode) -> LeaseMode {
+    match mode {
+        Mode::Exclusive => LeaseMode::Exclusive,
+        Mode::Subtree => LeaseMode::Subtree,
+        Mode::Shared { .. } => LeaseMode::Shared,
+    }
 }
 
 /// `POST /v1/sessions/{id}/release`.
@@ -82,6 +132,7 @@ pub fn claim(holder: &str, ttl_ms: u64) -> Value {
         session_id: None,
         holder: Some(holder.to_owned()),
         ttl_ms: Some(ttl_ms),
+        wait_ms: None,
     })
 }
 
@@ -114,6 +165,15 @@ mod tests {
             json!({"value": 7, "fence": {"resource": "r", "token": 3}, "session_id": "s1"})
         );
         assert_eq!(kv_put(json!(7), None), json!({"value": 7}));
+        assert_eq!(
+            acquire_waiting("q/s", "w1.3", 3000, Mode::Shared { limit: 2 }, 700),
+            json!({"resource": "q/s", "holder": "w1.3", "ttl_ms": 3000, "mode": "shared",
+                   "limit": 2, "wait_ms": 700})
+        );
+        assert_eq!(
+            acquire_again("q/a", "s1", Mode::Exclusive, 0),
+            json!({"resource": "q/a", "session_id": "s1", "mode": "exclusive", "wait_ms": 0})
+        );
         assert_eq!(
             complete("s1", 4, json!({"by": 2})),
             json!({"session_id": "s1", "fence": 4, "result": {"by": 2}})
