@@ -4,19 +4,19 @@
 //! joins the resource's line: replicated state, first come first served. Whenever something
 //! that could stand in a waiter's way goes away (a release, a session's end, a lease's expiry
 //! or max hold, a waiter leaving), the paths it could free are served in the same apply: the
-//! first live waiter is granted if it can be, then the next, and so on; serving stops at the
-//! first waiter that still cannot be granted, so nobody overtakes the waiter ahead of them
-//! (shared waiters in a row are granted together). A waiting acquire never overtakes the line
-//! either: while live waiters are ahead it joins behind them even if it could be granted.
+//! first waiter is granted if it can be, then the next, and so on; serving stops at the first
+//! waiter that still cannot be granted, so nobody overtakes the waiter ahead of them (shared
+//! waiters in a row are granted together). A waiting acquire never overtakes the line either:
+//! while waiters are ahead it joins behind them even if it could be granted.
 //!
 //! Expiry needs no command to free anything (docs/guarantees.md, "Time"), so at the start of
 //! each entry, before any of its commands, the sessions that died since the previous entry's
 //! time leave the lines they waited in (each with a `left_line` event), and the paths whose
-//! holders died are served. So every waiter in a line has a live session, between entries and
-//! commands alike; an ended session leaves its lines the same way. A session's places in lines count
-//! towards `leases_per_session_max`. An acquire without `wait_ms` never joins a line; it takes
-//! a resource only when nothing, the line included, is ahead of it, which happens when the
-//! line's first waiter is kept out by something else (a subtree waiter by a lease below).
+//! holders died are served. An ended session leaves its lines the same way. So every waiter
+//! has a live session, and between commands no line's first waiter could be granted.
+//!
+//! A session's places in lines count towards `leases_per_session_max`. An acquire without
+//! `wait_ms` never joins a line, and is refused while anyone waits in the path's line.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -184,7 +184,7 @@ impl Machine {
         self.release(namespace, session_id, resource)
     }
 
-    /// `LEASE_HELD` when live waiters are in `resource`'s line: an acquire that does not wait
+    /// `LEASE_HELD` when anyone waits in `resource`'s line: an acquire that does not wait
     /// never overtakes them. It names what keeps the first waiter out.
     pub(super) fn refuse_if_waiters(
         &self,
@@ -239,18 +239,10 @@ impl Machine {
         view: &LeaseView,
         session: Option<SessionId>,
     ) -> bool {
-        let (Some(session_id), Some(state)) = (session, self.namespaces.get(namespace)) else {
-            return false;
-        };
-        state
-            .leases
-            .get(&view.resource)
-            .is_some_and(|lease| lease.session_id == session_id && lease.fence == view.fence)
-            || state
-                .shared
-                .get(&view.resource)
-                .and_then(|shared| shared.holders.get(&session_id))
-                .is_some_and(|lease| lease.fence == view.fence)
+        session.is_some_and(|session_id| {
+            self.lease_of(namespace, &view.resource, session_id)
+                .is_some_and(|own| own.fence == view.fence)
+        })
     }
 
     /// The number of waiters in `resource`'s line (every one with a live session).
