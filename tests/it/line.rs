@@ -27,6 +27,19 @@ const WAKE_BOUND: Duration = Duration::from_millis(50);
 /// The bound on a waiting process joining the line.
 const JOIN_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A new session of `holder` holding `resource` (exclusive): its id.
+async fn holding(api: &Api, node: &Node, resource: &str, holder: &str) -> String {
+    let session = new_session(api, node, holder, TTL_MS).await;
+    api.post(
+        node,
+        "/v1/leases",
+        &json!({"resource": resource, "session_id": session}),
+    )
+    .await
+    .expect_status(201);
+    session
+}
+
 fn acquire_body(resource: &str, session: &str, wait_ms: u64) -> serde_json::Value {
     json!({"resource": resource, "session_id": session, "wait_ms": wait_ms})
 }
@@ -48,14 +61,7 @@ async fn five_waiters_get_the_lock_in_arrival_order_across_a_leader_kill() {
     let api = cluster.api();
     let leader = cluster.leader().await;
     let revision = api.last_revision(leader).await;
-    let holder = new_session(api, leader, "holder", TTL_MS).await;
-    api.post(
-        leader,
-        "/v1/leases",
-        &json!({"resource": LOCK, "session_id": holder}),
-    )
-    .await
-    .expect_status(201);
+    let holder = holding(api, leader, LOCK, "holder").await;
     let mut waiters = Vec::new();
     for index in 1..=5u32 {
         let session = new_session(api, leader, &format!("waiter-{index}"), TTL_MS).await;
@@ -157,14 +163,7 @@ async fn baton_acquire_wait_gets_the_lease_within_50ms_of_the_release() {
     let endpoints = leader.api_url();
     let mut delays = Vec::new();
     for round in 0..3 {
-        let holder = new_session(api, leader, "agent-a", TTL_MS).await;
-        api.post(
-            leader,
-            "/v1/leases",
-            &json!({"resource": RESOURCE, "session_id": holder}),
-        )
-        .await
-        .expect_status(201);
+        let holder = holding(api, leader, RESOURCE, "agent-a").await;
         let revision = api.last_revision(leader).await;
         let waiter_name = format!("agent-b{round}");
         let mut child = command(
@@ -247,14 +246,7 @@ async fn waiting_refusals_leaving_and_a_wait_that_runs_out_leave_nothing_behind(
     let cluster = Cluster::start(1).await;
     let api = cluster.api();
     let node = cluster.node(1);
-    let holder = new_session(api, node, "agent-a", TTL_MS).await;
-    api.post(
-        node,
-        "/v1/leases",
-        &json!({"resource": RESOURCE, "session_id": holder}),
-    )
-    .await
-    .expect_status(201);
+    let holder = holding(api, node, RESOURCE, "agent-a").await;
     let revision = api.last_revision(node).await;
 
     // Bad input and waiting for oneself are refused, and asking for what one holds answers
@@ -362,14 +354,7 @@ async fn a_waiting_acquire_through_a_follower_waits_longer_than_a_forward_may_ot
     let api = cluster.api();
     let leader = cluster.leader().await;
     let follower = cluster.followers().await[0];
-    let holder = new_session(api, leader, "agent-a", TTL_MS).await;
-    api.post(
-        leader,
-        "/v1/leases",
-        &json!({"resource": RESOURCE, "session_id": holder}),
-    )
-    .await
-    .expect_status(201);
+    let holder = holding(api, leader, RESOURCE, "agent-a").await;
     let waiter = new_session(api, leader, "agent-b", TTL_MS).await;
     // Released well after twice the election timeout, the bound of an ordinary forward.
     let hold = Duration::from_millis(cluster.config().election_timeout_ms * 2 + 700);
