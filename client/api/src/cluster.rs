@@ -19,7 +19,8 @@ pub struct Member {
 }
 
 /// `GET /v1/cluster` answer, as seen by the answering node: `{node_id, leader_id, term,
-/// commit_index, members}`. Also the answer to member add and remove.
+/// commit_index, cluster_time_ms, revision, sessions, leases, members}`. Also the answer to
+/// member add and remove.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct ClusterStatus {
     /// The answering node's id.
@@ -30,6 +31,19 @@ pub struct ClusterStatus {
     pub term: u64,
     /// The answering node's commit index.
     pub commit_index: u64,
+    /// The cluster time of the answering node's applied state.
+    #[serde(default)]
+    pub cluster_time_ms: u64,
+    /// The revision of the last event in the answering node's applied state.
+    #[serde(default)]
+    pub revision: u64,
+    /// Sessions in the applied state, every namespace, live or awaiting the sweep.
+    #[serde(default)]
+    pub sessions: u64,
+    /// Leases (each shared holder counted) in the applied state, every namespace, live or
+    /// awaiting the sweep.
+    #[serde(default)]
+    pub leases: u64,
     /// The membership the answering node knows.
     pub members: Vec<Member>,
 }

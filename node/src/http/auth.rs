@@ -68,7 +68,8 @@ pub async fn bootstrap(app: AppState, secret: String) {
 
 /// What a route needs: `None` for the health checks, which stay open.
 fn required_role(method: &Method, path: &str) -> Option<Role> {
-    if path == "/healthz" || path == "/readyz" {
+    // The console's page and assets: public, the page asks for a token itself.
+    if path == "/healthz" || path == "/readyz" || path == "/ui" || path.starts_with("/ui/") {
         return None;
     }
     let admin_only = path.starts_with("/v1/auth/")

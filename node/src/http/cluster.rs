@@ -34,12 +34,20 @@ fn cluster_status(app: &AppState) -> ClusterStatus {
             voter: voters.contains(id),
         })
         .collect();
+    let (cluster_time_ms, revision, (sessions, leases)) = app
+        .machine
+        .read(|machine, _| (machine.time_ms(), machine.revision(), machine.counts()))
+        .unwrap_or_default();
     ClusterStatus {
         node_id: app.node_id,
         leader_id: metrics.current_leader,
         term: metrics.current_term,
         // Every applied entry is known committed; a node's own view of its commit index.
         commit_index: metrics.last_applied.map_or(0, |log_id| log_id.index),
+        cluster_time_ms,
+        revision,
+        sessions: sessions as u64,
+        leases: leases as u64,
         members,
     }
 }

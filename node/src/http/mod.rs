@@ -9,6 +9,7 @@
 
 mod auth;
 mod cluster;
+mod console;
 mod convert;
 mod error;
 mod events;
@@ -305,6 +306,7 @@ pub fn router(app: AppState) -> Router {
             "/v1/kv/{*key}",
             get(kv::get).put(kv::put).delete(kv::delete),
         )
+        .route("/v1/queues", get(queues::list_queues))
         .route("/v1/queues/{queue}", get(queues::counts))
         .route(
             "/v1/queues/{queue}/tasks",
@@ -344,6 +346,7 @@ pub fn router(app: AppState) -> Router {
         .route("/metrics", get(cluster::metrics));
     leader_routes
         .merge(local_routes)
+        .merge(console::routes())
         .fallback(unknown_route)
         .method_not_allowed_fallback(wrong_method)
         .layer(from_fn_with_state(app.clone(), auth::authenticate))

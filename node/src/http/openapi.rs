@@ -33,6 +33,7 @@ use super::{auth, cluster, events, kv, leases, queues, txn};
         kv::get,
         kv::put,
         kv::delete,
+        queues::list_queues,
         queues::counts,
         queues::enqueue,
         queues::list,
@@ -142,7 +143,7 @@ mod tests {
                 documented.insert((method.clone(), path.clone()));
             }
         }
-        assert_eq!(served.len(), 35, "the router's routes as read: {served:?}");
+        assert_eq!(served.len(), 36, "the router's routes as read: {served:?}");
         assert_eq!(served, documented);
     }
 }

@@ -5,9 +5,10 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use baton_api::{
-    ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, QueueCounts,
-    QueueInfo, TaskList, TaskReleaseRequest,
+    ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery, PageQuery,
+    QueueCounts, QueueInfo, QueueList, TaskList, TaskReleaseRequest,
 };
+use baton_raft_store::machine::TaskCounts;
 use baton_raft_store::machine::{
     Compensation, IdempotencyTag, Name, Namespace, SessionId, TaskFence, TaskSpec,
 };
@@ -418,7 +419,15 @@ pub async fn counts(
     let (counts, clocks) = app
         .read(|machine| machine.queue_counts(&namespace, &queue))
         .await?;
-    let info = QueueInfo {
+    Ok(ApiAnswer::new(
+        StatusCode::OK,
+        &queue_info(&queue, &counts),
+        clocks.cluster_ms,
+    ))
+}
+
+fn queue_info(queue: &Name, counts: &TaskCounts) -> QueueInfo {
+    QueueInfo {
         queue: queue.to_string(),
         counts: QueueCounts {
             ready: counts.ready,
@@ -427,8 +436,42 @@ pub async fn counts(
             done: counts.done,
             dead: counts.dead,
         },
+    }
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/queues",
+    tag = "queues",
+    summary = "The namespace's queues, each with its task counts",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
+        baton_api::PageQuery
+    ),
+    responses(
+        (status = 200, description = "A page of queues in name order", body = baton_api::QueueList),
+        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn list_queues(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    ApiQuery(query): ApiQuery<PageQuery>,
+) -> Result<ApiAnswer, ApiError> {
+    let limit = app.page_limit(query.limit)?;
+    let (page, clocks) = app
+        .read(|machine| machine.queues(&namespace, query.cursor.as_deref(), limit))
+        .await?;
+    let list = QueueList {
+        queues: page
+            .items
+            .iter()
+            .map(|(queue, counts)| queue_info(queue, counts))
+            .collect(),
+        next_cursor: page.next_cursor,
     };
-    Ok(ApiAnswer::new(StatusCode::OK, &info, clocks.cluster_ms))
+    Ok(ApiAnswer::new(StatusCode::OK, &list, clocks.cluster_ms))
 }
 
 #[utoipa::path(

@@ -746,6 +746,37 @@ impl Machine {
             .unwrap_or_default()
     }
 
+    /// The namespace's queues in name order after `cursor`, each with its counts.
+    pub fn queues(
+        &self,
+        namespace: &Namespace,
+        cursor: Option<&str>,
+        limit: usize,
+    ) -> super::Page<(Name, TaskCounts)> {
+        let limit = limit.clamp(1, self.limits.list_page_max);
+        let mut page = super::Page {
+            items: Vec::new(),
+            next_cursor: None,
+        };
+        let Some(state) = self.namespaces.get(namespace) else {
+            return page;
+        };
+        let start = cursor.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        for queue in state
+            .queues
+            .range::<str, _>((start, std::ops::Bound::Unbounded))
+            .map(|(queue, _)| queue)
+        {
+            if page.items.len() == limit {
+                page.next_cursor = page.items.last().map(|(last, _)| last.to_string());
+                break;
+            }
+            page.items
+                .push((queue.clone(), self.queue_counts(namespace, queue)));
+        }
+        page
+    }
+
     pub fn task(&self, namespace: &Namespace, queue: &Name, task_id: &Name) -> Option<TaskView> {
         self.task_view(namespace, queue, task_id)
     }
