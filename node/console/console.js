@@ -326,6 +326,10 @@ function renderLeases() {
   if (rows.length === 0) rows.push(el('p', { class: 'hint', style: 'padding: 0 .8rem' },
     state.prefix ? `No live lease under ${state.prefix}.` : 'No live lease.'));
   tree.replaceChildren(...rows);
+  // For measuring: when the tree first showed (performance.getEntriesByName).
+  if (performance.getEntriesByName('baton:leases-rendered').length === 0) {
+    performance.mark('baton:leases-rendered');
+  }
   const count = [...state.leases.values()].reduce((sum, holders) => sum + holders.length, 0);
   document.getElementById('lease-count').textContent =
     `${count} lease${count === 1 ? '' : 's'} shown${state.leaseCursor ? ' (more on the next page)' : ''}`;

@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use baton_client::api::QueueList;
 use baton_tests::{free_port, json, Cluster, ClusterConfig, Value};
+use futures_util::StreamExt;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -235,6 +236,59 @@ async fn a_browser_renders_the_four_views_and_follows_events_live() {
         |text| text.contains("after-load") && text.contains("held by agent-late"),
     )
     .await;
+}
+
+/// Opt-in (`cargo test -p baton-tests --test it -- --ignored console_load`): the leases view's
+/// first render and the bytes it transferred with `BATON_CONSOLE_LOAD_LEASES` (default
+/// 100,000) live leases, printed; the page loads one page of them, never all.
+#[tokio::test]
+#[ignore = "a measurement: makes 100,000 leases first"]
+async fn console_load_with_many_live_leases() {
+    let Some(chromium) = browser() else {
+        return;
+    };
+    let leases: usize = std::env::var("BATON_CONSOLE_LOAD_LEASES")
+        .ok()
+        .and_then(|text| text.parse().ok())
+        .unwrap_or(100_000);
+    let cluster = Cluster::dev().await;
+    let api = cluster.api();
+    let node = cluster.node(1);
+    let started = Instant::now();
+    // Sessions of 10,000 leases each (the most a session may hold), acquired 64 at a time.
+    let per_session = 10_000;
+    let mut sessions = Vec::new();
+    for index in 0..leases.div_ceil(per_session) {
+        sessions
+            .push(crate::queues::new_session(api, node, &format!("agent-{index}"), 600_000).await);
+    }
+    let mut acquires = futures_util::stream::iter((0..leases).map(|index| {
+        let body = json!({"resource": format!("fleet/team-{}/repo-{}/file-{index}.rs", index % 10, index % 100),
+                          "session_id": sessions[index / per_session]});
+        async move { api.post(node, "/v1/leases", &body).await.expect_status(201); }
+    }))
+    .buffer_unordered(64);
+    while acquires.next().await.is_some() {}
+    eprintln!(
+        "console load: {leases} leases made in {:?}",
+        started.elapsed()
+    );
+    let mut page = Page::open(&chromium, &format!("{}/ui/#leases", node.api_url())).await;
+    page.wait_for(
+        "the first page of leases",
+        "String(performance.getEntriesByName('baton:leases-rendered').length)",
+        |text| text == "1",
+    )
+    .await;
+    let figures = page
+        .evaluate(
+            "JSON.stringify({first_render_ms: performance.getEntriesByName('baton:leases-rendered')[0].startTime, \
+             shown: document.querySelectorAll('.lease').length, \
+             transferred: performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource')) \
+               .map(e => ({name: e.name, bytes: e.transferSize, body: e.encodedBodySize}))})",
+        )
+        .await;
+    eprintln!("console load: {figures}");
 }
 
 /// Debian's `chromium`, if installed; missing is a failure when `BATON_REQUIRE_BROWSER` is
