@@ -99,7 +99,8 @@ function failed(error) {
       ? `The token was refused (401 ${error.code}): ${error.message}. Enter a valid token.`
       : 'This cluster wants a token (401): enter one below.');
   } else if (error instanceof Refused && error.status === 403) {
-    say(`This token may not read this (403 ${error.code}): ${error.message}`);
+    document.getElementById('login').hidden = false;
+    say(`This token may not read this (403 ${error.code}): ${error.message}. Use another token, or another namespace.`);
   } else {
     say(`Baton did not answer: ${error.message}`);
   }

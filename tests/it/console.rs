@@ -113,6 +113,58 @@ async fn with_access_control_the_page_is_public_and_the_api_is_not() {
         .await
         .expect("GET /v1/cluster");
     assert_eq!(api.status(), 401);
+
+    // In a browser: the page asks for a token, says what a 403 is, and works with a reader's.
+    let Some(chromium) = browser() else {
+        return;
+    };
+    let token = |name: &'static str, namespaces: &'static [&'static str]| {
+        let cluster = &cluster;
+        async move {
+            let created: Value = cluster
+                .api()
+                .post(
+                    cluster.node(1),
+                    "/v1/auth/tokens",
+                    &json!({"name": name, "role": "reader", "namespaces": namespaces}),
+                )
+                .await
+                .expect_json(201);
+            created["secret"].as_str().expect("a secret").to_owned()
+        }
+    };
+    let reader = token("console-reader", &["*"]).await;
+    let elsewhere = token("console-elsewhere", &["team-x"]).await;
+    let mut page = Page::open(&chromium, &format!("{base}/ui/#overview")).await;
+    let message = "document.getElementById('login').hidden ? '' : document.getElementById('message').innerText";
+    page.wait_for("the token prompt", message, |text| text.contains("401"))
+        .await;
+    let submit = |secret: &str| {
+        format!(
+            "document.getElementById('token').value = {}; \
+             document.getElementById('login').requestSubmit(); 'sent'",
+            json!(secret)
+        )
+    };
+    page.evaluate(&submit(&elsewhere)).await;
+    page.wait_for(
+        "a 403 for a token of another namespace",
+        "document.getElementById('message').innerText",
+        |text| text.contains("403") && text.contains("PERMISSION_DENIED"),
+    )
+    .await;
+    page.evaluate(&submit(&reader)).await;
+    page.wait_for(
+        "the overview with a reader's token",
+        "document.getElementById('message').hidden ? document.querySelector('#overview').innerText : ''",
+        |text| text.contains("tasks in default") && text.contains("node 1"),
+    )
+    .await;
+    // The token stays in the tab's session storage only.
+    let stored = page
+        .evaluate("[sessionStorage.getItem('baton.token') || '', localStorage.length].join(' ')")
+        .await;
+    assert_eq!(stored, format!("{reader} 0"));
 }
 
 #[tokio::test]
