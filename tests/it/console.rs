@@ -288,6 +288,28 @@ async fn a_browser_renders_the_four_views_and_follows_events_live() {
         |text| text.contains("after-load") && text.contains("held by agent-late"),
     )
     .await;
+    // Selecting a lease shows its recent events.
+    page.evaluate(
+        "document.querySelector('.lease[data-resource=\"live/after-load\"]').click(); 'clicked'",
+    )
+    .await;
+    page.wait_for(
+        "the selected lease's events",
+        "document.querySelector('#lease-detail').innerText",
+        |text| text.contains("granted") && text.contains("agent-late"),
+    )
+    .await;
+    // Dark mode follows the system's.
+    page.call(
+        "Emulation.setEmulatedMedia",
+        json!({"features": [{"name": "prefers-color-scheme", "value": "dark"}]}),
+    )
+    .await;
+    let background = page
+        .evaluate("getComputedStyle(document.body).backgroundColor")
+        .await;
+    assert_eq!(background, "rgb(22, 24, 27)", "the dark background");
+    page.screenshot(&shots, "leases-dark").await;
 }
 
 /// Opt-in (`cargo test -p baton-tests --test it -- --ignored console_load`): the leases view's
