@@ -93,6 +93,19 @@ impl Op {
     pub fn key_str(&self) -> &str {
         self.key.as_str().unwrap_or("")
     }
+
+    /// The keys a `write` invocation writes its value under: its key, and the `twin` a pair
+    /// write (one transaction putting the same value under two keys) also names. Any other
+    /// event: its key.
+    pub fn written_keys(&self) -> Vec<&str> {
+        let mut keys = vec![self.key_str()];
+        if self.f == "write" {
+            if let Some(twin) = self.value["twin"].as_str() {
+                keys.push(twin);
+            }
+        }
+        keys
+    }
 }
 
 /// An invocation and its completion (`None` when the run ended before it completed: treated

@@ -398,7 +398,9 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
     };
     match workload {
         Workload::FencedKv => {
-            for key in workloads::fenced_kv::keys_touched(&snapshot) {
+            // One read after another, each recorded once answered: a later read was sent after
+            // an earlier one's answer (`txn-atomic` relies on that order).
+            for key in workloads::fenced_kv::final_read_keys(&snapshot) {
                 for id in cluster.ids() {
                     let path = format!("/v1/kv/{key}");
                     let mut answer = None;
@@ -413,8 +415,10 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
                             )
                             .await
                         {
-                            Ok((200, body)) => answer = Some(body["value"].clone()),
-                            Ok((404, _)) => answer = Some(Value::Null),
+                            Ok((200, body)) => {
+                                answer = Some((body["value"].clone(), body["revision"].clone()))
+                            }
+                            Ok((404, _)) => answer = Some((Value::Null, Value::from(0))),
                             _ => {}
                         }
                         if answer.is_some() {
@@ -422,10 +426,12 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
                         }
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
+                    let (value, revision) = answer.clone().unwrap_or_default();
                     record(
                         "final-read",
                         &key,
-                        json!({"node": id, "ok": answer.is_some(), "value": answer}),
+                        json!({"node": id, "ok": answer.is_some(), "value": value,
+                               "revision": revision}),
                         id,
                     );
                 }

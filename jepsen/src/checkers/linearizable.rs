@@ -50,18 +50,23 @@ pub fn check(history: &[Op], limit: Duration) -> CheckResult {
     // key -> (value, is_write, invoke, end, required, index)
     let mut by_key: BTreeMap<&str, Vec<Entry>> = BTreeMap::new();
     // The attempts of one write are one operation, from its first attempt (`logical_pairs`).
+    // A pair write is a write of each of its two keys.
     for pair in logical_pairs(history) {
         let key = pair.invoke.key_str();
         match (pair.invoke.f.as_str(), pair.outcome()) {
             ("write", OpType::Fail) => {}
-            ("write", outcome) => by_key.entry(key).or_default().push((
-                pair.invoke.value["value"].clone(),
-                true,
-                pair.invoke.time_ns,
-                pair.end_ns(),
-                outcome == OpType::Ok,
-                pair.invoke.index,
-            )),
+            ("write", outcome) => {
+                for key in pair.invoke.written_keys() {
+                    by_key.entry(key).or_default().push((
+                        pair.invoke.value["value"].clone(),
+                        true,
+                        pair.invoke.time_ns,
+                        pair.end_ns(),
+                        outcome == OpType::Ok,
+                        pair.invoke.index,
+                    ));
+                }
+            }
             ("read", OpType::Ok) => by_key.entry(key).or_default().push((
                 pair.result()["value"].clone(),
                 false,
@@ -334,6 +339,33 @@ mod tests {
             check(&without_first_attempt, Duration::from_secs(5)).verdict,
             Verdict::Invalid
         );
+    }
+
+    #[test]
+    fn a_pair_write_is_a_write_of_its_twin_too() {
+        let pair_write = |value: u64| {
+            vec![
+                op(
+                    1,
+                    OpType::Invoke,
+                    0,
+                    "write",
+                    "r",
+                    json!({"value": value, "twin": "t"}),
+                ),
+                op(1, OpType::Ok, 1, "write", "r", json!({"value": value})),
+            ]
+        };
+        let twin_read = |value: Value| {
+            vec![
+                op(2, OpType::Invoke, 2, "read", "t", Value::Null),
+                op(2, OpType::Ok, 3, "read", "t", json!({"value": value})),
+            ]
+        };
+        let seen = indexed([pair_write(1), twin_read(json!(1))].concat());
+        assert_eq!(check(&seen, LIMIT).verdict, Verdict::Valid);
+        let missing = indexed([pair_write(1), twin_read(Value::Null)].concat());
+        assert_eq!(check(&missing, LIMIT).verdict, Verdict::Invalid);
     }
 
     #[test]

@@ -22,12 +22,15 @@ pub fn check(history: &[Op]) -> CheckResult {
         if pair.outcome() == OpType::Fail {
             continue;
         }
-        writes.entry(pair.invoke.key_str()).or_default().push((
-            pair.invoke.value["value"].clone(),
-            pair.invoke.time_ns,
-            pair.end_ns(),
-            pair.outcome() == OpType::Ok,
-        ));
+        // A pair write writes its value under both its keys.
+        for key in pair.invoke.written_keys() {
+            writes.entry(key).or_default().push((
+                pair.invoke.value["value"].clone(),
+                pair.invoke.time_ns,
+                pair.end_ns(),
+                pair.outcome() == OpType::Ok,
+            ));
+        }
     }
     let mut finals: BTreeMap<&str, Vec<(u64, Option<&Value>)>> = BTreeMap::new();
     for op in history

@@ -20,6 +20,7 @@ pub mod recovery;
 pub mod refused_writes;
 pub mod stale_writes;
 pub mod tasks;
+pub mod txn_atomic;
 
 use std::time::{Duration, Instant};
 
@@ -165,6 +166,7 @@ pub fn check_all(
             run("stale-writes", true, &|| stale_writes::check(history));
             run("lost-writes", true, &|| lost_writes::check(history));
             run("refused-writes", true, &|| refused_writes::check(history));
+            run("txn-atomic", true, &|| txn_atomic::check(history));
             run("final-leases", !beyond, &|| final_leases::check(history));
             run("linearizable", true, &|| {
                 linearizable::check(history, linearizable_limit)

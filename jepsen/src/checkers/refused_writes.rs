@@ -18,6 +18,7 @@ pub fn check(history: &[Op]) -> CheckResult {
     // (key, value) -> (error code, invoke index, completion ns) of a refused write.
     let mut refused: BTreeMap<(&str, String), (&str, u64, u64)> = BTreeMap::new();
     let mut no_leader = 0usize;
+    let mut refused_writes = 0usize;
     for pair in logical_pairs(history)
         .into_iter()
         .filter(|pair| pair.invoke.f == "write" && pair.outcome() == OpType::Fail)
@@ -31,10 +32,14 @@ pub fn check(history: &[Op]) -> CheckResult {
             .and_then(|op| op.error.as_deref())
             .unwrap_or("");
         no_leader += usize::from(code == "NO_LEADER");
-        refused.insert(
-            (pair.invoke.key_str(), value.to_string()),
-            (code, pair.invoke.index, pair.end_ns()),
-        );
+        refused_writes += 1;
+        // A refused pair write is seen under neither of its keys.
+        for key in pair.invoke.written_keys() {
+            refused.insert(
+                (key, value.to_string()),
+                (code, pair.invoke.index, pair.end_ns()),
+            );
+        }
     }
     let mut violations: Vec<Value> = Vec::new();
     let mut seen = |key: &str, value: &Value, by: Value| {
@@ -73,10 +78,7 @@ pub fn check(history: &[Op]) -> CheckResult {
         }
     }
     CheckResult::from_violations(
-        &format!(
-            "{} refused writes ({no_leader} NO_LEADER) never seen",
-            refused.len()
-        ),
+        &format!("{refused_writes} refused writes ({no_leader} NO_LEADER) never seen"),
         violations,
     )
 }
@@ -185,5 +187,19 @@ mod tests {
         history[0].value["idempotency_key"] = json!("k-1");
         history[2].value["idempotency_key"] = json!("k-1");
         assert_eq!(check(&indexed(history)).verdict, Verdict::Valid);
+    }
+
+    #[test]
+    fn a_refused_pair_write_seen_under_its_twin_is_caught() {
+        let mut history = [
+            write(2, 5, 8, OpType::Fail, Some("NO_LEADER")),
+            vec![final_read(3, json!(8))],
+        ]
+        .concat();
+        history[0].value["twin"] = json!("t0-0");
+        history[2].key = json!("t0-0");
+        let result = check(&indexed(history));
+        assert_eq!(result.verdict, Verdict::Invalid);
+        assert_eq!(result.details[0]["key"], "t0-0");
     }
 }

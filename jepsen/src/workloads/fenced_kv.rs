@@ -3,9 +3,14 @@
 //! readers read linearizably from the node they are bound to. Unknown writes are sometimes
 //! retried with the same idempotency key on another node. Each register takes a bounded number
 //! of operations, then the slot moves to a fresh key, so the per-key linearizability search
-//! stays small. A third of the fenced writes are transactions (`POST /v1/txn`: compare the
-//! fence, put the value); one whose compare failed is recorded as a failed write, which it
-//! surely is.
+//! stays small. Nearly half the fenced writes are transactions (`POST /v1/txn`: compare the
+//! fence, then put); one whose compare failed is recorded as a failed write, which it surely
+//! is. Some of them put one value under the register key; the others are *pair writes*: they
+//! put the same value under the register key and under its twin (`t{slot}-{generation}`, a
+//! key only pair writes write), recorded as one write of the register naming its `twin`, with
+//! both revisions when answered. Reads sometimes read a register and then its twin, or the twin
+//! and then the register, one after the other, so that a transaction seen half applied would
+//! show (the `txn-atomic` checker).
 //!
 //! The last worker (when there are two or more) never retries and sends no Idempotency-Key: its
 //! answers are taken at face value, so a write it was told is `NO_LEADER` ("surely not
@@ -40,6 +45,12 @@ pub fn register_key(slot: usize, generation: u64) -> String {
     format!("r{slot}-{generation}")
 }
 
+/// The twin of the register of slot `slot` in generation `generation`: written only by pair
+/// writes, with the register, in one transaction.
+pub fn twin_key(slot: usize, generation: u64) -> String {
+    format!("t{slot}-{generation}")
+}
+
 /// Runs `concurrency` workers until the deadline.
 pub async fn run(ctx: Context, concurrency: usize) {
     let counters: Arc<Vec<AtomicU64>> = Arc::new((0..SLOTS).map(|_| AtomicU64::new(0)).collect());
@@ -57,16 +68,34 @@ pub async fn run(ctx: Context, concurrency: usize) {
     }
 }
 
-/// Every register key the workers may have touched, for the final reads.
+/// Every key the workers may have touched (registers, twins, unfenced registers), sorted.
 pub fn keys_touched(history: &[crate::history::Op]) -> Vec<String> {
     let mut keys: Vec<String> = history
         .iter()
         .filter(|op| op.f == "write" || op.f == "read")
         .filter(|op| op.is_client())
-        .map(|op| op.key_str().to_owned())
+        .flat_map(|op| op.written_keys())
+        .map(str::to_owned)
         .collect();
     keys.sort();
     keys.dedup();
+    keys
+}
+
+/// The keys to read after healing, in order: every key touched, sorted (so each register is
+/// read before its twin), then each register that a pair write named again (so after its
+/// twin): whichever of a pair's two keys a final read sees the pair on, the other key is also
+/// read after it.
+pub fn final_read_keys(history: &[crate::history::Op]) -> Vec<String> {
+    let mut keys = keys_touched(history);
+    let mut paired: Vec<String> = history
+        .iter()
+        .filter(|op| op.is_client() && op.f == "write" && op.value["twin"].is_string())
+        .map(|op| op.key_str().to_owned())
+        .collect();
+    paired.sort();
+    paired.dedup();
+    keys.extend(paired);
     keys
 }
 
@@ -88,7 +117,7 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
                 }
                 unfenced_ops += 1;
                 if rng.random_bool(0.3) {
-                    read(&mut worker, &key).await;
+                    read(&mut worker, &key, Value::Null).await;
                 } else {
                     written += 1;
                     let value = (worker_id as u64) * 1_000_000_000 + written;
@@ -101,9 +130,10 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
         let slot = rng.random_range(0..SLOTS);
         let generation = counters[slot].fetch_add(1, Ordering::Relaxed) / OPS_PER_KEY_MAX;
         let key = register_key(slot, generation);
+        let twin = twin_key(slot, generation);
         worker.rebind(home);
         if rng.random_bool(0.4) {
-            read(&mut worker, &key).await;
+            read_slot(&mut worker, &key, &twin, &mut rng).await;
             pause_for(&ctx, Duration::from_millis(rng.random_range(10..60))).await;
             continue;
         }
@@ -144,26 +174,37 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
                 break;
             }
             if rng.random_bool(0.3) {
-                read(&mut worker, &key).await;
+                read_slot(&mut worker, &key, &twin, &mut rng).await;
                 continue;
             }
             written += 1;
             let value = (worker_id as u64) * 1_000_000_000 + written;
-            // A third of the fenced writes go as transactions (compare the fence, put): the
-            // same write, through `POST /v1/txn`.
-            let write = if rng.random_bool(0.33) {
-                Write::Txn(requests::txn_put(
+            // Nearly half the fenced writes go as transactions (compare the fence, then put):
+            // a third of those put the value under the register, the same write through
+            // `POST /v1/txn`; the others are pair writes, the register and its twin at once.
+            let write = match rng.random_range(0..100) {
+                0..15 => Write::Txn(requests::txn_put(
                     &key,
                     Value::from(value),
                     &resource,
                     fence,
                     &session,
-                ))
-            } else {
-                Write::Put(requests::kv_put(
+                )),
+                15..45 => Write::Pair {
+                    twin: twin.clone(),
+                    body: requests::txn_put_pair(
+                        &key,
+                        &twin,
+                        Value::from(value),
+                        &resource,
+                        fence,
+                        &session,
+                    ),
+                },
+                _ => Write::Put(requests::kv_put(
                     Value::from(value),
                     Some((&resource, fence, &session)),
-                ))
+                )),
             };
             let idem = idempotency_key(&mut rng);
             let idem = retries.then_some(idem);
@@ -228,13 +269,30 @@ async fn worker_loop(ctx: Context, worker_id: usize, counters: Arc<Vec<AtomicU64
     }
 }
 
-async fn read(worker: &mut Worker, key: &str) -> Outcome {
+/// Reads the register alone, or (half the time) the register and its twin one after the
+/// other, in either order. The second read is sent after the first one's answer, so that a
+/// pair write seen by the first read must be seen whole by the second.
+async fn read_slot(worker: &mut Worker, key: &str, twin: &str, rng: &mut impl Rng) {
+    if rng.random_bool(0.5) {
+        read(worker, key, Value::Null).await;
+        return;
+    }
+    let (first, second) = if rng.random_bool(0.5) {
+        (key, twin)
+    } else {
+        (twin, key)
+    };
+    read(worker, first, json!({"pair_read": 1, "then": second})).await;
+    read(worker, second, json!({"pair_read": 2, "after": first})).await;
+}
+
+async fn read(worker: &mut Worker, key: &str, invoke_value: Value) -> Outcome {
     let path = format!("/v1/kv/{key}");
     let outcome = worker
         .op(
             "read",
             key,
-            Value::Null,
+            invoke_value,
             Method::GET,
             &path,
             None,
@@ -265,10 +323,12 @@ async fn put_unfenced(worker: &mut Worker, key: &str, value: u64) -> Outcome {
         .await
 }
 
-/// A fenced write's request: a `PUT` with the fence, or a transaction comparing it.
+/// A fenced write's request: a `PUT` with the fence, or a transaction comparing it and putting
+/// the value under the register, or under the register and its twin.
 enum Write {
     Put(Value),
     Txn(Value),
+    Pair { twin: String, body: Value },
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -284,25 +344,36 @@ async fn put(
     let (method, path, body, via) = match write {
         Write::Put(body) => (Method::PUT, format!("/v1/kv/{key}"), body, "put"),
         Write::Txn(body) => (Method::POST, "/v1/txn".to_owned(), body, "txn"),
+        Write::Pair { body, .. } => (Method::POST, "/v1/txn".to_owned(), body, "txn-pair"),
     };
+    let mut invoke = json!({"value": value, "fence": fence, "resource": resource,
+                            "idempotency_key": idem, "via": via});
+    if let Write::Pair { twin, .. } = write {
+        invoke["twin"] = Value::from(twin.as_str());
+    }
+    let pair = matches!(write, Write::Pair { .. });
     worker
         .op(
             "write",
             key,
-            json!({"value": value, "fence": fence, "resource": resource, "idempotency_key": idem,
-                   "via": via}),
+            invoke,
             method,
             &path,
             Some(body),
             idem,
             |answer, replayed| {
-                // A transaction's put answers its revision in its one result.
+                // A transaction answers each put's revision in its result, in op order: the
+                // register's, then (a pair write's) the twin's.
                 let revision = match answer.get("results") {
                     Some(results) => results[0]["revision"].clone(),
                     None => answer["revision"].clone(),
                 };
-                json!({"value": value, "revision": revision, "replayed": replayed,
-                       "digest": answer_digest(answer)})
+                let mut result = json!({"value": value, "revision": revision,
+                                        "replayed": replayed, "digest": answer_digest(answer)});
+                if pair {
+                    result["twin_revision"] = answer["results"][1]["revision"].clone();
+                }
+                result
             },
         )
         .await

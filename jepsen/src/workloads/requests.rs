@@ -113,6 +113,34 @@ pub fn txn_put(key: &str, value: Value, resource: &str, fence: u64, session: &st
     })
 }
 
+/// `POST /v1/txn`: put the same `value` under `key` and then under `twin`, in one
+/// transaction, if `fence` is still the live fence of `resource` held by `session`. The two
+/// puts are applied together or not at all, and get consecutive revisions (`key`'s first).
+pub fn txn_put_pair(
+    key: &str,
+    twin: &str,
+    value: Value,
+    resource: &str,
+    fence: u64,
+    session: &str,
+) -> Value {
+    wire(&TxnRequest {
+        session_id: Some(SessionId::new(session)),
+        compare: vec![TxnCompare::fence(resource, fence)],
+        success: vec![
+            TxnOp::Put {
+                key: key.to_owned(),
+                value: value.clone(),
+            },
+            TxnOp::Put {
+                key: twin.to_owned(),
+                value,
+            },
+        ],
+        failure: Vec::new(),
+    })
+}
+
 /// `POST /v1/queues/{queue}/tasks`.
 pub fn enqueue(id: &str, payload: Value, max_attempts: u32) -> Value {
     wire(&EnqueueRequest {
@@ -173,6 +201,13 @@ mod tests {
         assert_eq!(
             acquire_again("q/a", "s1", Mode::Exclusive, 0),
             json!({"resource": "q/a", "session_id": "s1", "mode": "exclusive", "wait_ms": 0})
+        );
+        assert_eq!(
+            txn_put_pair("r0-1", "t0-1", json!(7), "kvlock/r0-1", 3, "s1"),
+            json!({"session_id": "s1",
+                   "compare": [{"fence": {"resource": "kvlock/r0-1", "token": 3}}],
+                   "success": [{"op": "put", "key": "r0-1", "value": 7},
+                               {"op": "put", "key": "t0-1", "value": 7}]})
         );
         assert_eq!(
             complete("s1", 4, json!({"by": 2})),
