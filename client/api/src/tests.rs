@@ -288,8 +288,21 @@ fn bodies_round_trip() {
             "cluster status",
             round_trip::<ClusterStatus>,
             json!({"node_id": 1, "leader_id": null, "term": 3, "commit_index": 40,
+                   "cluster_time_ms": 84210, "revision": 57, "sessions": 12, "leases": 9,
                    "members": [{"id": 1, "api_addr": "127.0.0.1:7420",
                                 "peer_addr": "127.0.0.1:7520", "voter": true}]}),
+        ),
+        (
+            "queue list",
+            round_trip::<QueueList>,
+            json!({"queues": [{"queue": "build", "counts": {"ready": 1, "waiting": 0,
+                   "claimed": 2, "done": 3, "dead": 0}}], "next_cursor": "build"}),
+        ),
+        (
+            "queued",
+            round_trip::<Queued>,
+            json!({"queued": true, "position": 2, "resource": "db/migrations",
+                   "session_id": "9d0f3b5a1c2e4f6a8b7c6d5e4f3a2b1c", "session_created": false}),
         ),
         (
             "add member",
