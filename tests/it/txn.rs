@@ -504,7 +504,7 @@ async fn a_dead_task_enqueues_exactly_one_compensation_in_the_same_write() {
     )
     .await
     .expect_status(201);
-    enqueue(
+    let ship: Task = enqueue(
         api,
         &nodes[0],
         queue,
@@ -512,7 +512,12 @@ async fn a_dead_task_enqueues_exactly_one_compensation_in_the_same_write() {
                 "on_dead": {"queue": undo, "payload": {"cancel": "shipment"}, "max_attempts": 5}}),
     )
     .await
-    .expect_status(201);
+    .expect_json(201);
+    // The task object shows its compensation.
+    assert_eq!(
+        serde_json::to_value(&ship.on_dead).expect("JSON"),
+        json!({"queue": undo, "payload": {"cancel": "shipment"}, "max_attempts": 5})
+    );
     let claimed: ClaimResponse = claim(
         api,
         &nodes[1],

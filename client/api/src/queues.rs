@@ -110,6 +110,9 @@ pub struct Task {
     /// The revision of the enqueue, when known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enqueued_revision: Option<u64>,
+    /// The task enqueued when this one goes dead, if it has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_dead: Option<OnDead>,
 }
 
 /// `POST /v1/queues/{queue}/claim` body: `{session_id}` or `{holder, ttl_ms}` (checked by

@@ -196,6 +196,11 @@ pub fn task(view: &TaskView) -> api::Task {
         fence: view.claim.as_ref().map(|(fence, _)| *fence),
         holder: view.claim.as_ref().map(|(_, holder)| holder.clone()),
         enqueued_revision: Some(view.enqueued_revision),
+        on_dead: view.on_dead.as_ref().map(|compensation| api::OnDead {
+            queue: compensation.queue.to_string(),
+            payload: json_value(&compensation.payload),
+            max_attempts: Some(compensation.max_attempts),
+        }),
     }
 }
 

@@ -9,14 +9,14 @@ use serde::{Deserialize, Serialize};
 
 use super::events::{EventLog, EventLogV1};
 use super::idempotency::IdempotencyTable;
-use super::legacy::{LimitsV1, NamespaceStateV2, NamespaceStateV3};
+use super::legacy::{IdempotencyTableV3, LimitsV1, NamespaceStateV2, NamespaceStateV3};
 use super::{AuthState, Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
 /// Version 2 added the access-control state (`auth`) at the end and the token to each event
 /// (`by`); version 3 gave tasks `on_dead` and a finishing time and the limits two more
-/// (legacy.rs); version 4 added the lines of waiting acquires to each namespace. Versions 1
-/// to 3 are still read.
+/// (legacy.rs); version 4 added the lines of waiting acquires to each namespace and a task
+/// view's `on_dead` to the replies recorded for idempotency. Versions 1 to 3 are still read.
 const SNAPSHOT_VERSION: u32 = 4;
 const SNAPSHOT_VERSION_WITHOUT_LINES: u32 = 3;
 const SNAPSHOT_VERSION_WITHOUT_TXN: u32 = 2;
@@ -77,7 +77,7 @@ struct SnapshotOwnedV3 {
     time_ms: u64,
     fence_counter: u64,
     namespaces: BTreeMap<Namespace, NamespaceStateV3>,
-    idempotency: IdempotencyTable,
+    idempotency: IdempotencyTableV3,
     events: EventLog,
     auth: AuthState,
 }
@@ -89,7 +89,7 @@ struct SnapshotOwnedV2 {
     time_ms: u64,
     fence_counter: u64,
     namespaces: BTreeMap<Namespace, NamespaceStateV2>,
-    idempotency: IdempotencyTable,
+    idempotency: IdempotencyTableV3,
     events: EventLog,
     auth: AuthState,
 }
@@ -101,7 +101,7 @@ struct SnapshotOwnedV1 {
     time_ms: u64,
     fence_counter: u64,
     namespaces: BTreeMap<Namespace, NamespaceStateV2>,
-    idempotency: IdempotencyTable,
+    idempotency: IdempotencyTableV3,
     events: EventLogV1,
 }
 
@@ -207,7 +207,7 @@ impl Machine {
                         .into_iter()
                         .map(|(namespace, state)| (namespace, state.into()))
                         .collect(),
-                    idempotency: v3.idempotency,
+                    idempotency: v3.idempotency.into(),
                     events: v3.events,
                     auth: v3.auth,
                 }
@@ -219,7 +219,7 @@ impl Machine {
                     time_ms: v2.time_ms,
                     fence_counter: v2.fence_counter,
                     namespaces: upgrade_namespaces(v2.namespaces, v2.time_ms),
-                    idempotency: v2.idempotency,
+                    idempotency: v2.idempotency.into(),
                     events: v2.events,
                     auth: v2.auth,
                 }
@@ -231,7 +231,7 @@ impl Machine {
                     time_ms: v1.time_ms,
                     fence_counter: v1.fence_counter,
                     namespaces: upgrade_namespaces(v1.namespaces, v1.time_ms),
-                    idempotency: v1.idempotency,
+                    idempotency: v1.idempotency.into(),
                     events: v1.events.into(),
                     auth: AuthState::default(),
                 }

@@ -444,6 +444,8 @@ pub struct TaskView {
     /// The live claim's fence and holder, while claimed.
     pub claim: Option<(u64, String)>,
     pub enqueued_revision: u64,
+    /// The compensation enqueued when the task goes dead.
+    pub on_dead: Option<Compensation>,
 }
 
 /// Per-state task counts of one queue.

@@ -12,16 +12,16 @@ use super::{Limits, Namespace};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct IdempotencyTable {
-    records: BTreeMap<(Namespace, String), Record>,
+    pub(super) records: BTreeMap<(Namespace, String), Record>,
     /// The keys in the order they were recorded, which is cluster-time order.
-    order: VecDeque<(u64, Namespace, String)>,
+    pub(super) order: VecDeque<(u64, Namespace, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-struct Record {
-    fingerprint: [u8; 32],
-    reply: Reply,
-    recorded: Recorded,
+pub(super) struct Record {
+    pub(super) fingerprint: [u8; 32],
+    pub(super) reply: Reply,
+    pub(super) recorded: Recorded,
 }
 
 impl IdempotencyTable {

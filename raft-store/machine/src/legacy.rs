@@ -3,18 +3,21 @@
 //! ever written.
 //!
 //! What changed since: tasks gained `on_dead` (a compensation) and the time they finished (for
-//! retention); namespaces gained the lines of waiting acquires (format 4); the limits gained `task_retention_ms` and `txn_ops_max`; `Op::Enqueue` carries
+//! retention); namespaces gained the lines of waiting acquires and the task views recorded in
+//! idempotency replies gained `on_dead` (format 4); the limits gained `task_retention_ms` and `txn_ops_max`; `Op::Enqueue` carries
 //! a `TaskSpec`. A finished task read from an old snapshot counts as finished at the
 //! snapshot's cluster time, so its retention starts when the upgrade reads it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use serde::Deserialize;
 
-use super::auth::NewToken;
+use super::auth::{NewToken, TokenView};
 use super::command::{
-    Command, IdempotencyTag, NewSession, Op, Owner, ResourceFence, TaskFence, TaskSpec,
+    Command, Grant, IdempotencyTag, NewSession, Op, Owner, Recorded, Reply, ResourceFence,
+    SessionView, TaskClaimed, TaskFence, TaskSpec, TaskState, TaskView,
 };
+use super::idempotency::{IdempotencyTable, Record};
 use super::queues::QueueState;
 use super::types::{Labels, LeaseMode, Limits, Name, Namespace, ResourcePath, SessionId};
 use super::{KvEntry, Lease, NamespaceState, Session, SharedLease};
@@ -381,4 +384,186 @@ pub(super) enum LifeV2 {
     Claimed { session_id: SessionId, fence: u64 },
     Done { result: Option<String> },
     Dead { reason: String },
+}
+
+/// The idempotency table as snapshot formats 1 to 3 wrote it: replies whose task views had no
+/// `on_dead`. A replay of such a record shows none (the task's own view does).
+#[derive(Deserialize)]
+pub(super) struct IdempotencyTableV3 {
+    records: BTreeMap<(Namespace, String), RecordV3>,
+    order: VecDeque<(u64, Namespace, String)>,
+}
+
+#[derive(Deserialize)]
+struct RecordV3 {
+    fingerprint: [u8; 32],
+    reply: ReplyV3,
+    recorded: Recorded,
+}
+
+impl From<IdempotencyTableV3> for IdempotencyTable {
+    fn from(old: IdempotencyTableV3) -> IdempotencyTable {
+        IdempotencyTable {
+            records: old
+                .records
+                .into_iter()
+                .map(|(key, record)| {
+                    let record = Record {
+                        fingerprint: record.fingerprint,
+                        reply: record.reply.into(),
+                        recorded: record.recorded,
+                    };
+                    (key, record)
+                })
+                .collect(),
+            order: old.order,
+        }
+    }
+}
+
+/// `Reply` as formats 1 to 3 wrote it, variant for variant (the later ones were never recorded
+/// then).
+#[derive(Deserialize)]
+enum ReplyV3 {
+    SessionCreated(SessionView),
+    KeptAlive {
+        session_id: SessionId,
+        expires_in_ms: u64,
+    },
+    Released {
+        resource: ResourcePath,
+        fence: u64,
+    },
+    SessionEnded {
+        released: Vec<ResourcePath>,
+    },
+    Granted(Grant),
+    KvWritten {
+        revision: u64,
+    },
+    KvDeleted {
+        revision: u64,
+    },
+    Swept {
+        leases: u64,
+        sessions: u64,
+        tasks: u64,
+    },
+    LimitsSet,
+    TaskEnqueued(TaskViewV3),
+    TaskClaimed(TaskClaimedV3),
+    QueueEmpty,
+    TaskUpdated(TaskViewV3),
+    TokenCreated(TokenView),
+    TokenRevoked {
+        name: Name,
+    },
+    TokenBootstrapped {
+        created: bool,
+    },
+    TxnDone {
+        succeeded: bool,
+        results: Vec<ReplyV3>,
+    },
+}
+
+impl From<ReplyV3> for Reply {
+    fn from(old: ReplyV3) -> Reply {
+        match old {
+            ReplyV3::SessionCreated(view) => Reply::SessionCreated(view),
+            ReplyV3::KeptAlive {
+                session_id,
+                expires_in_ms,
+            } => Reply::KeptAlive {
+                session_id,
+                expires_in_ms,
+            },
+            ReplyV3::Released { resource, fence } => Reply::Released { resource, fence },
+            ReplyV3::SessionEnded { released } => Reply::SessionEnded { released },
+            ReplyV3::Granted(grant) => Reply::Granted(grant),
+            ReplyV3::KvWritten { revision } => Reply::KvWritten { revision },
+            ReplyV3::KvDeleted { revision } => Reply::KvDeleted { revision },
+            ReplyV3::Swept {
+                leases,
+                sessions,
+                tasks,
+            } => Reply::Swept {
+                leases,
+                sessions,
+                tasks,
+            },
+            ReplyV3::LimitsSet => Reply::LimitsSet,
+            ReplyV3::TaskEnqueued(task) => Reply::TaskEnqueued(task.into()),
+            ReplyV3::TaskClaimed(claimed) => Reply::TaskClaimed(TaskClaimed {
+                task: claimed.task.into(),
+                fence: claimed.fence,
+                attempt: claimed.attempt,
+                session_id: claimed.session_id,
+                session_created: claimed.session_created,
+                expires_in_ms: claimed.expires_in_ms,
+            }),
+            ReplyV3::QueueEmpty => Reply::QueueEmpty,
+            ReplyV3::TaskUpdated(task) => Reply::TaskUpdated(task.into()),
+            ReplyV3::TokenCreated(token) => Reply::TokenCreated(token),
+            ReplyV3::TokenRevoked { name } => Reply::TokenRevoked { name },
+            ReplyV3::TokenBootstrapped { created } => Reply::TokenBootstrapped { created },
+            ReplyV3::TxnDone { succeeded, results } => Reply::TxnDone {
+                succeeded,
+                results: results.into_iter().map(Reply::from).collect(),
+            },
+        }
+    }
+}
+
+#[derive(Deserialize)]
+struct TaskClaimedV3 {
+    task: TaskViewV3,
+    fence: u64,
+    attempt: u32,
+    session_id: SessionId,
+    session_created: bool,
+    expires_in_ms: u64,
+}
+
+/// A task view without `on_dead`.
+#[derive(Deserialize)]
+struct TaskViewV3 {
+    queue: Name,
+    id: Name,
+    payload: String,
+    priority: i32,
+    depends_on: Vec<Name>,
+    state: TaskState,
+    attempt: u32,
+    max_attempts: u32,
+    ready_at_ms: u64,
+    waiting_on: u32,
+    note: Option<String>,
+    result: Option<String>,
+    reason: Option<String>,
+    claim: Option<(u64, String)>,
+    enqueued_revision: u64,
+}
+
+impl From<TaskViewV3> for TaskView {
+    fn from(old: TaskViewV3) -> TaskView {
+        TaskView {
+            queue: old.queue,
+            id: old.id,
+            payload: old.payload,
+            priority: old.priority,
+            depends_on: old.depends_on,
+            state: old.state,
+            attempt: old.attempt,
+            max_attempts: old.max_attempts,
+            ready_at_ms: old.ready_at_ms,
+            waiting_on: old.waiting_on,
+            note: old.note,
+            result: old.result,
+            reason: old.reason,
+            claim: old.claim,
+            enqueued_revision: old.enqueued_revision,
+            on_dead: None,
+        }
+    }
 }

@@ -873,6 +873,7 @@ impl Machine {
             reason,
             claim,
             enqueued_revision: task.enqueued_revision,
+            on_dead: task.on_dead.clone(),
         }
     }
 

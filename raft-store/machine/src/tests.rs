@@ -2992,3 +2992,57 @@ fn lines_survive_a_snapshot_with_their_order() {
     }
     assert_eq!(restored, machine);
 }
+
+/// Replies recorded for idempotency by format 3 (task views without `on_dead`; written by the
+/// build before format 4) decode, and a retry still gets its recorded answer; the task's own
+/// view shows its `on_dead`.
+#[test]
+fn replies_recorded_by_format_3_still_replay() {
+    let mut machine =
+        Machine::decode_snapshot(include_bytes!("../tests/fixtures/snapshot-v3-replies.bin"))
+            .expect("a format 3 snapshot with recorded task replies decodes");
+    let retry = |key: &str| Command::Namespaced {
+        namespace: namespace(),
+        idempotency: Some(IdempotencyTag {
+            key: key.to_owned(),
+            fingerprint: [7; 32],
+            wall_ms: 1,
+        }),
+        // A retry is recognised by its key and fingerprint before its op is looked at.
+        op: keepalive(9),
+    };
+    let responses = machine.apply(&Batch {
+        stamp_ms: 20,
+        commands: vec![
+            retry("key-enqueue-0000001"),
+            retry("key-claim-00000001"),
+            retry("key-txn-0000000001"),
+        ],
+    });
+    assert!(responses.iter().all(|response| response.replayed.is_some()));
+    let ids: Vec<String> = responses
+        .iter()
+        .map(|response| match &response.outcome {
+            Ok(Reply::TaskEnqueued(task)) => format!("enqueued {} {:?}", task.id, task.on_dead),
+            Ok(Reply::TaskClaimed(claimed)) => format!("claimed {}", claimed.task.id),
+            Ok(Reply::TxnDone { results, .. }) => match &results[..] {
+                [Reply::TaskEnqueued(task)] => format!("txn enqueued {}", task.id),
+                other => format!("{other:?}"),
+            },
+            other => format!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(ids, ["enqueued t1 None", "claimed t1", "txn enqueued t2"]);
+    let task = machine
+        .task(&namespace(), &name("q"), &name("t1"))
+        .expect("t1");
+    assert_eq!(
+        task.on_dead.map(|compensation| compensation.queue.to_string()),
+        Some("undo".to_owned())
+    );
+    let reencoded = machine.encode_snapshot().expect("encode");
+    assert_eq!(
+        Machine::decode_snapshot(&reencoded).expect("decode"),
+        machine
+    );
+}

@@ -2191,6 +2191,7 @@ impl Model {
             reason,
             claim,
             enqueued_revision: task.enqueued_revision,
+            on_dead: task.on_dead.clone(),
         }
     }
 
