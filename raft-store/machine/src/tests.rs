@@ -3037,7 +3037,8 @@ fn replies_recorded_by_format_3_still_replay() {
         .task(&namespace(), &name("q"), &name("t1"))
         .expect("t1");
     assert_eq!(
-        task.on_dead.map(|compensation| compensation.queue.to_string()),
+        task.on_dead
+            .map(|compensation| compensation.queue.to_string()),
         Some("undo".to_owned())
     );
     let reencoded = machine.encode_snapshot().expect("encode");
