@@ -423,12 +423,12 @@ impl Machine {
             return;
         }
         let time_ms = self.time_ms;
-        let died = |deadline_ms: u64| before_ms < deadline_ms && deadline_ms <= time_ms;
+        // What died in (before_ms, time_ms]: the deadline indexes from just after before_ms.
+        let from = before_ms + 1;
         let sessions: Vec<(Namespace, SessionId)> = self
             .session_deadlines
-            .iter()
+            .range((from, Namespace::below_all(), SessionId(0))..)
             .take_while(|(deadline_ms, _, _)| *deadline_ms <= time_ms)
-            .filter(|(deadline_ms, _, _)| died(*deadline_ms))
             .map(|(_, namespace, session_id)| (namespace.clone(), *session_id))
             .collect();
         let mut freed: BTreeSet<(Namespace, ResourcePath, bool)> = BTreeSet::new();
@@ -446,18 +446,23 @@ impl Machine {
         }
         for (_, namespace, resource) in self
             .max_hold_deadlines
-            .iter()
+            .range((from, Namespace::below_all(), ResourcePath::below_all())..)
             .take_while(|(deadline_ms, _, _)| *deadline_ms <= time_ms)
-            .filter(|(deadline_ms, _, _)| died(*deadline_ms))
         {
             let subtree = self.namespaces[namespace].leases[resource].mode == LeaseMode::Subtree;
             freed.insert((namespace.clone(), resource.clone(), subtree));
         }
         for (_, namespace, resource, _) in self
             .shared_max_hold_deadlines
-            .iter()
+            .range(
+                (
+                    from,
+                    Namespace::below_all(),
+                    ResourcePath::below_all(),
+                    SessionId(0),
+                )..,
+            )
             .take_while(|(deadline_ms, _, _, _)| *deadline_ms <= time_ms)
-            .filter(|(deadline_ms, _, _, _)| died(*deadline_ms))
         {
             freed.insert((namespace.clone(), resource.clone(), false));
         }

@@ -218,6 +218,12 @@ impl fmt::Display for Invalid {
 pub struct Namespace(String);
 
 impl Namespace {
+    /// Below every namespace (never one itself): the lower bound of a range over keys that
+    /// start with a namespace.
+    pub(crate) fn below_all() -> Namespace {
+        Namespace(String::new())
+    }
+
     /// A namespace of the right shape: not empty, `[A-Za-z0-9._-]` only.
     pub fn new(text: impl Into<String>) -> Result<Namespace, Invalid> {
         let text = text.into();
@@ -286,6 +292,11 @@ impl fmt::Display for Namespace {
 pub struct ResourcePath(String);
 
 impl ResourcePath {
+    /// Below every path (never one itself): the lower bound of a range over keys with a path.
+    pub(crate) fn below_all() -> ResourcePath {
+        ResourcePath(String::new())
+    }
+
     /// A path of the right shape: not empty, no empty, `.` or `..` segment, no control
     /// character.
     pub fn new(text: impl Into<String>) -> Result<ResourcePath, Invalid> {
