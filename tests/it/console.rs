@@ -312,11 +312,14 @@ async fn a_browser_renders_the_four_views_and_follows_events_live() {
     page.screenshot(&shots, "leases-dark").await;
 }
 
-/// Opt-in (`cargo test -p baton-tests --test it -- --ignored console_load`): the leases view's
-/// first render and the bytes it transferred with `BATON_CONSOLE_LOAD_LEASES` (default
-/// 100,000) live leases, printed; the page loads one page of them, never all.
+/// Many live leases (`BATON_CONSOLE_LOAD_LEASES`, 2,000 by default so the suite stays quick;
+/// 100,000 for the figures in the notes): the leases view shows one page of 500 from one
+/// request and never asks for the rest; its first render and the bytes it transferred are
+/// printed.
+///
+/// FIXME: the view tells only that more leases are on the next page, not how many there are
+/// (the API has no count under a prefix); this asserts that behaviour as it is today.
 #[tokio::test]
-#[ignore = "a measurement: makes 100,000 leases first"]
 async fn console_load_with_many_live_leases() {
     let Some(chromium) = browser() else {
         return;
@@ -324,7 +327,7 @@ async fn console_load_with_many_live_leases() {
     let leases: usize = std::env::var("BATON_CONSOLE_LOAD_LEASES")
         .ok()
         .and_then(|text| text.parse().ok())
-        .unwrap_or(100_000);
+        .unwrap_or(2_000);
     let cluster = Cluster::dev().await;
     let api = cluster.api();
     let node = cluster.node(1);
@@ -363,6 +366,21 @@ async fn console_load_with_many_live_leases() {
         )
         .await;
     eprintln!("console load: {figures}");
+    let figures: Value = serde_json::from_str(&figures).expect("the figures");
+    assert_eq!(figures["shown"], 500, "one page of leases");
+    let lease_requests: Vec<&str> = figures["transferred"]
+        .as_array()
+        .expect("the transfers")
+        .iter()
+        .filter_map(|entry| entry["name"].as_str())
+        .filter(|name| name.contains("/v1/leases"))
+        .collect();
+    assert_eq!(lease_requests.len(), 1, "{lease_requests:?}");
+    assert!(lease_requests[0].ends_with("/v1/leases?prefix=&limit=500"));
+    let text = page
+        .evaluate("document.getElementById('lease-count').innerText")
+        .await;
+    assert_eq!(text, "500 leases shown (more on the next page)");
 }
 
 /// Debian's `chromium`, if installed; missing is a failure when `BATON_REQUIRE_BROWSER` is
