@@ -88,7 +88,7 @@ pub async fn forward_unless_leader(
             return with_leader(error, app.leader());
         }
     };
-    let held = held_for(&body);
+    let held = held_for(&parts, &body);
     let deadline = started + app.leader_wait() + held;
     let mut unanswered: Option<u64> = None;
     loop {
@@ -126,12 +126,17 @@ pub async fn forward_unless_leader(
     }
 }
 
-/// How long the leader may hold a request on purpose before answering: the `wait_ms` of a
-/// JSON body that has one at its top level (at most `WAIT_MS_MAX`), else nothing.
-fn held_for(body: &Bytes) -> Duration {
+/// How long the leader may hold a request on purpose before answering: the `wait_ms` of an
+/// acquire's or a claim's body (at most `WAIT_MS_MAX`), else nothing. No other body is read.
+fn held_for(parts: &Parts, body: &Bytes) -> Duration {
     #[derive(serde::Deserialize)]
     struct Waits {
         wait_ms: Option<u64>,
+    }
+    let path = parts.uri.path();
+    let waits = parts.method == Method::POST && (path == "/v1/leases" || path.ends_with("/claim"));
+    if !waits {
+        return Duration::ZERO;
     }
     serde_json::from_slice::<Waits>(body)
         .ok()

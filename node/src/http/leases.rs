@@ -300,19 +300,21 @@ pub async fn acquire(
         size_bytes: size_of(&body.canonical),
     };
     let mode = convert::mode_from_wire(request.mode, request.limit).map_err(ApiError::invalid)?;
-    let Some(wait_ms) = request.wait_ms else {
-        let granted = app
-            .acquire(mutation, resource, mode, owner, request.max_hold_ms, labels)
-            .await?;
-        return Ok(granted.answer(
-            StatusCode::CREATED,
-            &convert::grant(&granted.value, granted.clocks),
-        ));
+    let deadline = match request.wait_ms {
+        Some(wait_ms) => Some(Instant::now() + wait_duration(wait_ms)?),
+        None => None,
     };
-    let deadline = Instant::now() + wait_duration(wait_ms)?;
     let namespace = mutation.namespace.clone();
     let acquired = app
-        .acquire_or_wait(mutation, resource, mode, owner, request.max_hold_ms, labels)
+        .acquire(
+            mutation,
+            resource,
+            mode,
+            owner,
+            request.max_hold_ms,
+            labels,
+            deadline.is_some(),
+        )
         .await?;
     let queued = match &acquired.value {
         Acquired::Granted(grant) => {
@@ -320,6 +322,7 @@ pub async fn acquire(
         }
         Acquired::Queued(queued) => queued,
     };
+    let deadline = deadline.expect("only a waiting acquire is queued");
     let (session_id, resource) = (queued.session_id, queued.resource.clone());
     match wait_in_line(&app, &namespace, &resource, session_id, deadline).await? {
         InLine::Granted(lease, cluster_ms) => {

@@ -188,6 +188,9 @@ impl AppState {
         .await
     }
 
+    /// An acquire; one that `waits` joins the resource's line instead of being refused by its
+    /// holders (only it is ever answered `Queued`).
+    #[allow(clippy::too_many_arguments)]
     pub async fn acquire(
         &self,
         mutation: Mutation,
@@ -196,41 +199,29 @@ impl AppState {
         owner: Owner,
         max_hold_ms: Option<u64>,
         labels: Labels,
-    ) -> Result<Committed<Grant>, ApiError> {
-        let op = Op::Acquire {
-            resource,
-            mode,
-            owner,
-            max_hold_ms,
-            labels,
-        };
-        self.commit(mutation, op, |reply| match reply {
-            Reply::Granted(grant) => Ok(grant),
-            other => Err(Box::new(other)),
-        })
-        .await
-    }
-
-    /// An acquire that joins the resource's line instead of being refused by its holders.
-    pub async fn acquire_or_wait(
-        &self,
-        mutation: Mutation,
-        resource: ResourcePath,
-        mode: LeaseMode,
-        owner: Owner,
-        max_hold_ms: Option<u64>,
-        labels: Labels,
+        waits: bool,
     ) -> Result<Committed<Acquired>, ApiError> {
-        let op = Op::AcquireOrWait {
-            resource,
-            mode,
-            owner,
-            max_hold_ms,
-            labels,
+        let op = if waits {
+            Op::AcquireOrWait {
+                resource,
+                mode,
+                owner,
+                max_hold_ms,
+                labels,
+            }
+        } else {
+            Op::Acquire {
+                resource,
+                mode,
+                owner,
+                max_hold_ms,
+                labels,
+            }
         };
-        self.commit(mutation, op, |reply| match reply {
-            Reply::Granted(grant) | Reply::StillGranted(grant) => Ok(Acquired::Granted(grant)),
-            Reply::Queued(queued) => Ok(Acquired::Queued(queued)),
+        self.commit(mutation, op, move |reply| match reply {
+            Reply::Granted(grant) => Ok(Acquired::Granted(grant)),
+            Reply::StillGranted(grant) if waits => Ok(Acquired::Granted(grant)),
+            Reply::Queued(queued) if waits => Ok(Acquired::Queued(queued)),
             other => Err(Box::new(other)),
         })
         .await
