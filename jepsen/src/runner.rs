@@ -403,29 +403,19 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
             for key in workloads::fenced_kv::final_read_keys(&snapshot) {
                 for id in cluster.ids() {
                     let path = format!("/v1/kv/{key}");
-                    let mut answer = None;
-                    for _ in 0..5 {
-                        match cluster
-                            .call(
-                                id,
-                                reqwest::Method::GET,
-                                &path,
-                                None,
-                                Duration::from_secs(2),
-                            )
-                            .await
-                        {
-                            Ok((200, body)) => {
-                                answer = Some((body["value"].clone(), body["revision"].clone()))
-                            }
-                            Ok((404, _)) => answer = Some((Value::Null, Value::from(0))),
-                            _ => {}
-                        }
-                        if answer.is_some() {
-                            break;
-                        }
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
+                    let answer = match get_settled(
+                        cluster,
+                        id,
+                        &path,
+                        Duration::from_secs(2),
+                        |status, _| status == 200 || status == 404,
+                    )
+                    .await
+                    {
+                        Ok((200, body)) => Some((body["value"].clone(), body["revision"].clone())),
+                        Ok(_) => Some((Value::Null, Value::from(0))),
+                        Err(_) => None,
+                    };
                     let (value, revision) = answer.clone().unwrap_or_default();
                     record(
                         "final-read",
@@ -479,6 +469,30 @@ async fn final_reads(cluster: &Cluster, history: &History, workload: Workload) {
     }
 }
 
+/// GETs `path` from node `id` until an answer `settles` (by its status and body), up to five
+/// tries 200 ms apart: that answer, or the last unsettled answer or failure as JSON.
+async fn get_settled(
+    cluster: &Cluster,
+    id: u64,
+    path: &str,
+    timeout: Duration,
+    settles: impl Fn(u16, &Value) -> bool,
+) -> Result<(u16, Value), Value> {
+    let mut last = Value::Null;
+    for _ in 0..5 {
+        match cluster
+            .call(id, reqwest::Method::GET, path, None, timeout)
+            .await
+        {
+            Ok((status, body)) if settles(status, &body) => return Ok((status, body)),
+            Ok((status, body)) => last = json!({"status": status, "body": body}),
+            Err(error) => last = Value::from(format!("{error:#}")),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(last)
+}
+
 /// Every live lease of the default namespace as node `id` lists it, page by page; false
 /// when a page could not be read.
 async fn list_leases(cluster: &Cluster, id: u64) -> (Vec<Value>, bool) {
@@ -489,24 +503,11 @@ async fn list_leases(cluster: &Cluster, id: u64) -> (Vec<Value>, bool) {
         if let Some(cursor) = &cursor {
             path.push_str(&format!("&cursor={cursor}"));
         }
-        let mut page = None;
-        for _ in 0..5 {
-            if let Ok((200, body)) = cluster
-                .call(
-                    id,
-                    reqwest::Method::GET,
-                    &path,
-                    None,
-                    Duration::from_secs(3),
-                )
-                .await
-            {
-                page = Some(body);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let Some(page) = page else {
+        let page = get_settled(cluster, id, &path, Duration::from_secs(3), |status, _| {
+            status == 200
+        })
+        .await;
+        let Ok((_, page)) = page else {
             return (leases, false);
         };
         for lease in page["leases"].as_array().into_iter().flatten() {
@@ -538,33 +539,24 @@ async fn read_events(cluster: &Cluster) -> Value {
         let mut after = 0u64;
         for _ in 0..EVENT_PAGES_MAX {
             let path = format!("/v1/events?after={after}&limit=1000");
-            let mut page = None;
-            for _ in 0..5 {
-                match cluster
-                    .call(
-                        id,
-                        reqwest::Method::GET,
-                        &path,
-                        None,
-                        Duration::from_secs(3),
-                    )
-                    .await
-                {
-                    Ok((200, body)) => {
-                        page = Some(body);
-                        break;
-                    }
-                    Ok((404, body)) if body["code"] == "NOT_FOUND" => {
-                        return json!({"node": id, "complete": false, "trimmed": true,
-                                      "error": body, "events": []});
-                    }
-                    Ok((status, body)) => last_error = json!({"status": status, "body": body}),
-                    Err(error) => last_error = Value::from(format!("{error:#}")),
+            let answer = get_settled(
+                cluster,
+                id,
+                &path,
+                Duration::from_secs(3),
+                |status, body| status == 200 || (status == 404 && body["code"] == "NOT_FOUND"),
+            )
+            .await;
+            let page = match answer {
+                Ok((200, page)) => page,
+                Ok((_, body)) => {
+                    return json!({"node": id, "complete": false, "trimmed": true,
+                                  "error": body, "events": []});
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            let Some(page) = page else {
-                break;
+                Err(error) => {
+                    last_error = error;
+                    break;
+                }
             };
             for event in page["events"].as_array().into_iter().flatten() {
                 let kind = &event["kind"];
@@ -593,24 +585,11 @@ async fn list_tasks(cluster: &Cluster, id: u64, queue: &str) -> (Vec<Value>, boo
         if let Some(cursor) = &cursor {
             path.push_str(&format!("&cursor={cursor}"));
         }
-        let mut page = None;
-        for _ in 0..5 {
-            if let Ok((200, body)) = cluster
-                .call(
-                    id,
-                    reqwest::Method::GET,
-                    &path,
-                    None,
-                    Duration::from_secs(3),
-                )
-                .await
-            {
-                page = Some(body);
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-        let Some(page) = page else {
+        let page = get_settled(cluster, id, &path, Duration::from_secs(3), |status, _| {
+            status == 200
+        })
+        .await;
+        let Ok((_, page)) = page else {
             return (tasks, false);
         };
         for task in page["tasks"].as_array().into_iter().flatten() {
