@@ -20,6 +20,8 @@ const state = {
   view: 'overview',
   events: [],
   head: 0,
+  // The revision the views' first loads already show: older events are history, not news.
+  shownFrom: 0,
   follower: 0,
   leases: new Map(),
   prefix: '',
@@ -171,8 +173,12 @@ function applyEvent(event) {
   state.events.push(event);
   if (state.events.length > EVENTS_KEPT) state.events.shift();
   const kind = event.kind;
-  if (kind.resource !== undefined) refreshLease(kind.resource);
-  if (kind.queue !== undefined) refreshQueues(kind.queue);
+  // Only what happened after the views were loaded changes them: replaying the recent history
+  // must not read every lease it names again.
+  if (event.revision > state.shownFrom) {
+    if (kind.resource !== undefined) refreshLease(kind.resource);
+    if (kind.queue !== undefined) refreshQueues(kind.queue);
+  }
   if (state.view === 'events') renderEvents();
   if (state.view === 'leases' && state.selected === kind.resource) renderDetail();
 }
@@ -445,6 +451,7 @@ async function start() {
   say('');
   document.getElementById('login').hidden = true;
   const cluster = await json('/v1/cluster');
+  state.shownFrom = cluster.revision;
   state.head = Math.max(0, cluster.revision - HISTORY_EVENTS);
   state.events = [];
   follow();
