@@ -199,3 +199,52 @@ async fn a_follower_of_a_paused_leader_moves_on_within_the_bound() {
 
 /// Timing noise allowed on top of the bound on a shared two-core machine.
 const SLACK: Duration = Duration::from_millis(500);
+
+/// Writes a follower forwards together travel together: 64 concurrent puts through a follower
+/// all succeed, every one went in a batch over the peer listener, and the batches were fewer
+/// than the writes (`baton_forward_*` in the follower's `/metrics`); every value is read back
+/// through the other follower.
+#[tokio::test]
+async fn concurrent_writes_through_a_follower_go_to_the_leader_in_batches() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let followers = cluster.followers().await;
+    let (follower, other) = (followers[0], followers[1]);
+    let counter = |text: &str, name: &str| -> u64 {
+        text.lines()
+            .find_map(|line| line.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} missing from /metrics"))
+            .trim()
+            .parse()
+            .expect("a count")
+    };
+    let before = api.get(follower, "/metrics").await.text;
+    let writes = (0..64).map(|index| async move {
+        api.put(
+            follower,
+            &format!("/v1/kv/fw/batch-{index}"),
+            &json!({"value": index}),
+        )
+        .await
+        .expect_status(200);
+    });
+    futures_util::future::join_all(writes).await;
+    let after = api.get(follower, "/metrics").await.text;
+    let requests = counter(&after, "baton_forward_batched_requests_total")
+        - counter(&before, "baton_forward_batched_requests_total");
+    let batches = counter(&after, "baton_forward_batches_total")
+        - counter(&before, "baton_forward_batches_total");
+    assert_eq!(requests, 64, "every forwarded write went in a batch");
+    assert!(
+        batches < requests,
+        "{batches} batches for {requests} writes: none carried two"
+    );
+    eprintln!("64 concurrent writes through a follower: {batches} batches");
+    for index in 0..64 {
+        let entry: KvEntry = api
+            .get(other, &format!("/v1/kv/fw/batch-{index}"))
+            .await
+            .expect_json(200);
+        assert_eq!(entry.value, json!(index));
+    }
+}
