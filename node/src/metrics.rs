@@ -20,13 +20,6 @@ pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), Histogram>>,
 }
 
-/// What a follower forwarded in batches so far (`http::ForwardBatches`).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ForwardedCounts {
-    pub batches: u64,
-    pub requests: u64,
-}
-
 #[derive(Debug, Default, Clone)]
 struct Histogram {
     buckets: [u64; BUCKETS_SECONDS.len()],
@@ -56,7 +49,6 @@ impl Metrics {
         sessions: usize,
         leases: usize,
         batches_in_flight: usize,
-        forwarded: ForwardedCounts,
     ) -> String {
         let mut text = String::new();
         let gauges = [
@@ -106,24 +98,6 @@ impl Metrics {
             let _ = writeln!(
                 text,
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
-            );
-        }
-        let counters = [
-            (
-                "baton_forward_batches_total",
-                "Batches of client writes this node forwarded to the leader over the peer listener.",
-                forwarded.batches,
-            ),
-            (
-                "baton_forward_batched_requests_total",
-                "Client writes this node forwarded to the leader in those batches.",
-                forwarded.requests,
-            ),
-        ];
-        for (name, help, value) in counters {
-            let _ = writeln!(
-                text,
-                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
             );
         }
         let requests = self.requests.lock().expect("metrics lock").clone();

@@ -342,13 +342,8 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
     let text = {
         let metrics = app.raft.metrics();
         let metrics = metrics.borrow();
-        app.metrics.render(
-            &metrics,
-            sessions,
-            leases,
-            app.proposer.batches_in_flight(),
-            app.forward_batches.counts(),
-        )
+        app.metrics
+            .render(&metrics, sessions, leases, app.proposer.batches_in_flight())
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -27,7 +27,6 @@
 //! Never here: deciding anything about a request's content.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -44,7 +43,6 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::{AppState, BODY_BYTES_MAX};
-use crate::metrics::ForwardedCounts;
 use crate::network::{
     ForwardError, ForwardedAnswer, ForwardedRequest, PeerNetwork, FORWARD_BATCH_MAX,
 };
@@ -357,14 +355,6 @@ async fn send_batched(
 #[derive(Debug, Clone)]
 pub struct ForwardBatches {
     sender: mpsc::Sender<Job>,
-    sent: Arc<Sent>,
-}
-
-/// What the task has sent so far.
-#[derive(Debug, Default)]
-struct Sent {
-    batches: AtomicU64,
-    requests: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -380,17 +370,8 @@ impl ForwardBatches {
     /// Starts the task that sends the batches over `network`.
     pub fn spawn(network: PeerNetwork) -> ForwardBatches {
         let (sender, receiver) = mpsc::channel(FORWARD_QUEUE_MAX);
-        let sent = Arc::new(Sent::default());
-        tokio::spawn(send_batches(network, receiver, sent.clone()));
-        ForwardBatches { sender, sent }
-    }
-
-    /// The batches sent so far and the requests in them.
-    pub fn counts(&self) -> ForwardedCounts {
-        ForwardedCounts {
-            batches: self.sent.batches.load(Ordering::Relaxed),
-            requests: self.sent.requests.load(Ordering::Relaxed),
-        }
+        tokio::spawn(send_batches(network, receiver));
+        ForwardBatches { sender }
     }
 
     /// Sends `request` in the next batch to the leader `attempt` names and waits for its answer.
@@ -422,7 +403,7 @@ impl ForwardBatches {
 
 /// Takes whatever jobs are waiting (up to `FORWARD_BATCH_MAX`) whenever a batch slot is free,
 /// and sends them, one batch per leader named.
-async fn send_batches(network: PeerNetwork, mut receiver: mpsc::Receiver<Job>, sent: Arc<Sent>) {
+async fn send_batches(network: PeerNetwork, mut receiver: mpsc::Receiver<Job>) {
     let in_flight = Arc::new(Semaphore::new(FORWARD_BATCHES_IN_FLIGHT));
     while let Some(first) = receiver.recv().await {
         let permit = in_flight
@@ -437,8 +418,6 @@ async fn send_batches(network: PeerNetwork, mut receiver: mpsc::Receiver<Job>, s
                 Err(_) => break,
             }
         }
-        sent.requests
-            .fetch_add(jobs.len() as u64, Ordering::Relaxed);
         let mut by_leader: BTreeMap<(u64, String), Vec<Job>> = BTreeMap::new();
         for job in jobs {
             by_leader
@@ -446,8 +425,6 @@ async fn send_batches(network: PeerNetwork, mut receiver: mpsc::Receiver<Job>, s
                 .or_default()
                 .push(job);
         }
-        sent.batches
-            .fetch_add(by_leader.len() as u64, Ordering::Relaxed);
         let network = network.clone();
         tokio::spawn(async move {
             let batches = by_leader
