@@ -10,12 +10,6 @@
 //! limit: garbage is an error, never a panic. With a cluster secret, every request carries it in
 //! `Baton-Cluster-Secret` and the server compares it in constant time.
 //!
-//! One more route carries client requests, not Raft: `/raft/forward`, where a follower sends the
-//! leader a batch of the writes its clients sent it (`ForwardedRequest`s, see
-//! `http::forward`); the leader runs each through its own client API router, as if the client
-//! had sent it there, and answers them together (`ForwardedAnswer`s, in the same order). This
-//! module only carries them: what they mean is the API's business.
-//!
 //! What must never live here: the client API (its routes, its error table, its status codes are
 //! the `http` module's), anything that interprets commands, and the cluster secret in a log line,
 //! an error message or a `Debug` output.
@@ -23,7 +17,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -43,9 +37,8 @@ use openraft::raft::{
 };
 use openraft::{AnyError, RPCTypes, Raft};
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use sha2::{Digest, Sha256};
-use tower::ServiceExt;
 
 /// The header that carries the cluster secret on every peer request when one is configured.
 pub const CLUSTER_SECRET_HEADER: &str = "baton-cluster-secret";
@@ -125,98 +118,6 @@ impl PeerNetwork {
             secret,
             scheme,
         })
-    }
-}
-
-/// A client request a follower forwards to the leader in a batch.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ForwardedRequest {
-    pub method: String,
-    /// Path and query.
-    pub target: String,
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Vec<u8>,
-}
-
-/// The leader's answer to one `ForwardedRequest`.
-#[derive(Debug, Serialize, Deserialize)]
-pub struct ForwardedAnswer {
-    pub status: u16,
-    pub headers: Vec<(String, Vec<u8>)>,
-    pub body: Vec<u8>,
-}
-
-/// Requests in one forwarded batch at most.
-pub const FORWARD_BATCH_MAX: usize = 48;
-/// The largest answer to one forwarded request: the batch's answer stays under
-/// `PEER_MESSAGE_BYTES_MAX`.
-pub const FORWARDED_ANSWER_BYTES_MAX: usize = 1 << 20;
-
-/// Why a forwarded batch got no answers.
-#[derive(Debug, Clone)]
-pub enum ForwardError {
-    /// No connection was made: the leader surely did not see the batch.
-    NotDelivered,
-    /// The leader may have run some or all of the batch; the reason.
-    MaybeDelivered(String),
-    /// The leader has no `/raft/forward` (it runs an earlier version): nothing was run.
-    Unsupported,
-}
-
-impl PeerNetwork {
-    /// Sends `requests` to the peer at `peer_addr` (the leader) in one `/raft/forward` and
-    /// returns its answers, in order, within `timeout`; an `Err` answer is one that was run
-    /// but could not be carried back.
-    pub async fn forward(
-        &self,
-        peer_addr: &str,
-        requests: &[ForwardedRequest],
-        timeout: Duration,
-    ) -> Result<Vec<Result<ForwardedAnswer, String>>, ForwardError> {
-        let maybe = |reason: String| ForwardError::MaybeDelivered(reason);
-        let body = encode(&requests).map_err(|error| maybe(error.to_string()))?;
-        let mut request = self
-            .http
-            .post(format!("{}://{peer_addr}{FORWARD_PATH}", self.scheme))
-            .timeout(timeout)
-            .header(header::CONTENT_TYPE, OCTET_STREAM)
-            .body(body);
-        if let Some(secret) = &self.secret {
-            request = request.header(CLUSTER_SECRET_HEADER, secret.clone());
-        }
-        let response = request.send().await.map_err(|error| {
-            if error.is_connect() {
-                ForwardError::NotDelivered
-            } else {
-                maybe(error.to_string())
-            }
-        })?;
-        let status = response.status();
-        if status == StatusCode::NOT_FOUND {
-            return Err(ForwardError::Unsupported);
-        }
-        let body = read_body(response).await.map_err(|error| match error {
-            ReadError::Transport(error) => maybe(error.to_string()),
-            ReadError::Wire(error) => maybe(error.to_string()),
-        })?;
-        if !status.is_success() {
-            let quoted =
-                String::from_utf8_lossy(&body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)])
-                    .into_owned();
-            return Err(maybe(format!(
-                "the leader answered the batch {status}: {quoted}"
-            )));
-        }
-        let answers: Vec<Result<ForwardedAnswer, String>> =
-            decode(&body).map_err(|error| maybe(error.to_string()))?;
-        if answers.len() != requests.len() {
-            return Err(maybe(format!(
-                "the leader answered {} of {} forwarded requests",
-                answers.len(),
-                requests.len()
-            )));
-        }
-        Ok(answers)
     }
 }
 
@@ -312,11 +213,7 @@ impl fmt::Debug for PeerClient {
 /// `PEER_MESSAGE_BYTES_MAX` is 413. With `secret`, a request without the right
 /// `Baton-Cluster-Secret` is 401 before its body is read. The secret is expected to have been
 /// validated at the edge like `PeerNetwork::new` does (non-empty, header-safe).
-///
-/// `POST /raft/forward` takes a bincode `Vec<ForwardedRequest>` (at most `FORWARD_BATCH_MAX`)
-/// and answers, in order, what `api` answered each, or why that answer cannot be carried (over
-/// `FORWARDED_ANSWER_BYTES_MAX`: it may have been applied).
-pub fn peer_router(raft: Raft<TypeConfig>, secret: Option<String>, api: Router) -> Router {
+pub fn peer_router(raft: Raft<TypeConfig>, secret: Option<String>) -> Router {
     // Only the digest is kept: the comparison is over fixed-length digests, so neither the
     // secret's bytes nor its length leak through timing.
     let secret_digest = secret.map(|secret| digest(secret.as_bytes()));
@@ -324,18 +221,9 @@ pub fn peer_router(raft: Raft<TypeConfig>, secret: Option<String>, api: Router) 
         .route(APPEND_PATH, post(serve_append))
         .route(VOTE_PATH, post(serve_vote))
         .route(SNAPSHOT_PATH, post(serve_snapshot))
-        .route(FORWARD_PATH, post(serve_forward))
         .route_layer(middleware::from_fn_with_state(secret_digest, authenticate))
         .layer(DefaultBodyLimit::max(PEER_MESSAGE_BYTES_MAX))
-        .with_state(PeerState { raft, api })
-}
-
-/// What the peer routes serve from.
-#[derive(Clone)]
-struct PeerState {
-    raft: Raft<TypeConfig>,
-    /// This node's client API, for forwarded requests.
-    api: Router,
+        .with_state(raft)
 }
 
 // ---- helpers ----
@@ -343,7 +231,6 @@ struct PeerState {
 const APPEND_PATH: &str = "/raft/append";
 const VOTE_PATH: &str = "/raft/vote";
 const SNAPSHOT_PATH: &str = "/raft/snapshot";
-const FORWARD_PATH: &str = "/raft/forward";
 const OCTET_STREAM: &str = "application/octet-stream";
 /// How much of a non-2xx answer's body is quoted in the error, in bytes.
 const ERROR_BODY_QUOTE_BYTES_MAX: usize = 256;
@@ -513,81 +400,25 @@ async fn authenticate(
     next.run(request).await
 }
 
-async fn serve_append(State(peer): State<PeerState>, body: Bytes) -> Response {
+async fn serve_append(State(raft): State<Raft<TypeConfig>>, body: Bytes) -> Response {
     match decode::<AppendEntriesRequest<TypeConfig>>(&body) {
-        Ok(request) => answer(&peer.raft.append_entries(request).await),
+        Ok(request) => answer(&raft.append_entries(request).await),
         Err(error) => malformed(APPEND_PATH, &error),
     }
 }
 
-async fn serve_vote(State(peer): State<PeerState>, body: Bytes) -> Response {
+async fn serve_vote(State(raft): State<Raft<TypeConfig>>, body: Bytes) -> Response {
     match decode::<VoteRequest<u64>>(&body) {
-        Ok(request) => answer(&peer.raft.vote(request).await),
+        Ok(request) => answer(&raft.vote(request).await),
         Err(error) => malformed(VOTE_PATH, &error),
     }
 }
 
-async fn serve_snapshot(State(peer): State<PeerState>, body: Bytes) -> Response {
+async fn serve_snapshot(State(raft): State<Raft<TypeConfig>>, body: Bytes) -> Response {
     match decode::<InstallSnapshotRequest<TypeConfig>>(&body) {
-        Ok(request) => answer(&peer.raft.install_snapshot(request).await),
+        Ok(request) => answer(&raft.install_snapshot(request).await),
         Err(error) => malformed(SNAPSHOT_PATH, &error),
     }
-}
-
-/// Runs each forwarded request through the client API, all at once, and answers them in order.
-async fn serve_forward(State(peer): State<PeerState>, body: Bytes) -> Response {
-    let requests = match decode::<Vec<ForwardedRequest>>(&body) {
-        Ok(requests) if requests.len() <= FORWARD_BATCH_MAX => requests,
-        Ok(requests) => {
-            let error = WireError::Codec(format!(
-                "{} forwarded requests, over the {FORWARD_BATCH_MAX} a batch may carry",
-                requests.len()
-            ));
-            return malformed(FORWARD_PATH, &error);
-        }
-        Err(error) => return malformed(FORWARD_PATH, &error),
-    };
-    let answers = futures_util::future::join_all(
-        requests
-            .into_iter()
-            .map(|request| serve_forwarded(peer.api.clone(), request)),
-    )
-    .await;
-    answer(&answers)
-}
-
-/// The API's answer to one forwarded request, or why it cannot be carried back (it may have
-/// been run).
-async fn serve_forwarded(
-    api: Router,
-    forwarded: ForwardedRequest,
-) -> Result<ForwardedAnswer, String> {
-    let mut request = Request::builder()
-        .method(forwarded.method.as_str())
-        .uri(forwarded.target.as_str());
-    for (name, value) in &forwarded.headers {
-        request = request.header(name.as_str(), value.as_slice());
-    }
-    let request = request
-        .body(Body::from(forwarded.body))
-        .map_err(|error| format!("malformed forwarded request: {error}"))?;
-    let response = match api.oneshot(request).await {
-        Ok(response) => response,
-        Err(never) => match never {},
-    };
-    let (parts, body) = response.into_parts();
-    let body = axum::body::to_bytes(body, FORWARDED_ANSWER_BYTES_MAX)
-        .await
-        .map_err(|error| format!("the leader's answer could not be relayed: {error}"))?;
-    Ok(ForwardedAnswer {
-        status: parts.status.as_u16(),
-        headers: parts
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str().to_owned(), value.as_bytes().to_vec()))
-            .collect(),
-        body: body.to_vec(),
-    })
 }
 
 /// 200 with the bincode answer, Raft error included: the caller tells them apart after decoding.
@@ -868,7 +699,7 @@ mod tests {
     async fn malformed_body_is_a_400() {
         let peer = TestPeer::start(None).await;
         let http = reqwest::Client::new();
-        for path in [APPEND_PATH, VOTE_PATH, SNAPSHOT_PATH, FORWARD_PATH] {
+        for path in [APPEND_PATH, VOTE_PATH, SNAPSHOT_PATH] {
             let response = http
                 .post(format!("http://{}{path}", peer.address))
                 .body(vec![0xff; 32])
@@ -878,116 +709,6 @@ mod tests {
             assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{path}");
         }
         peer.stop().await;
-    }
-
-    fn forwarded(method: &str, target: &str, body: &str) -> ForwardedRequest {
-        ForwardedRequest {
-            method: method.to_owned(),
-            target: target.to_owned(),
-            headers: vec![("x-seen".to_owned(), b"yes".to_vec())],
-            body: body.as_bytes().to_vec(),
-        }
-    }
-
-    #[tokio::test]
-    async fn a_forwarded_batch_is_answered_by_the_api_in_order() {
-        let peer = TestPeer::start(Some(SECRET)).await;
-        let network = PeerNetwork::new(2, Some(SECRET.to_owned()), None).expect("network");
-        let address = peer.address.to_string();
-        let requests = vec![
-            forwarded("POST", "/echo/1", "one"),
-            forwarded("GET", "/nowhere", ""),
-            forwarded("POST", "/echo/3", "three"),
-            forwarded("POST", "/big", ""),
-        ];
-        let answers = network
-            .forward(&address, &requests, Duration::from_secs(5))
-            .await
-            .expect("answered");
-        let first = answers[0].as_ref().expect("relayed");
-        assert_eq!(
-            (first.status, first.body.as_slice()),
-            (201, b"1: one yes".as_slice())
-        );
-        assert_eq!(answers[1].as_ref().expect("relayed").status, 404);
-        let third = answers[2].as_ref().expect("relayed");
-        assert_eq!(
-            (third.status, third.body.as_slice()),
-            (201, b"3: three yes".as_slice())
-        );
-        let too_large = answers[3].as_ref().expect_err("over the answer limit");
-        assert!(too_large.contains("could not be relayed"), "{too_large}");
-        // More than a batch may carry, or the wrong secret: the batch is refused whole.
-        let many: Vec<_> = (0..=FORWARD_BATCH_MAX)
-            .map(|index| forwarded("POST", &format!("/echo/{index}"), ""))
-            .collect();
-        match network
-            .forward(&address, &many, Duration::from_secs(5))
-            .await
-        {
-            Err(ForwardError::MaybeDelivered(reason)) => {
-                assert!(reason.contains("400"), "{reason}")
-            }
-            other => panic!("expected a refusal, got {other:?}"),
-        }
-        let stranger =
-            PeerNetwork::new(2, Some("not the secret".to_owned()), None).expect("network");
-        match stranger
-            .forward(&address, &requests, Duration::from_secs(5))
-            .await
-        {
-            Err(ForwardError::MaybeDelivered(reason)) => {
-                assert!(reason.contains("401"), "{reason}")
-            }
-            other => panic!("expected a refusal, got {other:?}"),
-        }
-        peer.stop().await;
-        // A peer of an earlier version, without the route: nothing was run.
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let earlier = listener.local_addr().expect("address").to_string();
-        let server = tokio::spawn(async move { axum::serve(listener, Router::new()).await });
-        match network
-            .forward(&earlier, &requests, Duration::from_secs(5))
-            .await
-        {
-            Err(ForwardError::Unsupported) => {}
-            other => panic!("expected Unsupported, got {other:?}"),
-        }
-        server.abort();
-        // Nobody listening (and no connection left from before): surely not delivered.
-        let network = PeerNetwork::new(2, Some(SECRET.to_owned()), None).expect("network");
-        match network
-            .forward(&address, &requests, Duration::from_secs(5))
-            .await
-        {
-            Err(ForwardError::NotDelivered) => {}
-            other => panic!("expected NotDelivered, got {other:?}"),
-        }
-    }
-
-    /// A stand-in client API for the forwarding tests: echoes `/echo/{n}` and answers `/big`
-    /// with more than a forwarded answer may carry.
-    fn echo_api() -> Router {
-        use axum::extract::Path;
-        use axum::http::HeaderMap;
-        Router::new()
-            .route(
-                "/echo/{n}",
-                post(
-                    |Path(n): Path<u32>, headers: HeaderMap, body: String| async move {
-                        let seen = headers
-                            .get("x-seen")
-                            .map_or("", |value| value.to_str().unwrap_or(""));
-                        (StatusCode::CREATED, format!("{n}: {body} {seen}"))
-                    },
-                ),
-            )
-            .route(
-                "/big",
-                post(|| async { vec![b'x'; FORWARDED_ANSWER_BYTES_MAX + 1] }),
-            )
     }
 
     #[tokio::test]
@@ -1057,7 +778,7 @@ mod tests {
                 .await
                 .expect("bind");
             let address = listener.local_addr().expect("address");
-            let router = peer_router(raft.clone(), secret.map(str::to_owned), echo_api());
+            let router = peer_router(raft.clone(), secret.map(str::to_owned));
             let server = tokio::spawn(async move { axum::serve(listener, router).await });
             TestPeer {
                 raft,

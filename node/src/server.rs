@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::clock::NodeClock;
 use crate::config::NodeConfig;
-use crate::http::{self, AppState, ForwardBatches, Shared};
+use crate::http::{self, AppState, Shared};
 use crate::metrics::Metrics;
 use crate::network::{peer_router, PeerNetwork, PeerTls};
 use crate::proposer::{Proposer, ProposerSettings};
@@ -72,7 +72,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let raft = Raft::new(
         config.id,
         Arc::new(raft_config),
-        network.clone(),
+        network,
         log_store,
         state_machine,
     )
@@ -135,7 +135,6 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         proposer,
         clock,
         forwarder,
-        forward_batches: ForwardBatches::spawn(network.clone()),
         metrics: Metrics::default(),
         clock_control: tuning.clock_control,
         event_streams: Arc::new(tokio::sync::Semaphore::new(tuning.event_streams_max)),
@@ -153,22 +152,17 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let until_stopped = |mut stopped: watch::Receiver<bool>| async move {
         let _ = stopped.wait_for(|stop| *stop).await;
     };
-    let api_router = http::router(app);
     let peer_task = serve(
         peer_listener,
         peer_tls,
-        peer_router(
-            raft.clone(),
-            tuning.cluster_secret.clone(),
-            api_router.clone(),
-        ),
+        peer_router(raft.clone(), tuning.cluster_secret.clone()),
         until_stopped(stopped.clone()),
         "peer",
     )?;
     let api_task = serve(
         api_listener,
         api_tls,
-        api_router,
+        http::router(app),
         until_stopped(stopped.clone()),
         "api",
     )?;

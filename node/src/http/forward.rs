@@ -12,22 +12,8 @@
 //! `OUTCOME_UNKNOWN`, never `NO_LEADER`. Every error answered here names the same leader in
 //! its body and in `Baton-Leader`.
 //!
-//!
-//! Batching: a write that the leader answers at once (every write but a `txn`, whose answer may
-//! be large, a membership change, and an acquire or claim that waits) does not travel alone. `ForwardBatches` sends
-//! whatever writes are waiting to the leader's peer listener in one `/raft/forward` request, at
-//! most `FORWARD_BATCHES_IN_FLIGHT` at a time; the leader runs each through its own API router
-//! and answers them together. While batches are out, new writes queue up and go in the next one,
-//! so under load the leader handles one peer request for many client requests instead of one
-//! HTTP request each (docs/performance.md). The rules above hold per request: each keeps its own
-//! deadline (one that passes while it waits to be sent is never sent), and a batch that fails
-//! fails each of its requests by them. A leader of an earlier version, without `/raft/forward`,
-//! gets each request alone as before.
-//!
 //! Never here: deciding anything about a request's content.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
@@ -38,23 +24,15 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use baton_api::{ErrorCode, HEADER_IDEMPOTENCY_KEY, HEADER_LEADER, HEADER_NAMESPACE};
 use futures_util::StreamExt;
-use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::{AppState, BODY_BYTES_MAX};
-use crate::network::{
-    ForwardError, ForwardedAnswer, ForwardedRequest, PeerNetwork, FORWARD_BATCH_MAX,
-};
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
 const HEADER_FORWARDED: &str = "baton-forwarded";
 /// The largest answer relayed from the leader: a full page of the largest list, with room.
 const ANSWER_BYTES_MAX: usize = 16 << 20;
-/// Forwarded batches sent to the leader and not yet answered, per follower.
-const FORWARD_BATCHES_IN_FLIGHT: usize = 2;
-/// Forwarded writes waiting for a batch; past this, a write goes alone.
-const FORWARD_QUEUE_MAX: usize = 4_096;
 /// How long to wait before trying a leader that could not be reached again.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
 /// Request headers relayed to the leader.
@@ -71,12 +49,8 @@ const RELAYED_HEADERS: [&str; 6] = [
 enum Leader {
     /// This node: it handles the request itself.
     Me,
-    /// Another node, with its API and peer addresses.
-    Other {
-        id: u64,
-        api_addr: String,
-        peer_addr: String,
-    },
+    /// Another node, with its API address.
+    Other { id: u64, api_addr: String },
 }
 
 /// Why one attempt to forward failed.
@@ -87,8 +61,6 @@ enum Failure {
     MaybeDelivered(String),
     /// Refused before sending (the body is too large, say).
     Refused(ApiError),
-    /// The leader cannot take forwarded batches; nothing was sent.
-    Unsupported,
 }
 
 /// On a follower, sends the request to the leader and relays its answer (see the module docs).
@@ -117,10 +89,6 @@ pub async fn forward_unless_leader(
         }
     };
     let held = held_for(&parts, &body);
-    let batched = parts.method != Method::GET
-        && held.is_zero()
-        && parts.uri.path() != "/v1/txn"
-        && !parts.uri.path().starts_with("/v1/cluster/");
     let deadline = started + app.leader_wait() + held;
     let mut unanswered: Option<u64> = None;
     loop {
@@ -128,35 +96,15 @@ pub async fn forward_unless_leader(
             Some(Leader::Me) => {
                 return next.run(Request::from_parts(parts, Body::from(body))).await;
             }
-            Some(Leader::Other {
-                id,
-                api_addr,
-                peer_addr,
-            }) => (id, api_addr, peer_addr),
+            Some(Leader::Other { id, api_addr }) => (id, api_addr),
             None => return with_leader(ApiError::no_leader(None), None),
         };
-        let (leader_id, api_addr, peer_addr) = leader;
+        let (leader_id, api_addr) = leader;
         let attempt_timeout = (app.election_timeout * 2 + held).min(deadline - Instant::now());
-        let sent = if batched {
-            let attempt = Attempt {
-                leader: leader_id,
-                peer_addr,
-                deadline: Instant::now() + attempt_timeout,
-            };
-            match send_batched(&app, &parts, &body, attempt).await {
-                // A leader of an earlier version: this one goes alone.
-                Err(Failure::Unsupported) => {
-                    send(&app, &parts, body.clone(), &api_addr, attempt_timeout).await
-                }
-                sent => sent,
-            }
-        } else {
-            send(&app, &parts, body.clone(), &api_addr, attempt_timeout).await
-        };
-        match sent {
+        match send(&app, &parts, body.clone(), &api_addr, attempt_timeout).await {
             Ok(response) => return response,
             Err(Failure::Refused(error)) => return with_leader(error, Some(leader_id)),
-            Err(Failure::NotDelivered | Failure::Unsupported) => {
+            Err(Failure::NotDelivered) => {
                 tracing::debug!(leader_id, "the leader could not be reached; trying again");
                 unanswered = None;
                 tokio::time::sleep_until((Instant::now() + RECONNECT_PAUSE).min(deadline)).await;
@@ -215,11 +163,8 @@ async fn wait_for_leader(
                         return Some(Leader::Me);
                     }
                 } else if let Some(member) = current.membership_config.membership().get_node(&id) {
-                    return Some(Leader::Other {
-                        id,
-                        api_addr: member.api_addr.clone(),
-                        peer_addr: member.peer_addr.clone(),
-                    });
+                    let api_addr = member.api_addr.clone();
+                    return Some(Leader::Other { id, api_addr });
                 }
             }
         }
@@ -289,177 +234,6 @@ async fn send(
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     Ok(response)
-}
-
-/// Where and until when one forwarded request may be sent.
-struct Attempt {
-    leader: u64,
-    peer_addr: String,
-    deadline: Instant,
-}
-
-/// One attempt in a batch: the request handed to `ForwardBatches`, its answer relayed.
-async fn send_batched(
-    app: &AppState,
-    parts: &Parts,
-    body: &Bytes,
-    attempt: Attempt,
-) -> Result<Response, Failure> {
-    let path_and_query = parts.uri.path_and_query().map_or("/", |path| path.as_str());
-    let target = forwardable(path_and_query).map_err(Failure::Refused)?;
-    let mut headers: Vec<(String, Vec<u8>)> = RELAYED_HEADERS
-        .iter()
-        .filter_map(|name| {
-            let value = parts.headers.get(*name)?;
-            Some(((*name).to_owned(), value.as_bytes().to_vec()))
-        })
-        .collect();
-    headers.push((
-        HEADER_FORWARDED.to_owned(),
-        app.node_id.to_string().into_bytes(),
-    ));
-    let request = ForwardedRequest {
-        method: parts.method.as_str().to_owned(),
-        target,
-        headers,
-        body: body.to_vec(),
-    };
-    let answer = app
-        .forward_batches
-        .send(attempt, request)
-        .await
-        .map_err(|error| match error {
-            ForwardError::NotDelivered => Failure::NotDelivered,
-            ForwardError::MaybeDelivered(reason) => Failure::MaybeDelivered(reason),
-            ForwardError::Unsupported => Failure::Unsupported,
-        })?;
-    let status = StatusCode::from_u16(answer.status)
-        .map_err(|error| Failure::Refused(ApiError::internal(error)))?;
-    let mut response = Response::new(Body::from(answer.body));
-    *response.status_mut() = status;
-    for (name, value) in answer.headers {
-        if let (Ok(name), Ok(value)) = (
-            HeaderName::from_bytes(name.as_bytes()),
-            HeaderValue::from_bytes(&value),
-        ) {
-            if name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING {
-                response.headers_mut().append(name, value);
-            }
-        }
-    }
-    Ok(response)
-}
-
-/// The follower's side of batched forwarding: a task that sends the forwarded writes waiting
-/// for it to the leader together (see the module docs). Cloning is cheap.
-#[derive(Debug, Clone)]
-pub struct ForwardBatches {
-    sender: mpsc::Sender<Job>,
-}
-
-#[derive(Debug)]
-struct Job {
-    leader: u64,
-    peer_addr: String,
-    deadline: Instant,
-    request: ForwardedRequest,
-    reply: oneshot::Sender<Result<ForwardedAnswer, ForwardError>>,
-}
-
-impl ForwardBatches {
-    /// Starts the task that sends the batches over `network`.
-    pub fn spawn(network: PeerNetwork) -> ForwardBatches {
-        let (sender, receiver) = mpsc::channel(FORWARD_QUEUE_MAX);
-        tokio::spawn(send_batches(network, receiver));
-        ForwardBatches { sender }
-    }
-
-    /// Sends `request` in the next batch to the leader `attempt` names and waits for its answer.
-    /// Not sent by the attempt's deadline: `NotDelivered`.
-    async fn send(
-        &self,
-        attempt: Attempt,
-        request: ForwardedRequest,
-    ) -> Result<ForwardedAnswer, ForwardError> {
-        let (reply, answer) = oneshot::channel();
-        let job = Job {
-            leader: attempt.leader,
-            peer_addr: attempt.peer_addr,
-            deadline: attempt.deadline,
-            request,
-            reply,
-        };
-        if self.sender.try_send(job).is_err() {
-            // Too many waiting (or the task stopped): surely not sent.
-            return Err(ForwardError::NotDelivered);
-        }
-        answer.await.unwrap_or_else(|_| {
-            Err(ForwardError::MaybeDelivered(
-                "the forwarding task stopped".to_owned(),
-            ))
-        })
-    }
-}
-
-/// Takes whatever jobs are waiting (up to `FORWARD_BATCH_MAX`) whenever a batch slot is free,
-/// and sends them, one batch per leader named.
-async fn send_batches(network: PeerNetwork, mut receiver: mpsc::Receiver<Job>) {
-    let in_flight = Arc::new(Semaphore::new(FORWARD_BATCHES_IN_FLIGHT));
-    while let Some(first) = receiver.recv().await {
-        let permit = in_flight
-            .clone()
-            .acquire_owned()
-            .await
-            .expect("the semaphore is never closed");
-        let mut jobs = vec![first];
-        while jobs.len() < FORWARD_BATCH_MAX {
-            match receiver.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        let mut by_leader: BTreeMap<(u64, String), Vec<Job>> = BTreeMap::new();
-        for job in jobs {
-            by_leader
-                .entry((job.leader, job.peer_addr.clone()))
-                .or_default()
-                .push(job);
-        }
-        let network = network.clone();
-        tokio::spawn(async move {
-            let batches = by_leader
-                .into_iter()
-                .map(|((_, peer_addr), jobs)| send_batch(&network, peer_addr, jobs));
-            futures_util::future::join_all(batches).await;
-            drop(permit);
-        });
-    }
-}
-
-/// One batch to the leader at `peer_addr`; each job answered.
-async fn send_batch(network: &PeerNetwork, peer_addr: String, jobs: Vec<Job>) {
-    let now = Instant::now();
-    let (jobs, late): (Vec<Job>, Vec<Job>) = jobs.into_iter().partition(|job| job.deadline > now);
-    for job in late {
-        let _ = job.reply.send(Err(ForwardError::NotDelivered));
-    }
-    let Some(deadline) = jobs.iter().map(|job| job.deadline).min() else {
-        return;
-    };
-    let (requests, replies): (Vec<ForwardedRequest>, Vec<_>) =
-        jobs.into_iter().map(|job| (job.request, job.reply)).unzip();
-    match network.forward(&peer_addr, &requests, deadline - now).await {
-        Ok(answers) => {
-            for (reply, answer) in replies.into_iter().zip(answers) {
-                let _ = reply.send(answer.map_err(ForwardError::MaybeDelivered));
-            }
-        }
-        Err(error) => {
-            for reply in replies {
-                let _ = reply.send(Err(error.clone()));
-            }
-        }
-    }
 }
 
 /// The request target as it must reach the leader. The URL library that sends it resolves

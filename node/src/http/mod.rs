@@ -22,8 +22,6 @@ mod queues;
 mod service;
 mod txn;
 
-pub use forward::ForwardBatches;
-
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -66,8 +64,6 @@ pub struct Shared {
     pub proposer: Proposer,
     pub clock: Arc<NodeClock>,
     pub forwarder: reqwest::Client,
-    /// Forwarded writes, sent to the leader in batches.
-    pub forward_batches: ForwardBatches,
     pub metrics: Metrics,
     pub clock_control: bool,
     /// Permits for open event streams (`--event-streams-max`).
