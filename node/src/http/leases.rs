@@ -371,7 +371,9 @@ enum InLine {
 }
 
 /// Follows this node's applied state until `session_id` holds `resource` or `deadline`
-/// passes. Every applied entry wakes it; a grant seen applied here is committed.
+/// passes. It reads the state again only when an applied entry changed the path (its grant,
+/// its leaving the line and every move of its position are events on the path); a grant seen
+/// applied here is committed.
 async fn wait_in_line(
     app: &AppState,
     namespace: &Namespace,
@@ -379,9 +381,10 @@ async fn wait_in_line(
     session_id: SessionId,
     deadline: Instant,
 ) -> Result<InLine, ApiError> {
-    let mut applied = app.raft.metrics();
+    let watching = app.machine.watch(namespace, resource);
     loop {
-        applied.borrow_and_update();
+        // Before the read, so a change applied between the read and the wait is not missed.
+        let changed = watching.changed();
         let (lease, position, cluster_ms) = app
             .machine
             .read(|machine, _| {
@@ -405,10 +408,8 @@ async fn wait_in_line(
         if Instant::now() >= deadline {
             return Ok(InLine::Waiting(position, cluster_ms));
         }
-        if let Ok(Err(_)) = tokio::time::timeout_at(deadline, applied.changed()).await {
-            // The node is stopping: answer with the place as it stands.
-            return Ok(InLine::Waiting(position, cluster_ms));
-        }
+        // At the deadline, one last read answers with the place as it stands.
+        let _ = tokio::time::timeout_at(deadline, changed).await;
     }
 }
 

@@ -66,6 +66,16 @@ impl EventLog {
         Some(self.window.iter().skip(skip).take(limit).cloned().collect())
     }
 
+    /// The kept events after revision `after`, oldest first.
+    pub(super) fn since(&self, after: u64) -> impl Iterator<Item = &Event> {
+        let skip = after
+            .saturating_add(1)
+            .saturating_sub(self.oldest_revision());
+        self.window
+            .iter()
+            .skip(usize::try_from(skip).unwrap_or(usize::MAX))
+    }
+
     pub(super) fn window(&self) -> &VecDeque<Event> {
         &self.window
     }

@@ -12,6 +12,7 @@
 //! Nothing here interprets commands: that is `machine`'s job, and sled types never leave this
 //! module tree.
 
+mod change_watch;
 mod log;
 mod state_machine;
 
@@ -27,6 +28,7 @@ use tokio::sync::watch;
 
 use crate::machine::{decode_value, encode_value, Batch, CodecError, Machine, Response};
 
+pub use self::change_watch::{ChangeWatch, Watching};
 pub use self::log::LogStore;
 pub use self::state_machine::{MachineHandle, SnapshotBuilder, StateMachineStore};
 

@@ -18,10 +18,10 @@ use openraft::{
 };
 
 use super::{
-    encode, read_meta, run_blocking, storage_error, Applied, AppliedState, Database, Member,
-    SharedState, StorageResult, StoreError, TypeConfig,
+    encode, read_meta, run_blocking, storage_error, Applied, AppliedState, ChangeWatch, Database,
+    Member, SharedState, StorageResult, StoreError, TypeConfig, Watching,
 };
-use crate::machine::Machine;
+use crate::machine::{Machine, Namespace, ResourcePath};
 
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
@@ -32,6 +32,8 @@ const SNAPSHOT_COUNTER_KEY: &[u8] = b"counter";
 pub struct StateMachineStore {
     state: SharedState,
     database: Database,
+    /// Wakes what waits for a path when an applied entry changes it.
+    watch: ChangeWatch,
 }
 
 /// A cheap, cloneable read handle on the applied state, for linearizable reads (after the read
@@ -39,6 +41,7 @@ pub struct StateMachineStore {
 #[derive(Debug, Clone)]
 pub struct MachineHandle {
     state: SharedState,
+    watch: ChangeWatch,
 }
 
 /// Builds a snapshot of the applied state; runs in openraft's background task, concurrently
@@ -54,6 +57,7 @@ impl StateMachineStore {
     pub fn handle(&self) -> MachineHandle {
         MachineHandle {
             state: self.state.clone(),
+            watch: self.watch.clone(),
         }
     }
 
@@ -80,6 +84,7 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             state: SharedState::new(state.into()),
             database,
+            watch: ChangeWatch::default(),
         })
     }
 }
@@ -94,6 +99,12 @@ impl MachineHandle {
     ) -> Result<T, StoreError> {
         let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
         Ok(read(&state.machine, state.last_applied))
+    }
+
+    /// Watches `resource` in `namespace`: woken after every applied entry with an event on it
+    /// (see `ChangeWatch`).
+    pub fn watch(&self, namespace: &Namespace, resource: &ResourcePath) -> Watching {
+        self.watch.watch(namespace, resource)
     }
 
     /// The log id of the last applied entry.
@@ -166,7 +177,12 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             state.last_applied = Some(entry.log_id);
             let responses = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
-                EntryPayload::Normal(batch) => state.machine.apply(&batch),
+                EntryPayload::Normal(batch) => {
+                    let before = state.machine.revision();
+                    let responses = state.machine.apply(&batch);
+                    self.watch.changed(state.machine.events_since(before));
+                    responses
+                }
                 EntryPayload::Membership(membership) => {
                     state.last_membership = StoredMembership::new(Some(entry.log_id), membership);
                     Vec::new()
@@ -207,6 +223,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     ) -> StorageResult<()> {
         tracing::info!(snapshot = %meta, "installing snapshot");
         let result = self.install(meta, snapshot).await;
+        if result.is_ok() {
+            self.watch.changed_all();
+        }
         self.database
             .snapshot_progress
             .send_modify(|progress| match &result {

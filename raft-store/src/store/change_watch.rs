@@ -1,0 +1,165 @@
+//! Waking the requests that wait for a path: `ChangeWatch`.
+//!
+//! A waiting acquire (`wait_ms`) must learn at once that it was granted or lost its place, but
+//! it must not look at the state after every applied entry: with a thousand agents waiting on
+//! one hot lock, reading the machine a thousand times per entry (and per heartbeat, when it
+//! followed openraft's metrics) took most of the leader's CPU. So each waiter watches its path,
+//! and after every entry the store wakes only the watchers of the paths that entry's events
+//! named. A waiter's grant, its leaving the line (on request, with its session, or its session
+//! ending) and every change of its position are events on its own path; an installed snapshot,
+//! which replaces the state without events, wakes every watcher.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::Notify;
+
+use crate::machine::{Event, EventKind, Namespace, ResourcePath};
+
+/// A path in a namespace, as watched.
+type Watched = (Namespace, ResourcePath);
+
+/// The watchers of each watched path. Cloning is cheap; every clone is the same watch.
+#[derive(Debug, Clone, Default)]
+pub struct ChangeWatch {
+    watched: Arc<Mutex<HashMap<Watched, Arc<Notify>>>>,
+}
+
+/// One watcher's hold on a path; dropping it stops watching.
+#[derive(Debug)]
+pub struct Watching {
+    key: Watched,
+    notify: Arc<Notify>,
+    watch: ChangeWatch,
+}
+
+impl ChangeWatch {
+    /// Starts watching `resource` in `namespace`.
+    pub fn watch(&self, namespace: &Namespace, resource: &ResourcePath) -> Watching {
+        let key = (namespace.clone(), resource.clone());
+        let notify = self
+            .lock()
+            .entry(key.clone())
+            .or_insert_with(|| Arc::new(Notify::new()))
+            .clone();
+        Watching {
+            key,
+            notify,
+            watch: self.clone(),
+        }
+    }
+
+    /// Wakes the watchers of every path `events` name.
+    pub(super) fn changed<'a>(&self, events: impl IntoIterator<Item = &'a Event>) {
+        let watched = self.lock();
+        if watched.is_empty() {
+            return;
+        }
+        for event in events {
+            let resource = match &event.kind {
+                EventKind::Granted { resource, .. }
+                | EventKind::Released { resource, .. }
+                | EventKind::Expired { resource, .. }
+                | EventKind::Queued { resource, .. }
+                | EventKind::LeftLine { resource, .. } => resource,
+                _ => continue,
+            };
+            if let Some(notify) = watched.get(&(event.namespace.clone(), resource.clone())) {
+                notify.notify_waiters();
+            }
+        }
+    }
+
+    /// Wakes every watcher (the state was replaced without events).
+    pub(super) fn changed_all(&self) {
+        for notify in self.lock().values() {
+            notify.notify_waiters();
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Watched, Arc<Notify>>> {
+        // The map holds no invariant a panicking holder could break halfway.
+        self.watched
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Watching {
+    /// Resolves at the next change of the path after this call (a `Notified` receives every
+    /// `notify_waiters` made after it was created, polled or not). Create it before reading
+    /// the state and await it after, so a change in between is not missed.
+    pub fn changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let mut watched = self.watch.lock();
+        // The map's own reference and this one: nobody else watches the path any more.
+        if Arc::strong_count(&self.notify) == 2 {
+            watched.remove(&self.key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn released(namespace: &str, resource: &str) -> Event {
+        Event {
+            revision: 1,
+            time_ms: 0,
+            namespace: Namespace::new(namespace).expect("a namespace"),
+            kind: EventKind::Released {
+                resource: ResourcePath::new(resource).expect("a path"),
+                fence: 1,
+            },
+            by: None,
+        }
+    }
+
+    async fn woken(changed: tokio::sync::futures::Notified<'_>) -> bool {
+        tokio::time::timeout(Duration::from_millis(20), changed)
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_watcher_is_woken_by_its_own_path_only_and_forgotten_when_dropped() {
+        let watch = ChangeWatch::default();
+        let namespace = Namespace::new("default").expect("a namespace");
+        let hot = ResourcePath::new("hot/lock").expect("a path");
+        let first = watch.watch(&namespace, &hot);
+        let second = watch.watch(&namespace, &hot);
+
+        // Another path, the same path in another namespace: nobody wakes.
+        let changed = first.changed();
+        watch.changed(&[
+            released("default", "hot/other"),
+            released("team-b", "hot/lock"),
+        ]);
+        assert!(!woken(changed).await);
+
+        // A change made after the future was created but before it is awaited is not lost, and
+        // wakes every watcher of the path.
+        let (one, two) = (first.changed(), second.changed());
+        watch.changed(&[released("default", "hot/lock")]);
+        assert!(woken(one).await);
+        assert!(woken(two).await);
+
+        // A snapshot install wakes everyone.
+        let changed = second.changed();
+        watch.changed_all();
+        assert!(woken(changed).await);
+
+        drop(first);
+        assert_eq!(watch.lock().len(), 1, "still watched by the second");
+        drop(second);
+        assert!(watch.lock().is_empty(), "nobody watches the path any more");
+    }
+}
