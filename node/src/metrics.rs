@@ -15,6 +15,13 @@ const BUCKETS_SECONDS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
+/// What a follower relayed to the leader (relay.rs): messages, and the commands in them.
+#[derive(Debug, Clone, Copy)]
+pub struct Relayed {
+    pub messages: u64,
+    pub commands: u64,
+}
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     requests: Mutex<BTreeMap<(String, String, u16), Histogram>>,
@@ -49,6 +56,7 @@ impl Metrics {
         sessions: usize,
         leases: usize,
         batches_in_flight: usize,
+        relayed: Relayed,
     ) -> String {
         let mut text = String::new();
         let gauges = [
@@ -98,6 +106,24 @@ impl Metrics {
             let _ = writeln!(
                 text,
                 "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}"
+            );
+        }
+        let counters = [
+            (
+                "baton_relay_messages_total",
+                "Relay messages this node sent to the leader, as a follower.",
+                relayed.messages,
+            ),
+            (
+                "baton_relayed_commands_total",
+                "Writes this node relayed to the leader as commands, as a follower.",
+                relayed.commands,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(
+                text,
+                "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
             );
         }
         let requests = self.requests.lock().expect("metrics lock").clone();

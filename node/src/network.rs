@@ -121,6 +121,59 @@ impl PeerNetwork {
     }
 }
 
+/// Why `PeerNetwork::post` got no answer.
+#[derive(Debug, Clone)]
+pub enum PeerPostError {
+    /// No connection was made: the request surely did not reach the peer.
+    NotDelivered(String),
+    /// The request may have reached the peer (a timeout, a cut, a refusal, a bad answer).
+    MaybeDelivered(String),
+}
+
+impl PeerNetwork {
+    /// POSTs `body` to `path` on the peer listener at `peer_addr`, with the cluster secret when
+    /// one is set, and returns the 200 answer's body (at most `PEER_MESSAGE_BYTES_MAX` bytes).
+    /// For peer routes other than openraft's own (the write relay); the bytes are the caller's.
+    pub async fn post(
+        &self,
+        peer_addr: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<Vec<u8>, PeerPostError> {
+        let mut request = self
+            .http
+            .post(format!("{}://{peer_addr}{path}", self.scheme))
+            .timeout(timeout)
+            .header(header::CONTENT_TYPE, OCTET_STREAM)
+            .body(body);
+        if let Some(secret) = &self.secret {
+            request = request.header(CLUSTER_SECRET_HEADER, secret.clone());
+        }
+        let sent = |error: reqwest::Error| {
+            if error.is_connect() || error.is_builder() {
+                PeerPostError::NotDelivered(error.to_string())
+            } else {
+                PeerPostError::MaybeDelivered(error.to_string())
+            }
+        };
+        let response = request.send().await.map_err(sent)?;
+        let status = response.status();
+        let body = read_body(response).await.map_err(|error| match error {
+            ReadError::Transport(error) => PeerPostError::MaybeDelivered(error.to_string()),
+            ReadError::Wire(error) => PeerPostError::MaybeDelivered(error.to_string()),
+        })?;
+        if !status.is_success() {
+            let quoted = &body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)];
+            return Err(PeerPostError::MaybeDelivered(format!(
+                "peer {peer_addr} answered {path} with {status}: {}",
+                String::from_utf8_lossy(quoted).trim()
+            )));
+        }
+        Ok(body)
+    }
+}
+
 impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
     type Network = PeerClient;
 
@@ -212,8 +265,9 @@ impl fmt::Debug for PeerClient {
 /// of the local `raft`. A malformed body is 400 with a short reason, a body over
 /// `PEER_MESSAGE_BYTES_MAX` is 413. With `secret`, a request without the right
 /// `Baton-Cluster-Secret` is 401 before its body is read. The secret is expected to have been
-/// validated at the edge like `PeerNetwork::new` does (non-empty, header-safe).
-pub fn peer_router(raft: Raft<TypeConfig>, secret: Option<String>) -> Router {
+/// validated at the edge like `PeerNetwork::new` does (non-empty, header-safe). `more` adds the
+/// node's other peer routes (the write relay), behind the same secret check and body limit.
+pub fn peer_router(raft: Raft<TypeConfig>, secret: Option<String>, more: Router) -> Router {
     // Only the digest is kept: the comparison is over fixed-length digests, so neither the
     // secret's bytes nor its length leak through timing.
     let secret_digest = secret.map(|secret| digest(secret.as_bytes()));
@@ -221,9 +275,10 @@ pub fn peer_router(raft: Raft<TypeConfig>, secret: Option<String>) -> Router {
         .route(APPEND_PATH, post(serve_append))
         .route(VOTE_PATH, post(serve_vote))
         .route(SNAPSHOT_PATH, post(serve_snapshot))
+        .with_state(raft)
+        .merge(more)
         .route_layer(middleware::from_fn_with_state(secret_digest, authenticate))
         .layer(DefaultBodyLimit::max(PEER_MESSAGE_BYTES_MAX))
-        .with_state(raft)
 }
 
 // ---- helpers ----
@@ -778,7 +833,7 @@ mod tests {
                 .await
                 .expect("bind");
             let address = listener.local_addr().expect("address");
-            let router = peer_router(raft.clone(), secret.map(str::to_owned));
+            let router = peer_router(raft.clone(), secret.map(str::to_owned), Router::new());
             let server = tokio::spawn(async move { axum::serve(listener, router).await });
             TestPeer {
                 raft,

@@ -13,7 +13,7 @@ use tokio::sync::watch;
 
 use crate::clock::NodeClock;
 use crate::config::NodeConfig;
-use crate::http::{self, AppState, Shared};
+use crate::http::{self, AppState, Relay, Shared};
 use crate::metrics::Metrics;
 use crate::network::{peer_router, PeerNetwork, PeerTls};
 use crate::proposer::{Proposer, ProposerSettings};
@@ -69,6 +69,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         config.tuning.cluster_secret.clone(),
         peer_client_tls.clone(),
     )?;
+    let relay = Relay::spawn(network.clone());
     let raft = Raft::new(
         config.id,
         Arc::new(raft_config),
@@ -135,6 +136,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         proposer,
         clock,
         forwarder,
+        relay,
         metrics: Metrics::default(),
         clock_control: tuning.clock_control,
         event_streams: Arc::new(tokio::sync::Semaphore::new(tuning.event_streams_max)),
@@ -155,7 +157,11 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let peer_task = serve(
         peer_listener,
         peer_tls,
-        peer_router(raft.clone(), tuning.cluster_secret.clone()),
+        peer_router(
+            raft.clone(),
+            tuning.cluster_secret.clone(),
+            http::relay_routes(app.clone()),
+        ),
         until_stopped(stopped.clone()),
         "peer",
     )?;

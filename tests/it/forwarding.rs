@@ -199,3 +199,61 @@ async fn a_follower_of_a_paused_leader_moves_on_within_the_bound() {
 
 /// Timing noise allowed on top of the bound on a shared two-core machine.
 const SLACK: Duration = Duration::from_millis(500);
+
+/// A follower relays writes to the leader as commands over the peer listener, not as HTTP
+/// requests: 64 writes at once through a follower are all applied and read back everywhere,
+/// the follower counts them as relayed, and the leader's client API never saw them.
+#[tokio::test]
+async fn a_follower_relays_concurrent_writes_to_the_leader_as_commands() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let leader = cluster.leader().await;
+    let follower = cluster.followers().await[0];
+    let leader_puts_before = counter(api, leader, PUT_KV_REQUESTS).await;
+    let relayed_before = counter(api, follower, "baton_relayed_commands_total").await;
+
+    let puts = (0..64_u64).map(|n| async move {
+        api.put(follower, &format!("/v1/kv/relay/{n}"), &json!({"value": n}))
+            .await
+    });
+    for written in futures_util::future::join_all(puts).await {
+        written.expect_status(200);
+        assert_eq!(written.leader(), Some(leader.id), "{written}");
+    }
+
+    let relayed = counter(api, follower, "baton_relayed_commands_total").await - relayed_before;
+    let messages = counter(api, follower, "baton_relay_messages_total").await;
+    assert!(relayed >= 64, "only {relayed} of 64 writes were relayed");
+    assert!(
+        (1..=relayed).contains(&messages),
+        "{messages} relay messages for {relayed} commands"
+    );
+    assert_eq!(
+        counter(api, leader, PUT_KV_REQUESTS).await,
+        leader_puts_before,
+        "the leader's client API answered relayed writes itself"
+    );
+    for node in cluster.nodes() {
+        for n in [0_u64, 31, 63] {
+            let entry: KvEntry = api
+                .get(node, &format!("/v1/kv/relay/{n}"))
+                .await
+                .expect_json(200);
+            assert_eq!(entry.value, json!(n));
+        }
+    }
+}
+
+/// The leader's count of successful `PUT /v1/kv/{*key}` requests in its `/metrics`.
+const PUT_KV_REQUESTS: &str =
+    "baton_http_requests_total{route=\"/v1/kv/{*key}\",method=\"PUT\",status=\"200\"}";
+
+/// The value of the metric line starting with `name` on `node` (0 when absent).
+async fn counter(api: &baton_tests::Api, node: &baton_tests::Node, name: &str) -> u64 {
+    let metrics = api.get(node, "/metrics").await;
+    metrics
+        .text
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}

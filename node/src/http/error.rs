@@ -3,7 +3,9 @@
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use baton_api::{ErrorCode, HeldBy, Problem, HEADER_CLUSTER_TIME, PROBLEM_CONTENT_TYPE};
+use baton_api::{
+    ErrorCode, HeldBy, Problem, HEADER_CLUSTER_TIME, HEADER_LEADER, PROBLEM_CONTENT_TYPE,
+};
 use baton_raft_store::machine::{Invalid, Rejection};
 
 use crate::proposer::ProposeError;
@@ -19,6 +21,8 @@ pub struct ApiError {
     pub cluster_time_ms: Option<u64>,
     /// A wrong method is `INVALID_ARGUMENT` with 405 rather than the code's 400.
     method_not_allowed: bool,
+    /// Set by `naming_leader`: `Baton-Leader` says the same as the body's `leader`.
+    leader_named: bool,
 }
 
 impl ApiError {
@@ -31,7 +35,15 @@ impl ApiError {
             problem: Box::new(problem),
             cluster_time_ms: None,
             method_not_allowed: false,
+            leader_named: false,
         }
+    }
+
+    /// Names `leader` (or none) as the leader, in the body and in `Baton-Leader` alike.
+    pub fn naming_leader(mut self, leader: Option<u64>) -> ApiError {
+        self.problem.leader = leader;
+        self.leader_named = true;
+        self
     }
 
     /// A route that exists, asked with a method it does not take: 405 with the code
@@ -157,6 +169,16 @@ impl IntoResponse for ApiError {
         }
         if let Some(cluster_time_ms) = self.cluster_time_ms {
             headers.insert(HEADER_CLUSTER_TIME, HeaderValue::from(cluster_time_ms));
+        }
+        if self.leader_named {
+            let value = self
+                .problem
+                .leader
+                .map(|id| id.to_string())
+                .unwrap_or_default();
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(HEADER_LEADER, value);
+            }
         }
         if self.problem.code == ErrorCode::Unauthenticated {
             // RFC 6750: a 401 names the scheme it wants.

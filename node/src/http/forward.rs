@@ -1,5 +1,6 @@
-//! Forwarding: a follower sends every leader route to the leader and relays its answer, so any
-//! node answers any request.
+//! Forwarding: a follower sends a leader route's HTTP request to the leader and relays its
+//! answer, so any node answers any request. The writes in `RELAYED_ROUTES` are the exception:
+//! their handlers run on the follower, which relays their commands instead (relay.rs).
 //!
 //! The bounds (the API's contract): a forward to a leader that stops answering (paused, cut
 //! off) gives up on it after twice the election timeout, by when a new leader has been elected,
@@ -17,12 +18,13 @@
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use baton_api::{ErrorCode, HEADER_IDEMPOTENCY_KEY, HEADER_LEADER, HEADER_NAMESPACE};
+use baton_api::{ErrorCode, HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
+use baton_raft_store::store::Member;
 use futures_util::StreamExt;
 use tokio::time::Instant;
 
@@ -34,7 +36,7 @@ const HEADER_FORWARDED: &str = "baton-forwarded";
 /// The largest answer relayed from the leader: a full page of the largest list, with room.
 const ANSWER_BYTES_MAX: usize = 16 << 20;
 /// How long to wait before trying a leader that could not be reached again.
-const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
+pub(super) const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
 /// Request headers relayed to the leader.
 const RELAYED_HEADERS: [&str; 6] = [
     "authorization",
@@ -46,11 +48,11 @@ const RELAYED_HEADERS: [&str; 6] = [
 ];
 
 /// The leader as this node sees it.
-enum Leader {
+pub(super) enum Leader {
     /// This node: it handles the request itself.
     Me,
-    /// Another node, with its API address.
-    Other { id: u64, api_addr: String },
+    /// Another node, with its addresses.
+    Other { id: u64, member: Member },
 }
 
 /// Why one attempt to forward failed.
@@ -88,7 +90,12 @@ pub async fn forward_unless_leader(
             return with_leader(error, app.leader());
         }
     };
-    let held = held_for(&parts, &body);
+    let waits = wait_asked(&parts, &body);
+    if waits.is_none() && relayed(&parts) {
+        // The handler decides it here and relays the command (relay.rs).
+        return next.run(Request::from_parts(parts, Body::from(body))).await;
+    }
+    let held = waits.unwrap_or(Duration::ZERO);
     let deadline = started + app.leader_wait() + held;
     let mut unanswered: Option<u64> = None;
     loop {
@@ -96,7 +103,7 @@ pub async fn forward_unless_leader(
             Some(Leader::Me) => {
                 return next.run(Request::from_parts(parts, Body::from(body))).await;
             }
-            Some(Leader::Other { id, api_addr }) => (id, api_addr),
+            Some(Leader::Other { id, member }) => (id, member.api_addr),
             None => return with_leader(ApiError::no_leader(None), None),
         };
         let (leader_id, api_addr) = leader;
@@ -127,8 +134,8 @@ pub async fn forward_unless_leader(
 }
 
 /// How long the leader may hold a request on purpose before answering: the `wait_ms` of an
-/// acquire's or a claim's body (at most `WAIT_MS_MAX`), else nothing. No other body is read.
-fn held_for(parts: &Parts, body: &Bytes) -> Duration {
+/// acquire's or a claim's body (at most `WAIT_MS_MAX`), if it has one. No other body is read.
+fn wait_asked(parts: &Parts, body: &Bytes) -> Option<Duration> {
     #[derive(serde::Deserialize)]
     struct Waits {
         wait_ms: Option<u64>,
@@ -136,19 +143,45 @@ fn held_for(parts: &Parts, body: &Bytes) -> Duration {
     let path = parts.uri.path();
     let waits = parts.method == Method::POST && (path == "/v1/leases" || path.ends_with("/claim"));
     if !waits {
-        return Duration::ZERO;
+        return None;
     }
     serde_json::from_slice::<Waits>(body)
         .ok()
         .and_then(|waits| waits.wait_ms)
-        .map_or(Duration::ZERO, |wait_ms| {
-            Duration::from_millis(wait_ms.min(baton_api::WAIT_MS_MAX))
-        })
+        .map(|wait_ms| Duration::from_millis(wait_ms.min(baton_api::WAIT_MS_MAX)))
+}
+
+/// The writes a follower decides itself and relays to the leader as commands (relay.rs): each
+/// of these handlers only commits. Reads, the waiting acquires and claims the leader holds, and
+/// the token, limits and membership routes travel as HTTP requests.
+const RELAYED_ROUTES: [(Method, &str); 13] = [
+    (Method::POST, "/v1/sessions"),
+    (Method::DELETE, "/v1/sessions/{id}"),
+    (Method::POST, "/v1/sessions/{id}/keepalive"),
+    (Method::POST, "/v1/sessions/{id}/release"),
+    (Method::POST, "/v1/leases"),
+    (Method::PUT, "/v1/kv/{*key}"),
+    (Method::DELETE, "/v1/kv/{*key}"),
+    (Method::POST, "/v1/queues/{queue}/tasks"),
+    (Method::POST, "/v1/queues/{queue}/claim"),
+    (Method::POST, "/v1/queues/{queue}/tasks/{id}/complete"),
+    (Method::POST, "/v1/queues/{queue}/tasks/{id}/fail"),
+    (Method::POST, "/v1/queues/{queue}/tasks/{id}/release"),
+    (Method::POST, "/v1/txn"),
+];
+
+fn relayed(parts: &Parts) -> bool {
+    let Some(route) = parts.extensions.get::<MatchedPath>() else {
+        return false;
+    };
+    RELAYED_ROUTES
+        .iter()
+        .any(|(method, pattern)| *method == parts.method && *pattern == route.as_str())
 }
 
 /// The leader to send to: waits until this node knows one other than `unanswered` (a leader
 /// that did not answer a request) or becomes the leader itself, until `deadline`.
-async fn wait_for_leader(
+pub(super) async fn wait_for_leader(
     app: &AppState,
     unanswered: Option<u64>,
     deadline: Instant,
@@ -163,8 +196,8 @@ async fn wait_for_leader(
                         return Some(Leader::Me);
                     }
                 } else if let Some(member) = current.membership_config.membership().get_node(&id) {
-                    let api_addr = member.api_addr.clone();
-                    return Some(Leader::Other { id, api_addr });
+                    let member = member.clone();
+                    return Some(Leader::Other { id, member });
                 }
             }
         }
@@ -280,14 +313,8 @@ async fn read_bounded(answer: reqwest::Response) -> Result<Vec<u8>, Failure> {
 
 /// An error answered by this node, naming the same leader (or none) in its body and in
 /// `Baton-Leader`.
-fn with_leader(mut error: ApiError, leader: Option<u64>) -> Response {
-    error.problem.leader = leader;
-    let mut response = error.into_response();
-    let value = leader.map(|id| id.to_string()).unwrap_or_default();
-    if let Ok(value) = HeaderValue::from_str(&value) {
-        response.headers_mut().insert(HEADER_LEADER, value);
-    }
-    response
+fn with_leader(error: ApiError, leader: Option<u64>) -> Response {
+    error.naming_leader(leader).into_response()
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@ mod kv;
 mod leases;
 mod openapi;
 mod queues;
+mod relay;
 mod service;
 mod txn;
 
@@ -49,6 +50,7 @@ use crate::proposer::Proposer;
 pub use auth::bootstrap as bootstrap_token;
 pub use convert::Clocks;
 pub use error::ApiError;
+pub use relay::{routes as relay_routes, Relay};
 
 /// The largest request body accepted (docs/guarantees.md, "Limits").
 pub const BODY_BYTES_MAX: usize = 1 << 20;
@@ -64,6 +66,8 @@ pub struct Shared {
     pub proposer: Proposer,
     pub clock: Arc<NodeClock>,
     pub forwarder: reqwest::Client,
+    /// A follower's relay of writes to the leader (relay.rs).
+    pub relay: Relay,
     pub metrics: Metrics,
     pub clock_control: bool,
     /// Permits for open event streams (`--event-streams-max`).

@@ -8,9 +8,9 @@
 
 use axum::http::StatusCode;
 use baton_raft_store::machine::{
-    admit, Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op,
-    Owner, Queued, Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed,
-    TaskFence, TaskSpec, TaskView, Txn, TxnOp,
+    Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op, Owner,
+    Queued, Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed, TaskFence,
+    TaskSpec, TaskView, Txn, TxnOp,
 };
 use serde::Serialize;
 
@@ -348,8 +348,8 @@ impl AppState {
         .await
     }
 
-    /// Admits `op` (machine's admission.rs), replicates it and takes its result out of the
-    /// reply with `result`, which hands back
+    /// Admits `op` (machine's admission.rs) on the leader, replicates it (relayed there from a
+    /// follower, relay.rs) and takes its result out of the reply with `result`, which hands back
     /// a reply of any other kind: the machine broke its contract, and the node stops.
     ///
     /// An idempotent request renders its `*_at` times with the wall clock recorded in its tag,
@@ -389,11 +389,7 @@ impl AppState {
         tag_wall_ms: Option<i64>,
         result: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
     ) -> Result<Committed<T>, ApiError> {
-        // Refused here, a bad request costs no log entry; apply admits it again under the
-        // limits of its own moment.
-        self.with_limits(|limits| admit(&command, limits))
-            .map_err(|rejection| ApiError::rejected(rejection, None, None))?;
-        let committed = self.proposer.propose(command, size_bytes).await?;
+        let committed = self.decide(command, size_bytes).await?;
         let clocks = match (committed.response.replayed, tag_wall_ms) {
             (Some(recorded), _) => Clocks {
                 wall_ms: recorded.wall_ms,
