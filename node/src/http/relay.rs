@@ -62,7 +62,10 @@ struct Relayed {
 #[derive(Debug, Serialize, Deserialize)]
 enum Answer {
     /// Applied: the machine's response, and the cluster time of its entry.
-    Committed { response: Response, time_ms: u64 },
+    Committed {
+        response: Box<Response>,
+        time_ms: u64,
+    },
     /// Refused by admission before anything was proposed.
     Refused(Rejection),
     /// Surely not applied: the node is not the leader (any more).
@@ -253,7 +256,10 @@ async fn serve_relay(State(app): State<AppState>, body: Bytes) -> HttpResponse {
         async move {
             let size_bytes = usize::try_from(relayed.size_bytes).unwrap_or(usize::MAX);
             match app.decide_here(relayed.command, size_bytes).await {
-                Ok(Committed { response, time_ms }) => Answer::Committed { response, time_ms },
+                Ok(Committed { response, time_ms }) => Answer::Committed {
+                    response: Box::new(response),
+                    time_ms,
+                },
                 Err(Undecided::Refused(rejection)) => Answer::Refused(rejection),
                 Err(Undecided::Propose(ProposeError::NotLeader { .. })) => Answer::NotLeader,
                 Err(Undecided::Propose(ProposeError::Overloaded)) => Answer::Overloaded,
@@ -310,7 +316,10 @@ impl AppState {
                 .await;
             match answer {
                 Ok(Answer::Committed { response, time_ms }) => {
-                    return Ok(Committed { response, time_ms })
+                    return Ok(Committed {
+                        response: *response,
+                        time_ms,
+                    })
                 }
                 Ok(Answer::Refused(rejection)) => {
                     return Err(ApiError::rejected(rejection, None, None))
