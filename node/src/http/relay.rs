@@ -45,7 +45,9 @@ pub const RELAY_PATH: &str = "/raft/relay";
 const RELAY_COMMANDS_MAX: usize = 256;
 /// Approximate encoded bytes of one relay message at most (well under the peer message limit).
 const RELAY_BYTES_MAX: usize = 8 << 20;
-/// Relay messages sent and not yet answered, at most.
+/// Relay messages sent and not yet answered, at most. With more, messages stay small and the
+/// leader falls behind at fleet scale (32: seconds behind at 50,000 renewing sessions, against
+/// a p99 of tens of milliseconds with 4; docs/performance.md, "The write relay").
 const RELAY_IN_FLIGHT_MAX: usize = 4;
 /// Commands waiting for a relay message; past this, writes are refused as overload.
 const RELAY_QUEUE_MAX: usize = 16_384;
