@@ -141,15 +141,8 @@ impl PeerNetwork {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerPostError> {
-        let mut request = self
-            .http
-            .post(format!("{}://{peer_addr}{path}", self.scheme))
-            .timeout(timeout)
-            .header(header::CONTENT_TYPE, OCTET_STREAM)
-            .body(body);
-        if let Some(secret) = &self.secret {
-            request = request.header(CLUSTER_SECRET_HEADER, secret.clone());
-        }
+        let url = format!("{}://{peer_addr}{path}", self.scheme);
+        let request = peer_request(&self.http, url, &self.secret, body, timeout);
         let sent = |error: reqwest::Error| {
             if error.is_connect() || error.is_builder() {
                 PeerPostError::NotDelivered(error.to_string())
@@ -306,15 +299,8 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let ttl = option.hard_ttl();
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.base_url))
-            .timeout(ttl)
-            .header(header::CONTENT_TYPE, OCTET_STREAM)
-            .body(body);
-        if let Some(secret) = &self.secret {
-            request = request.header(CLUSTER_SECRET_HEADER, secret.clone());
-        }
+        let url = format!("{}{path}", self.base_url);
+        let request = peer_request(&self.http, url, &self.secret, body, ttl);
         let response = request
             .send()
             .await
@@ -385,6 +371,25 @@ fn network_error<E: std::error::Error + 'static, R: std::error::Error>(
     error: &E,
 ) -> RPCError<u64, Member, R> {
     RPCError::Network(NetworkError::new(error))
+}
+
+/// A peer POST of `body` to `url`, bounded by `timeout`, with the cluster secret when one is set.
+fn peer_request(
+    http: &reqwest::Client,
+    url: String,
+    secret: &Option<HeaderValue>,
+    body: Vec<u8>,
+    timeout: Duration,
+) -> reqwest::RequestBuilder {
+    let request = http
+        .post(url)
+        .timeout(timeout)
+        .header(header::CONTENT_TYPE, OCTET_STREAM)
+        .body(body);
+    match secret {
+        Some(secret) => request.header(CLUSTER_SECRET_HEADER, secret.clone()),
+        None => request,
+    }
 }
 
 fn secret_header(secret: &str) -> Result<HeaderValue, PeerNetworkError> {
