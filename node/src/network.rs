@@ -755,6 +755,47 @@ mod tests {
         peer.stop().await;
     }
 
+    const ECHO_PATH: &str = "/raft/echo";
+
+    /// `PeerNetwork::post` reaches the node's own peer routes behind the same secret, and tells
+    /// a request that surely did not arrive from one that may have.
+    #[tokio::test]
+    async fn more_routes_answer_posts_behind_the_same_secret() {
+        let peer = TestPeer::start(Some(SECRET)).await;
+        let address = peer.address.to_string();
+        let timeout = Duration::from_secs(5);
+        let network = PeerNetwork::new(2, Some(SECRET.to_owned()), None).expect("network");
+        let echoed = network
+            .post(&address, ECHO_PATH, b"relayed".to_vec(), timeout)
+            .await
+            .expect("an answer");
+        assert_eq!(echoed, b"relayed");
+        for secret in [Some("not the secret"), None] {
+            let network = PeerNetwork::new(2, secret.map(str::to_owned), None).expect("network");
+            match network
+                .post(&address, ECHO_PATH, b"x".to_vec(), timeout)
+                .await
+            {
+                Err(PeerPostError::MaybeDelivered(message)) => {
+                    assert!(message.contains("401"), "{message}");
+                    assert!(!message.contains(SECRET), "{message}");
+                }
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        }
+        peer.stop().await;
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let closed = listener.local_addr().expect("address").to_string();
+        drop(listener);
+        assert!(matches!(
+            network.post(&closed, ECHO_PATH, Vec::new(), timeout).await,
+            Err(PeerPostError::NotDelivered(_))
+        ));
+    }
+
     #[tokio::test]
     async fn malformed_body_is_a_400() {
         let peer = TestPeer::start(None).await;
@@ -838,7 +879,9 @@ mod tests {
                 .await
                 .expect("bind");
             let address = listener.local_addr().expect("address");
-            let router = peer_router(raft.clone(), secret.map(str::to_owned), Router::new());
+            // A route of the node's own beside openraft's, as the relay's is mounted.
+            let echo = Router::new().route(ECHO_PATH, post(|body: Bytes| async move { body }));
+            let router = peer_router(raft.clone(), secret.map(str::to_owned), echo);
             let server = tokio::spawn(async move { axum::serve(listener, router).await });
             TestPeer {
                 raft,
