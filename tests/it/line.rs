@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use baton_client::api::{ErrorCode, Grant, Queued, ReleaseResponse};
-use baton_tests::{json, poll_until, Api, Cluster, Method, Node};
+use baton_tests::{json, poll_until, Api, Cluster, Method, Node, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::cli::{baton, command};
@@ -374,4 +374,110 @@ async fn a_waiting_acquire_through_a_follower_waits_longer_than_a_forward_may_ot
     let grant: Grant = reply.expect_json(201);
     assert!(started.elapsed() >= hold, "granted before the release");
     assert_eq!(grant.holder, "agent-b");
+}
+
+/// A claim that waits is woken by its queue's task events, not by every applied entry: a task
+/// released by its holder, one whose dependency completes, and one whose delay ends (which
+/// becomes ready with no event at all) each reach it.
+#[tokio::test]
+async fn a_waiting_claim_gets_a_task_freed_by_an_event_a_delay_or_a_dependency() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let node = cluster.leader().await;
+    let waiter = crate::queues::new_session(api, node, "worker", 60_000).await;
+    let body = json!({"session_id": waiter, "wait_ms": 10_000});
+    let claim = |queue: &'static str| {
+        let body = &body;
+        async move {
+            api.post(node, &format!("/v1/queues/{queue}/claim"), body)
+                .await
+        }
+    };
+
+    // Released by its holder: a task event on the queue.
+    let holder = crate::queues::new_session(api, node, "holder", 60_000).await;
+    api.post(
+        node,
+        "/v1/queues/freed/tasks",
+        &json!({"id": "t", "payload": 1}),
+    )
+    .await
+    .expect_status(201);
+    let held: Value = api
+        .post(
+            node,
+            "/v1/queues/freed/claim",
+            &json!({"session_id": holder}),
+        )
+        .await
+        .expect_json(200);
+    let fence = held["fence"].clone();
+    let release = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        api.post(
+            node,
+            "/v1/queues/freed/tasks/t/release",
+            &json!({"session_id": holder, "fence": fence}),
+        )
+        .await
+        .expect_status(200);
+    };
+    let (claimed, ()) = tokio::join!(claim("freed"), release);
+    let claimed: Value = claimed.expect_json(200);
+    assert_eq!(claimed["task"]["id"], "t", "{claimed}");
+
+    // Held back by a delay: no event when it ends, yet the waiter gets it.
+    let started = Instant::now();
+    api.post(
+        node,
+        "/v1/queues/delayed/tasks",
+        &json!({"id": "d", "payload": 1, "not_before_ms": 600}),
+    )
+    .await
+    .expect_status(201);
+    let claimed: Value = claim("delayed").await.expect_json(200);
+    assert_eq!(claimed["task"]["id"], "d", "{claimed}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+
+    // Held back by a dependency: the waiter gets it when the dependency completes.
+    api.post(
+        node,
+        "/v1/queues/chain/tasks",
+        &json!({"id": "a", "payload": 1}),
+    )
+    .await
+    .expect_status(201);
+    let worker = crate::queues::new_session(api, node, "first-worker", 60_000).await;
+    let first: Value = api
+        .post(
+            node,
+            "/v1/queues/chain/claim",
+            &json!({"session_id": worker}),
+        )
+        .await
+        .expect_json(200);
+    api.post(
+        node,
+        "/v1/queues/chain/tasks",
+        &json!({"id": "b", "payload": 1, "depends_on": ["a"]}),
+    )
+    .await
+    .expect_status(201);
+    let complete = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        api.post(
+            node,
+            "/v1/queues/chain/tasks/a/complete",
+            &json!({"session_id": worker, "fence": first["fence"]}),
+        )
+        .await
+        .expect_status(200);
+    };
+    let (claimed, ()) = tokio::join!(claim("chain"), complete);
+    let claimed: Value = claimed.expect_json(200);
+    assert_eq!(claimed["task"]["id"], "b", "{claimed}");
 }

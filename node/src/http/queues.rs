@@ -159,8 +159,14 @@ pub async fn claim(
     };
     // An empty queue changes nothing (never recorded), so claiming again is safe; with
     // `wait_ms` the claim is made again whenever this node's applied state shows a ready task.
+    // It looks again when an applied entry had an event on the queue (`watch_queue`), and, while
+    // the queue holds tasks back (a delay or a dependency, which end without an event of the
+    // queue's), after every applied entry.
+    let watching = app.machine.watch_queue(&namespace, &queue);
     let mut applied = app.raft.metrics();
     let claimed = loop {
+        // Before the claim and each read, so a change applied in between is not missed.
+        let mut changed = Box::pin(watching.changed());
         applied.borrow_and_update();
         let claimed = app
             .claim(mutation.clone(), queue.clone(), owner.clone())
@@ -169,17 +175,26 @@ pub async fn claim(
             break claimed;
         };
         let ready = loop {
-            let ready = app
+            let counts = app
                 .machine
-                .read(|machine, _| machine.queue_counts(&namespace, &queue).ready > 0)
+                .read(|machine, _| machine.queue_counts(&namespace, &queue))
                 .map_err(ApiError::internal)?;
-            if ready || Instant::now() >= deadline {
-                break ready;
+            if counts.ready > 0 || Instant::now() >= deadline {
+                break counts.ready > 0;
             }
-            match tokio::time::timeout_at(deadline, applied.changed()).await {
-                Ok(Ok(())) => {}
-                Ok(Err(_)) | Err(_) => break false,
+            let held_back = counts.waiting > 0;
+            let woken = tokio::time::timeout_at(deadline, async {
+                tokio::select! {
+                    () = &mut changed => true,
+                    result = applied.changed(), if held_back => result.is_ok(),
+                }
+            })
+            .await;
+            if !matches!(woken, Ok(true)) {
+                break false;
             }
+            changed = Box::pin(watching.changed());
+            applied.borrow_and_update();
         };
         if !ready {
             break claimed;

@@ -8,16 +8,26 @@
 //! named. A waiter's grant, its leaving the line (on request, with its session, or its session
 //! ending) and every change of its position are events on its own path; an installed snapshot,
 //! which replaces the state without events, wakes every watcher.
+//!
+//! A claim that waits (`wait_ms` on claim-next) watches its queue the same way: every task event
+//! naming the queue (enqueued, claimed, completed, failed, released, expired, dead) wakes it.
+//! Tasks that a delay or a dependency holds back become ready with no event of their own, so a
+//! waiter on a queue with such tasks must also look again after every applied entry (the HTTP
+//! handler does).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::Notify;
 
-use crate::machine::{Event, EventKind, Namespace, ResourcePath};
+use crate::machine::{Event, EventKind, Name, Namespace, ResourcePath};
 
-/// A path in a namespace, as watched.
-type Watched = (Namespace, ResourcePath);
+/// What is watched: a path or a queue, in a namespace.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Watched {
+    Path(Namespace, ResourcePath),
+    Queue(Namespace, Name),
+}
 
 /// The watchers of each watched path. Cloning is cheap; every clone is the same watch.
 #[derive(Debug, Clone, Default)]
@@ -36,7 +46,15 @@ pub struct Watching {
 impl ChangeWatch {
     /// Starts watching `resource` in `namespace`.
     pub fn watch(&self, namespace: &Namespace, resource: &ResourcePath) -> Watching {
-        let key = (namespace.clone(), resource.clone());
+        self.start(Watched::Path(namespace.clone(), resource.clone()))
+    }
+
+    /// Starts watching the tasks of `queue` in `namespace`.
+    pub fn watch_queue(&self, namespace: &Namespace, queue: &Name) -> Watching {
+        self.start(Watched::Queue(namespace.clone(), queue.clone()))
+    }
+
+    fn start(&self, key: Watched) -> Watching {
         let notify = self
             .lock()
             .entry(key.clone())
@@ -56,15 +74,26 @@ impl ChangeWatch {
             return;
         }
         for event in events {
-            let resource = match &event.kind {
+            let key = match &event.kind {
                 EventKind::Granted { resource, .. }
                 | EventKind::Released { resource, .. }
                 | EventKind::Expired { resource, .. }
                 | EventKind::Queued { resource, .. }
-                | EventKind::LeftLine { resource, .. } => resource,
+                | EventKind::LeftLine { resource, .. } => {
+                    Watched::Path(event.namespace.clone(), resource.clone())
+                }
+                EventKind::TaskEnqueued { queue, .. }
+                | EventKind::TaskClaimed { queue, .. }
+                | EventKind::TaskCompleted { queue, .. }
+                | EventKind::TaskFailed { queue, .. }
+                | EventKind::TaskReleased { queue, .. }
+                | EventKind::TaskExpired { queue, .. }
+                | EventKind::TaskDead { queue, .. } => {
+                    Watched::Queue(event.namespace.clone(), queue.clone())
+                }
                 _ => continue,
             };
-            if let Some(notify) = watched.get(&(event.namespace.clone(), resource.clone())) {
+            if let Some(notify) = watched.get(&key) {
                 notify.notify_waiters();
             }
         }
@@ -123,6 +152,19 @@ mod tests {
         }
     }
 
+    fn task_event(namespace: &str, queue: &str) -> Event {
+        Event {
+            revision: 2,
+            time_ms: 0,
+            namespace: Namespace::new(namespace).expect("a namespace"),
+            kind: EventKind::TaskEnqueued {
+                queue: Name::new("queue", queue).expect("a queue name"),
+                task_id: Name::new("task id", "t-1").expect("a task id"),
+            },
+            by: None,
+        }
+    }
+
     async fn woken(changed: tokio::sync::futures::Notified<'_>) -> bool {
         tokio::time::timeout(Duration::from_millis(20), changed)
             .await
@@ -161,5 +203,41 @@ mod tests {
         assert_eq!(watch.lock().len(), 1, "still watched by the second");
         drop(second);
         assert!(watch.lock().is_empty(), "nobody watches the path any more");
+    }
+
+    #[tokio::test]
+    async fn a_queue_watcher_is_woken_by_its_queues_task_events_only() {
+        let watch = ChangeWatch::default();
+        let namespace = Namespace::new("default").expect("a namespace");
+        let jobs = watch.watch_queue(
+            &namespace,
+            &Name::new("queue", "jobs").expect("a queue name"),
+        );
+        // A lease path of the same name is another thing to watch.
+        let path = watch.watch(&namespace, &ResourcePath::new("jobs").expect("a path"));
+
+        let (queue_changed, path_changed) = (jobs.changed(), path.changed());
+        watch.changed(&[task_event("default", "other"), task_event("team-b", "jobs")]);
+        assert!(!woken(queue_changed).await, "another queue or namespace");
+        assert!(!woken(path_changed).await);
+
+        let (queue_changed, path_changed) = (jobs.changed(), path.changed());
+        watch.changed(&[released("default", "jobs")]);
+        assert!(
+            !woken(queue_changed).await,
+            "a lease event is not the queue's"
+        );
+        assert!(woken(path_changed).await);
+
+        let (queue_changed, path_changed) = (jobs.changed(), path.changed());
+        watch.changed(&[task_event("default", "jobs")]);
+        assert!(woken(queue_changed).await);
+        assert!(!woken(path_changed).await, "a task event is not the path's");
+
+        let changed = jobs.changed();
+        watch.changed_all();
+        assert!(woken(changed).await);
+        drop((jobs, path));
+        assert!(watch.lock().is_empty());
     }
 }

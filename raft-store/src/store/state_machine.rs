@@ -21,7 +21,7 @@ use super::{
     encode, read_meta, run_blocking, storage_error, Applied, AppliedState, ChangeWatch, Database,
     Member, SharedState, StorageResult, StoreError, TypeConfig, Watching,
 };
-use crate::machine::{Machine, Namespace, ResourcePath};
+use crate::machine::{Machine, Name, Namespace, ResourcePath};
 
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
@@ -105,6 +105,12 @@ impl MachineHandle {
     /// (see `ChangeWatch`).
     pub fn watch(&self, namespace: &Namespace, resource: &ResourcePath) -> Watching {
         self.watch.watch(namespace, resource)
+    }
+
+    /// Watches the tasks of `queue` in `namespace`: woken after every applied entry with a task
+    /// event on it (see `ChangeWatch`).
+    pub fn watch_queue(&self, namespace: &Namespace, queue: &Name) -> Watching {
+        self.watch.watch_queue(namespace, queue)
     }
 
     /// The log id of the last applied entry.
