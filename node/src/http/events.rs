@@ -12,6 +12,7 @@ use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use baton_api::{ErrorCode, EventsPage, EventsQuery};
 use baton_raft_store::machine::{Event, Namespace};
+use baton_raft_store::store::Watching;
 
 use super::convert;
 use super::error::ApiError;
@@ -120,8 +121,8 @@ struct Follow {
     ready: VecDeque<Event>,
     /// Held while the stream is open: one of `--event-streams-max`.
     _permit: tokio::sync::OwnedSemaphorePermit,
-    metrics:
-        tokio::sync::watch::Receiver<openraft::RaftMetrics<u64, baton_raft_store::store::Member>>,
+    /// Woken after every applied entry that recorded an event.
+    watching: Watching,
     finished: bool,
 }
 
@@ -134,14 +135,14 @@ fn stream(
     after: u64,
     permit: tokio::sync::OwnedSemaphorePermit,
 ) -> impl IntoResponse {
-    let metrics = app.raft.metrics();
+    let watching = app.machine.watch_events();
     let follow = Follow {
         app,
         namespace,
         after,
         ready: VecDeque::new(),
         _permit: permit,
-        metrics,
+        watching,
         finished: false,
     };
     let events = futures_util::stream::unfold(follow, |mut follow| async move {
@@ -157,6 +158,8 @@ fn stream(
                     .data(data);
                 return Some((Ok::<_, Infallible>(sse), follow));
             }
+            // Before the read, so an event applied between the read and the wait is not missed.
+            let changed = follow.watching.changed();
             let read = follow.app.machine.read(|machine, _| {
                 (
                     machine.events_after(follow.after, STREAM_STEP_MAX),
@@ -173,12 +176,9 @@ fn stream(
                             .filter(|event| event.namespace == namespace),
                     );
                 }
-                Ok((Some(_), _)) => {
-                    if follow.metrics.changed().await.is_err() {
-                        return None;
-                    }
-                }
+                Ok((Some(_), _)) => changed.await,
                 Ok((None, revision)) => {
+                    drop(changed);
                     follow.finished = true;
                     let problem = too_old(follow.after, revision).problem;
                     let data = serde_json::to_string(&problem).unwrap_or_default();

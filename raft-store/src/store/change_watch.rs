@@ -9,6 +9,9 @@
 //! ending) and every change of its position are events on its own path; an installed snapshot,
 //! which replaces the state without events, wakes every watcher.
 //!
+//! An event stream watches for any event: it is woken after every entry that recorded one,
+//! not by entries without events or by heartbeats.
+//!
 //! A claim that waits (`wait_ms` on claim-next) watches its queue the same way: every task event
 //! naming the queue (enqueued, claimed, completed, failed, released, expired, dead) wakes it.
 //! Tasks that a delay or a dependency holds back become ready with no event of their own, so a
@@ -27,6 +30,8 @@ use crate::machine::{Event, EventKind, Name, Namespace, ResourcePath};
 enum Watched {
     Path(Namespace, ResourcePath),
     Queue(Namespace, Name),
+    /// Any event at all, in any namespace (an event stream).
+    Events,
 }
 
 /// The watchers of each watched path. Cloning is cheap; every clone is the same watch.
@@ -54,6 +59,12 @@ impl ChangeWatch {
         self.start(Watched::Queue(namespace.clone(), queue.clone()))
     }
 
+    /// Starts watching for any new event (an event stream, which reads every namespace's
+    /// events to keep its place in the window).
+    pub fn watch_events(&self) -> Watching {
+        self.start(Watched::Events)
+    }
+
     fn start(&self, key: Watched) -> Watching {
         let notify = self
             .lock()
@@ -73,7 +84,9 @@ impl ChangeWatch {
         if watched.is_empty() {
             return;
         }
+        let mut any = false;
         for event in events {
+            any = true;
             let key = match &event.kind {
                 EventKind::Granted { resource, .. }
                 | EventKind::Released { resource, .. }
@@ -94,6 +107,11 @@ impl ChangeWatch {
                 _ => continue,
             };
             if let Some(notify) = watched.get(&key) {
+                notify.notify_waiters();
+            }
+        }
+        if any {
+            if let Some(notify) = watched.get(&Watched::Events) {
                 notify.notify_waiters();
             }
         }
@@ -238,6 +256,22 @@ mod tests {
         watch.changed_all();
         assert!(woken(changed).await);
         drop((jobs, path));
+        assert!(watch.lock().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_events_watcher_is_woken_by_any_event_and_only_by_events() {
+        let watch = ChangeWatch::default();
+        let stream = watch.watch_events();
+        let changed = stream.changed();
+        watch.changed(&[]);
+        assert!(!woken(changed).await, "an entry without events");
+        for event in [released("team-b", "x"), task_event("default", "jobs")] {
+            let changed = stream.changed();
+            watch.changed(std::slice::from_ref(&event));
+            assert!(woken(changed).await, "{event:?}");
+        }
+        drop(stream);
         assert!(watch.lock().is_empty());
     }
 }

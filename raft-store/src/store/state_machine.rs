@@ -113,6 +113,12 @@ impl MachineHandle {
         self.watch.watch_queue(namespace, queue)
     }
 
+    /// Watches for any new event: woken after every applied entry that recorded one (see
+    /// `ChangeWatch`).
+    pub fn watch_events(&self) -> Watching {
+        self.watch.watch_events()
+    }
+
     /// The log id of the last applied entry.
     pub fn last_applied(&self) -> Result<Option<LogId<u64>>, StoreError> {
         self.read(|_, last_applied| last_applied)
