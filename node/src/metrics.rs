@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -15,11 +16,12 @@ const BUCKETS_SECONDS: [f64; 12] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
 ];
 
-/// What a follower relayed to the leader (relay.rs): messages, and the commands in them.
-#[derive(Debug, Clone, Copy)]
-pub struct Relayed {
-    pub messages: u64,
-    pub commands: u64,
+/// What a follower relayed to the leader (relay.rs counts them): messages, and the commands in
+/// them.
+#[derive(Debug, Default)]
+pub struct RelayCounters {
+    pub messages: AtomicU64,
+    pub commands: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -56,7 +58,7 @@ impl Metrics {
         sessions: usize,
         leases: usize,
         batches_in_flight: usize,
-        relayed: Relayed,
+        relayed: &RelayCounters,
     ) -> String {
         let mut text = String::new();
         let gauges = [
@@ -112,12 +114,12 @@ impl Metrics {
             (
                 "baton_relay_messages_total",
                 "Relay messages this node sent to the leader, as a follower.",
-                relayed.messages,
+                relayed.messages.load(Ordering::Relaxed),
             ),
             (
                 "baton_relayed_commands_total",
                 "Writes this node relayed to the leader as commands, as a follower.",
-                relayed.commands,
+                relayed.commands.load(Ordering::Relaxed),
             ),
         ];
         for (name, help, value) in counters {

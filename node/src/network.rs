@@ -152,9 +152,11 @@ impl PeerNetwork {
         };
         let response = request.send().await.map_err(sent)?;
         let status = response.status();
-        let body = read_body(response).await.map_err(|error| match error {
-            ReadError::Transport(error) => PeerPostError::MaybeDelivered(error.to_string()),
-            ReadError::Wire(error) => PeerPostError::MaybeDelivered(error.to_string()),
+        let body = read_body(response).await.map_err(|error| {
+            PeerPostError::MaybeDelivered(match error {
+                ReadError::Transport(error) => error.to_string(),
+                ReadError::Wire(error) => error.to_string(),
+            })
         })?;
         if !status.is_success() {
             let quoted = &body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)];

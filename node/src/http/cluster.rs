@@ -2,7 +2,6 @@
 //! Local routes describe the answering node and are never forwarded (docs/guarantees.md G1 exemptions).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::Ordering;
 
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -17,7 +16,6 @@ use sha2::Sha256;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath};
 use super::{ApiAnswer, AppState};
-use crate::metrics::Relayed;
 
 /// How far a node's applied index may trail its log and still call itself ready.
 const READY_LAG_MAX: u64 = 64;
@@ -344,17 +342,12 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
     let text = {
         let metrics = app.raft.metrics();
         let metrics = metrics.borrow();
-        let counters = app.relay.counters();
-        let relayed = Relayed {
-            messages: counters.messages.load(Ordering::Relaxed),
-            commands: counters.commands.load(Ordering::Relaxed),
-        };
         app.metrics.render(
             &metrics,
             sessions,
             leases,
             app.proposer.batches_in_flight(),
-            relayed,
+            app.relay.counters(),
         )
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()

@@ -19,7 +19,7 @@
 //!
 //! Never here: parsing client requests, or deciding anything about a command's content.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +36,7 @@ use tokio::time::Instant;
 
 use super::forward::{wait_for_leader, Leader, RECONNECT_PAUSE};
 use super::{ApiError, AppState};
+use crate::metrics::RelayCounters;
 use crate::network::{PeerNetwork, PeerPostError, PEER_MESSAGE_BYTES_MAX};
 use crate::proposer::{Committed, ProposeError};
 
@@ -83,13 +84,6 @@ enum Answer {
 pub struct Relay {
     sender: mpsc::Sender<Outgoing>,
     counters: Arc<RelayCounters>,
-}
-
-/// How much was relayed, for `/metrics`.
-#[derive(Debug, Default)]
-pub struct RelayCounters {
-    pub messages: AtomicU64,
-    pub commands: AtomicU64,
 }
 
 /// A command waiting to be relayed, and who waits for its answer.

@@ -58,12 +58,10 @@ impl EventLog {
     /// Events with a revision above `after`, at most `limit`; `None` if some of them have
     /// already left the window.
     pub(super) fn after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
-        let oldest_kept = self.oldest_revision();
-        if after.saturating_add(1) < oldest_kept {
+        if after.saturating_add(1) < self.oldest_revision() {
             return None;
         }
-        let skip = usize::try_from(after.saturating_add(1) - oldest_kept).unwrap_or(usize::MAX);
-        Some(self.window.iter().skip(skip).take(limit).cloned().collect())
+        Some(self.since(after).take(limit).cloned().collect())
     }
 
     /// The kept events after revision `after`, oldest first.

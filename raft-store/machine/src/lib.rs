@@ -460,14 +460,14 @@ impl Machine {
         self.events.oldest_revision()
     }
 
-    /// The events after revision `after`, at most `limit`; `None` when `after` is older than the
-    /// kept window, so a reader must re-list instead of silently missing changes.
     /// The events recorded after `revision` that are still kept, oldest first, unpaged: for
     /// the store to see what an entry it just applied changed.
     pub fn events_since(&self, revision: u64) -> impl Iterator<Item = &Event> {
         self.events.since(revision)
     }
 
+    /// The events after revision `after`, at most `limit`; `None` when `after` is older than the
+    /// kept window, so a reader must re-list instead of silently missing changes.
     pub fn events_after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
         self.events
             .after(after, limit.clamp(1, self.limits.list_page_max))

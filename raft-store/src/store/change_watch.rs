@@ -157,30 +157,25 @@ mod tests {
 
     use super::*;
 
-    fn released(namespace: &str, resource: &str) -> Event {
+    fn event(namespace: &str, kind: EventKind) -> Event {
         Event {
             revision: 1,
             time_ms: 0,
             namespace: Namespace::new(namespace).expect("a namespace"),
-            kind: EventKind::Released {
-                resource: ResourcePath::new(resource).expect("a path"),
-                fence: 1,
-            },
+            kind,
             by: None,
         }
     }
 
+    fn released(namespace: &str, resource: &str) -> Event {
+        let resource = ResourcePath::new(resource).expect("a path");
+        event(namespace, EventKind::Released { resource, fence: 1 })
+    }
+
     fn task_event(namespace: &str, queue: &str) -> Event {
-        Event {
-            revision: 2,
-            time_ms: 0,
-            namespace: Namespace::new(namespace).expect("a namespace"),
-            kind: EventKind::TaskEnqueued {
-                queue: Name::new("queue", queue).expect("a queue name"),
-                task_id: Name::new("task id", "t-1").expect("a task id"),
-            },
-            by: None,
-        }
+        let queue = Name::new("queue", queue).expect("a queue name");
+        let task_id = Name::new("task id", "t-1").expect("a task id");
+        event(namespace, EventKind::TaskEnqueued { queue, task_id })
     }
 
     async fn woken(changed: tokio::sync::futures::Notified<'_>) -> bool {
