@@ -174,12 +174,19 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     )?;
     tracing::info!(id = config.id, listen = %config.listen, peer_listen = %config.peer_listen, "batond is serving");
 
+    // A task, not a branch of this select: `main` runs on a thread of its own, and openraft's
+    // metrics change with every entry and heartbeat, so watching them here woke that thread
+    // (a context switch) several times per write.
+    let raft_watch = tokio::spawn(raft_stopped(raft.clone()));
     let outcome = tokio::select! {
         () = shutdown_signal() => {
             tracing::info!("shutting down on signal");
             Ok(())
         }
-        fatal = raft_stopped(&raft) => Err(anyhow::anyhow!("raft stopped: {fatal}")),
+        fatal = raft_watch => {
+            let fatal = fatal.unwrap_or_else(|join_error| join_error.to_string());
+            Err(anyhow::anyhow!("raft stopped: {fatal}"))
+        }
     };
     let _ = stop.send(true);
     let _ = tokio::time::timeout(Duration::from_secs(5), async {
@@ -224,7 +231,7 @@ fn serve(
 }
 
 /// Resolves when openraft's core stops with a fatal error, with its description.
-async fn raft_stopped(raft: &Raft<store::TypeConfig>) -> String {
+async fn raft_stopped(raft: Raft<store::TypeConfig>) -> String {
     let mut metrics = raft.metrics();
     loop {
         if let Err(fatal) = &metrics.borrow().running_state {
