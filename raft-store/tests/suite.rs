@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
 use std::io::Cursor;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use baton_raft_store::machine::{
@@ -294,7 +294,7 @@ async fn committed_entries_after_snapshot_are_reapplied_once() {
 }
 
 #[tokio::test]
-async fn corrupt_log_value_is_an_error_not_a_panic() {
+async fn a_corrupt_log_record_is_an_error_not_a_panic() {
     let dir = TempDir::new().unwrap();
     {
         let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
@@ -303,25 +303,164 @@ async fn corrupt_log_value_is_an_error_not_a_panic() {
             .await
             .unwrap();
     }
-    overwrite(
-        dir.path(),
-        "log",
-        &3u64.to_be_bytes(),
-        &[0xff, 0xff, 0xff, 0xff, 0x07, 0x01],
-    )
-    .await;
-    let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
-    assert!(log_store.try_get_log_entries(..).await.is_err());
-    assert!(log_store.try_get_log_entries(3..4).await.is_err());
-    assert_eq!(log_store.try_get_log_entries(1..3).await.unwrap().len(), 2);
-    drop((log_store, _state_machine));
+    let segment = only_segment(dir.path());
+    let mut bytes = std::fs::read(&segment).unwrap();
+    let records = record_offsets(&bytes);
+    assert_eq!(records.len(), 4);
+    // A flipped byte in the third record, with a whole record after it: not a torn append.
+    bytes[records[2].1 - 1] ^= 0xff;
+    std::fs::write(&segment, &bytes).unwrap();
+    let refused = open(dir.path()).await;
+    assert!(
+        matches!(refused, Err(StoreError::Corrupt { .. })),
+        "{:?}",
+        refused.map(|_| ())
+    );
+}
 
-    // The last entry decodes, but is stored under the wrong index.
+/// What a crash during an append leaves: the last record cut short, or whole but not what was
+/// written. It was never acknowledged (its fsync had not returned), so it is cut off and the
+/// log goes on from the entry before it.
+#[tokio::test]
+async fn a_torn_last_record_is_cut_off_and_the_log_goes_on() {
+    for tear in ["cut short", "flipped byte"] {
+        let dir = TempDir::new().unwrap();
+        {
+            let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+            log_store
+                .blocking_append((1..=4).map(|index| blank_entry(1, index)))
+                .await
+                .unwrap();
+        }
+        let segment = only_segment(dir.path());
+        let mut bytes = std::fs::read(&segment).unwrap();
+        let (last_start, last_end) = record_offsets(&bytes)[3];
+        match tear {
+            "cut short" => bytes.truncate(last_start + (last_end - last_start) / 2),
+            _ => bytes[last_end - 1] ^= 0xff,
+        }
+        std::fs::write(&segment, &bytes).unwrap();
+        {
+            let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+            let state = log_store.get_log_state().await.unwrap();
+            assert_eq!(state.last_log_id, Some(log_id(1, 3)), "{tear}");
+            log_store
+                .blocking_append([blank_entry(2, 4), blank_entry(2, 5)])
+                .await
+                .unwrap();
+        }
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        let read_back = log_store.try_get_log_entries(..).await.unwrap();
+        let log_ids: Vec<_> = read_back.iter().map(|entry| entry.log_id).collect();
+        assert_eq!(
+            log_ids,
+            vec![
+                log_id(1, 1),
+                log_id(1, 2),
+                log_id(1, 3),
+                log_id(2, 4),
+                log_id(2, 5)
+            ],
+            "{tear}"
+        );
+    }
+}
+
+/// A record whose frame is sound but whose entry is another index's is refused when read.
+#[tokio::test]
+async fn a_record_holding_another_index_is_an_error() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        log_store
+            .blocking_append((1..=4).map(|index| blank_entry(1, index)))
+            .await
+            .unwrap();
+    }
+    let segment = only_segment(dir.path());
+    let mut bytes = std::fs::read(&segment).unwrap();
     let misplaced =
         bincode::serde::encode_to_vec(blank_entry(1, 9), bincode::config::standard()).unwrap();
-    overwrite(dir.path(), "log", &4u64.to_be_bytes(), &misplaced).await;
+    bytes.extend_from_slice(&(misplaced.len() as u32).to_le_bytes());
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&5u64.to_le_bytes());
+    crc.update(&misplaced);
+    bytes.extend_from_slice(&crc.finalize().to_le_bytes());
+    bytes.extend_from_slice(&5u64.to_le_bytes());
+    bytes.extend_from_slice(&misplaced);
+    std::fs::write(&segment, &bytes).unwrap();
     let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
     assert!(log_store.get_log_state().await.is_err());
+    assert!(log_store.try_get_log_entries(..).await.is_err());
+    assert_eq!(log_store.try_get_log_entries(1..5).await.unwrap().len(), 4);
+}
+
+/// A data dir of store format 1 kept its log in a sled tree; opening it copies the entries into
+/// segment files, records format 2 and drops the tree.
+#[tokio::test]
+async fn a_format_1_log_in_sled_is_copied_into_segments() {
+    let dir = TempDir::new().unwrap();
+    let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 1))
+        .chain((2..=5).map(|index| blank_entry(1, index)))
+        .collect();
+    let standard = bincode::config::standard();
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        meta.insert(
+            "format",
+            bincode::serde::encode_to_vec(1u32, standard).unwrap(),
+        )
+        .unwrap();
+        meta.insert(
+            "vote",
+            bincode::serde::encode_to_vec(Vote::<u64>::new_committed(1, 1), standard).unwrap(),
+        )
+        .unwrap();
+        let logs = db.open_tree("log").unwrap();
+        for entry in &entries {
+            logs.insert(
+                entry.log_id.index.to_be_bytes(),
+                bincode::serde::encode_to_vec(entry, standard).unwrap(),
+            )
+            .unwrap();
+        }
+        db.flush().unwrap();
+    }
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        assert_eq!(log_store.try_get_log_entries(..).await.unwrap(), entries);
+        assert_eq!(
+            log_store.read_vote().await.unwrap(),
+            Some(Vote::new_committed(1, 1))
+        );
+        log_store
+            .blocking_append([blank_entry(1, 6)])
+            .await
+            .unwrap();
+    }
+    {
+        let db = retry_while_locked(|| sled::open(dir.path())).await.unwrap();
+        assert!(!db.tree_names().iter().any(|name| name.as_ref() == b"log"));
+        let format = db
+            .open_tree("meta")
+            .unwrap()
+            .get("format")
+            .unwrap()
+            .unwrap();
+        let (format, _): (u32, usize) =
+            bincode::serde::decode_from_slice(&format, standard).unwrap();
+        assert_eq!(format, 2);
+    }
+    let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+    let indexes: Vec<u64> = log_store
+        .try_get_log_entries(..)
+        .await
+        .unwrap()
+        .iter()
+        .map(|entry| entry.log_id.index)
+        .collect();
+    assert_eq!(indexes, (1..=6).collect::<Vec<_>>());
 }
 
 #[tokio::test]
@@ -486,6 +625,29 @@ fn namespaced(op: Op) -> Command {
 /// sled releases its file lock from background threads a moment after the last handle goes.
 async fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
     retry_while_locked(|| store::open(dir)).await
+}
+
+/// The one segment file of a small log in the store at `dir`.
+fn only_segment(dir: &Path) -> PathBuf {
+    let segments: Vec<PathBuf> = std::fs::read_dir(dir.join("raft-log"))
+        .unwrap()
+        .map(|item| item.unwrap().path())
+        .collect();
+    assert_eq!(segments.len(), 1, "{segments:?}");
+    segments.into_iter().next().unwrap()
+}
+
+/// Where each record of a segment starts and ends: a 16-byte header (payload length, CRC,
+/// index), then the payload.
+fn record_offsets(bytes: &[u8]) -> Vec<(usize, usize)> {
+    let mut records = Vec::new();
+    let mut offset = 0;
+    while offset < bytes.len() {
+        let len = u32::from_le_bytes(bytes[offset..offset + 4].try_into().unwrap()) as usize;
+        records.push((offset, offset + 16 + len));
+        offset += 16 + len;
+    }
+    records
 }
 
 /// Writes `value` under `key` in `tree` with sled directly, behind the store's back.

@@ -1,11 +1,13 @@
-//! openraft storage for Baton on sled: the durable Raft log and vote (`LogStore`), and the
-//! in-memory lease state machine with its persisted snapshots (`StateMachineStore`).
+//! openraft storage for Baton: the durable Raft log and vote (`LogStore`), and the in-memory
+//! lease state machine with its persisted snapshots (`StateMachineStore`).
 //!
-//! One sled database per node, in the data dir, holds three trees: `log` (entries keyed by
-//! big-endian index), `meta` (vote, committed log id, last purged log id, format version) and
-//! `snapshot` (the last snapshot's meta and bytes). The machine itself is not persisted on every
-//! apply: a restart rebuilds it from the last snapshot, and openraft re-applies the committed
-//! log after it (the committed log id is saved for exactly that).
+//! Per node, in the data dir: the log's entries in segment files under `raft-log/`
+//! (`segments.rs`: written and fdatasynced by the appending thread), and one sled database
+//! with two trees, `meta` (vote, committed log id, last purged log id, format version) and
+//! `snapshot` (the last snapshot's meta and bytes). Store format 1 kept the entries in a sled
+//! `log` tree; `open` copies them into segments once. The machine itself is not persisted on
+//! every apply: a restart rebuilds it from the last snapshot, and openraft re-applies the
+//! committed log after it (the committed log id is saved for exactly that).
 //!
 //! Every byte read back from disk is decoded with a size limit; garbage is an error, never a
 //! panic. Every sled or decoding error becomes an openraft `StorageError`, which stops the node.
@@ -14,6 +16,7 @@
 
 mod change_watch;
 mod log;
+mod segments;
 mod state_machine;
 
 use std::fmt;
@@ -82,7 +85,7 @@ pub enum StoreError {
     Encode { what: String, reason: String },
     #[error("machine snapshot: {0}")]
     Machine(#[from] CodecError),
-    #[error("the data dir holds store format {found}; this build reads format {STORE_FORMAT}")]
+    #[error("the data dir holds store format {found}; this build reads formats {LEGACY_STORE_FORMAT} and {STORE_FORMAT}")]
     UnsupportedFormat { found: u32 },
     #[error("refused a write that breaks the storage contract: {0}")]
     Refused(String),
@@ -90,6 +93,8 @@ pub enum StoreError {
     Poisoned,
     #[error("a blocking storage task did not complete: {0}")]
     Blocking(String),
+    #[error("log files: {0}")]
+    Io(String),
 }
 
 /// Opens (or creates) the store in `dir`: one sled database shared by the log and the state
@@ -103,9 +108,8 @@ pub enum StoreError {
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
     let db = sled::Config::new().path(dir).open()?;
     let meta = db.open_tree(META_TREE)?;
-    check_format(&db, &meta)?;
+    let found_format = check_format(&meta)?;
     let database = Database {
-        logs: db.open_tree(LOG_TREE)?,
         meta,
         snapshots: db.open_tree(SNAPSHOT_TREE)?,
         db,
@@ -115,19 +119,62 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
     // The state machine first: it finds the durable snapshot, which bounds what the log may
     // have purged.
     let state_machine = StateMachineStore::open(database.clone())?;
-    let log_store = LogStore::open(database)?;
+    let log_store = LogStore::open(database.clone(), &dir.join(LOG_DIR))?;
+    upgrade(&database, &log_store, found_format)?;
     Ok((log_store, state_machine))
+}
+
+/// Brings a data dir to `STORE_FORMAT`. From format 1: the sled `log` tree's entries are copied
+/// into segments (fsynced), the format is recorded (so an earlier build refuses the dir rather
+/// than see an empty log), and only then is the tree dropped. A crash at any step leaves either
+/// the tree, which the next open copies again whole, or the segments.
+fn upgrade(
+    database: &Database,
+    log_store: &LogStore,
+    found_format: Option<u32>,
+) -> Result<(), StoreError> {
+    let has_sled_log = database
+        .db
+        .tree_names()
+        .iter()
+        .any(|name| name.as_ref() == LEGACY_LOG_TREE.as_bytes());
+    if has_sled_log {
+        let logs = database.db.open_tree(LEGACY_LOG_TREE)?;
+        if !logs.is_empty() {
+            tracing::info!(
+                entries = logs.len(),
+                "copying the log from sled into segment files"
+            );
+            log_store.import_sled_log(&logs)?;
+        }
+    }
+    if found_format != Some(STORE_FORMAT) {
+        database
+            .meta
+            .insert(FORMAT_KEY, encode(&STORE_FORMAT, "store format")?)?;
+        database.db.flush()?;
+    }
+    if has_sled_log {
+        database.db.drop_tree(LEGACY_LOG_TREE)?;
+        database.db.flush()?;
+    }
+    Ok(())
 }
 
 // ---- helpers shared by the log and the state machine ----
 
-/// Version of the on-disk layout (tree names, keys, value encodings). Bumped on any change.
-const STORE_FORMAT: u32 = 1;
+/// Version of the on-disk layout (files, tree names, keys, value encodings). Bumped on any
+/// change. 2: the log in segment files; 1: the log in sled (read once, by `upgrade`).
+const STORE_FORMAT: u32 = 2;
+const LEGACY_STORE_FORMAT: u32 = 1;
 /// Larger than any log entry, vote or snapshot meta the limits allow; guards against absurd
 /// length prefixes in corrupt bytes.
 const VALUE_BYTES_MAX: usize = 1 << 30;
 
-const LOG_TREE: &str = "log";
+/// Where format 1 kept the log's entries.
+const LEGACY_LOG_TREE: &str = "log";
+/// The directory of the log's segment files, inside the data dir.
+const LOG_DIR: &str = "raft-log";
 const META_TREE: &str = "meta";
 const SNAPSHOT_TREE: &str = "snapshot";
 const FORMAT_KEY: &[u8] = b"format";
@@ -136,7 +183,6 @@ const FORMAT_KEY: &[u8] = b"format";
 #[derive(Debug, Clone)]
 struct Database {
     db: sled::Db,
-    logs: sled::Tree,
     meta: sled::Tree,
     snapshots: sled::Tree,
     /// Serializes snapshot writes (a background build against an install), so an older snapshot
@@ -175,20 +221,17 @@ impl Database {
     }
 }
 
-fn check_format(db: &sled::Db, meta: &sled::Tree) -> Result<(), StoreError> {
-    match meta.get(FORMAT_KEY)? {
-        Some(bytes) => {
-            let found = decode::<u32>(&bytes, "store format")?;
-            if found != STORE_FORMAT {
-                return Err(StoreError::UnsupportedFormat { found });
-            }
-        }
-        None => {
-            meta.insert(FORMAT_KEY, encode(&STORE_FORMAT, "store format")?)?;
-            db.flush()?;
-        }
+/// The format the data dir was written in (`None` for a new one); refuses a format this build
+/// cannot read.
+fn check_format(meta: &sled::Tree) -> Result<Option<u32>, StoreError> {
+    let Some(bytes) = meta.get(FORMAT_KEY)? else {
+        return Ok(None);
+    };
+    let found = decode::<u32>(&bytes, "store format")?;
+    if found != STORE_FORMAT && found != LEGACY_STORE_FORMAT {
+        return Err(StoreError::UnsupportedFormat { found });
     }
-    Ok(())
+    Ok(Some(found))
 }
 
 /// Runs blocking sled work (fsync, large values) on tokio's blocking pool.
@@ -225,10 +268,6 @@ fn storage_error(
     error: StoreError,
 ) -> StorageError<u64> {
     StorageIOError::new(subject, verb, AnyError::new(&error)).into()
-}
-
-fn log_key(index: u64) -> [u8; 8] {
-    index.to_be_bytes()
 }
 
 fn read_meta<T: DeserializeOwned>(

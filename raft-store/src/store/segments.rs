@@ -1,0 +1,743 @@
+//! The Raft log's entries on disk: a directory of segment files, each a run of records in
+//! index order, written and fdatasynced by the thread that appends.
+//!
+//! Why not sled: every sled flush hands the write to sled's IO thread pool and waits for it, and
+//! sled pages and indexes each entry it stores; a Raft log needs neither. Here an append is one
+//! positioned write of all its records and one `fdatasync`, on the calling thread.
+//!
+//! A segment is named by the index of its first record (`00000000000000000042.log`). A record is
+//! `len: u32 | crc: u32 | index: u64 | payload`, little-endian, where `len` counts the payload
+//! bytes and `crc` is the CRC-32 of the index and payload. This module frames and finds bytes by
+//! index; it never looks inside a payload (`log.rs` encodes the entries).
+//!
+//! Recovery (`open`) reads every segment. Records must be well-formed and consecutive within a
+//! segment, and no index may be on disk twice. Only the last record of the last segment may be
+//! torn (cut short, or failing its CRC): it is what a crash during an append leaves, an append
+//! that was never acknowledged because its fsync had not returned, and it is cut off. Anything
+//! else that does not read back is corruption, and `open` fails: the node stops rather than
+//! serve a log with a hole.
+//!
+//! Crash safety of the other writes: a new segment's directory entry is fsynced before a record
+//! is written into it; `truncate` unlinks later segments (and fsyncs the directory) before it
+//! shortens the segment that holds the cut, so a crash leaves a prefix of the old log, never a
+//! gap; `remove_through` unlinks whole segments from the oldest up.
+//!
+//! Never here: openraft types, sled, or any decision about what may be removed (the purge rules
+//! live in `log.rs`).
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io;
+use std::ops::{Bound, RangeBounds};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
+
+use super::StoreError;
+
+/// Bytes before a record's payload: length, CRC and index.
+const HEADER_BYTES: usize = 16;
+/// A payload larger than this is corruption (no log entry the limits allow comes near it).
+const PAYLOAD_BYTES_MAX: usize = 1 << 30;
+const SEGMENT_SUFFIX: &str = ".log";
+
+/// The segment files of one log directory and the position of every record in them.
+///
+/// One writer at a time (openraft's core calls `append`, `truncate` and `remove_through` one
+/// after another; `writer` enforces it), any number of readers alongside it. A reader holds the
+/// read lock while it reads, so a truncate never shortens a file under it.
+#[derive(Debug)]
+pub(super) struct SegmentLog {
+    dir: PathBuf,
+    /// A segment that has reached this size gets no more records; the next append starts a new
+    /// one.
+    segment_bytes_target: u64,
+    writer: Mutex<()>,
+    state: RwLock<Segments>,
+}
+
+#[derive(Debug, Default)]
+struct Segments {
+    /// By the index their name gives (their first record's).
+    files: BTreeMap<u64, Segment>,
+    /// Every record on disk, by index.
+    records: BTreeMap<u64, Location>,
+}
+
+#[derive(Debug)]
+struct Segment {
+    file: Arc<File>,
+    path: PathBuf,
+    /// Bytes of whole records, where the next record goes.
+    len: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Location {
+    /// The segment's first index (its key in `files`).
+    segment: u64,
+    /// Where the record's header starts.
+    offset: u64,
+    payload_len: u32,
+}
+
+impl SegmentLog {
+    /// Opens (creating it if need be) the log in `dir`, reads every segment back, cuts off a
+    /// torn last record and fails on anything else that does not read back (see the module
+    /// docs).
+    pub(super) fn open(dir: &Path, segment_bytes_target: u64) -> Result<SegmentLog, StoreError> {
+        if !dir.exists() {
+            fs::create_dir_all(dir).map_err(|error| io_error("create the log directory", error))?;
+            if let Some(parent) = dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
+        let mut names = Vec::new();
+        for item in fs::read_dir(dir).map_err(|error| io_error("list the log directory", error))? {
+            let item = item.map_err(|error| io_error("list the log directory", error))?;
+            let name = item.file_name();
+            let Some(first) = name.to_str().and_then(parse_segment_name) else {
+                continue;
+            };
+            names.push((first, item.path()));
+        }
+        names.sort();
+        let mut segments = Segments::default();
+        let mut removed_empty = false;
+        let last = names.len().checked_sub(1);
+        for (position, (first, path)) in names.into_iter().enumerate() {
+            let file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map_err(|error| io_error("open a log segment", error))?;
+            let bytes = fs::read(&path).map_err(|error| io_error("read a log segment", error))?;
+            let scanned = scan(first, &bytes, &path)?;
+            let len = match scanned.torn_at {
+                Some(offset) if Some(position) == last => {
+                    tracing::warn!(
+                        segment = %path.display(),
+                        offset,
+                        "cutting off a torn record at the end of the log (an append a crash interrupted; it was never acknowledged)"
+                    );
+                    file.set_len(offset)
+                        .map_err(|error| io_error("cut a torn record", error))?;
+                    file.sync_data()
+                        .map_err(|error| io_error("cut a torn record", error))?;
+                    offset
+                }
+                Some(offset) => {
+                    return Err(corrupt(
+                        &path,
+                        format!("an unreadable record at byte {offset}, before the last segment"),
+                    ))
+                }
+                None => bytes.len() as u64,
+            };
+            if len == 0 {
+                // Created, then a crash before its first record: it holds nothing.
+                fs::remove_file(&path)
+                    .map_err(|error| io_error("remove an empty log segment", error))?;
+                removed_empty = true;
+                continue;
+            }
+            for (index, location) in scanned.records {
+                if segments.records.insert(index, location).is_some() {
+                    return Err(corrupt(&path, format!("index {index} is on disk twice")));
+                }
+            }
+            segments.files.insert(
+                first,
+                Segment {
+                    file: Arc::new(file),
+                    path,
+                    len,
+                },
+            );
+        }
+        if removed_empty {
+            sync_dir(dir)?;
+        }
+        Ok(SegmentLog {
+            dir: dir.to_owned(),
+            segment_bytes_target,
+            writer: Mutex::new(()),
+            state: RwLock::new(segments),
+        })
+    }
+
+    /// The lowest and highest index on disk.
+    pub(super) fn bounds(&self) -> Result<Option<(u64, u64)>, StoreError> {
+        let state = self.read_state()?;
+        let first = state.records.keys().next();
+        let last = state.records.keys().next_back();
+        Ok(first.zip(last).map(|(first, last)| (*first, *last)))
+    }
+
+    /// Writes `records` (index, payload), whose indexes must be consecutive, after the last
+    /// record on disk, and fsyncs them before returning. The first may follow the last on disk
+    /// or, when `gap_allowed`, any later index: a new segment starts there (the caller allows
+    /// it only when everything on disk is below its purge point).
+    pub(super) fn append(
+        &self,
+        records: &[(u64, Vec<u8>)],
+        gap_allowed: bool,
+    ) -> Result<(), StoreError> {
+        let Some(&(first_index, _)) = records.first() else {
+            return Ok(());
+        };
+        let _writer = self.lock_writer()?;
+        let mut bytes = Vec::with_capacity(
+            records
+                .iter()
+                .map(|(_, payload)| HEADER_BYTES + payload.len())
+                .sum(),
+        );
+        for (expected, (index, payload)) in (first_index..).zip(records) {
+            if *index != expected {
+                return Err(StoreError::Refused(format!(
+                    "appended entries are not consecutive: index {index} where {expected} was due"
+                )));
+            }
+            frame(*index, payload, &mut bytes)?;
+        }
+        let (segment, file, offset) = self.segment_for(first_index, gap_allowed)?;
+        file.write_all_at(&bytes, offset)
+            .map_err(|error| io_error("append to the log", error))?;
+        file.sync_data()
+            .map_err(|error| io_error("fsync the log", error))?;
+        let mut state = self.write_state()?;
+        let mut position = offset;
+        for (index, payload) in records {
+            let payload_len = payload.len() as u32;
+            state.records.insert(
+                *index,
+                Location {
+                    segment,
+                    offset: position,
+                    payload_len,
+                },
+            );
+            position += (HEADER_BYTES + payload.len()) as u64;
+        }
+        if let Some(open) = state.files.get_mut(&segment) {
+            open.len = position;
+        }
+        Ok(())
+    }
+
+    /// The payloads of the records in `range` that are on disk, in index order, with their
+    /// indexes.
+    pub(super) fn read(
+        &self,
+        range: impl RangeBounds<u64>,
+    ) -> Result<Vec<(u64, Vec<u8>)>, StoreError> {
+        let state = self.read_state()?;
+        let mut payloads = Vec::new();
+        // Consecutive records of one segment are read with one positioned read.
+        let mut run: Vec<(u64, Location)> = Vec::new();
+        let Some((start, end)) = index_span(&range) else {
+            return Ok(payloads);
+        };
+        for (index, location) in state
+            .records
+            .range(start..)
+            .take_while(|(index, _)| end.is_none_or(|end| **index < end))
+        {
+            let continues = run.last().is_some_and(|(_, previous)| {
+                previous.segment == location.segment
+                    && previous.offset + HEADER_BYTES as u64 + u64::from(previous.payload_len)
+                        == location.offset
+            });
+            if !continues && !run.is_empty() {
+                read_run(&state, &run, &mut payloads)?;
+                run.clear();
+            }
+            run.push((*index, *location));
+        }
+        if !run.is_empty() {
+            read_run(&state, &run, &mut payloads)?;
+        }
+        Ok(payloads)
+    }
+
+    /// Removes every record at or after `index`, durably: later segments are unlinked, then the
+    /// segment that holds `index` is cut before it.
+    pub(super) fn truncate(&self, index: u64) -> Result<(), StoreError> {
+        let _writer = self.lock_writer()?;
+        let mut state = self.write_state()?;
+        let doomed: Vec<u64> = state
+            .files
+            .range((Bound::Excluded(index), Bound::Unbounded))
+            .map(|(first, _)| *first)
+            .rev()
+            .collect();
+        // A segment that starts exactly at `index` goes too.
+        let doomed: Vec<u64> = doomed
+            .into_iter()
+            .chain(state.files.contains_key(&index).then_some(index))
+            .collect();
+        for first in &doomed {
+            if let Some(segment) = state.files.remove(first) {
+                fs::remove_file(&segment.path)
+                    .map_err(|error| io_error("remove a log segment", error))?;
+            }
+        }
+        if !doomed.is_empty() {
+            sync_dir(&self.dir)?;
+        }
+        if let Some(location) = state.records.get(&index).copied() {
+            if let Some(segment) = state.files.get_mut(&location.segment) {
+                segment
+                    .file
+                    .set_len(location.offset)
+                    .map_err(|error| io_error("truncate the log", error))?;
+                segment
+                    .file
+                    .sync_data()
+                    .map_err(|error| io_error("truncate the log", error))?;
+                segment.len = location.offset;
+            }
+        }
+        state.records.split_off(&index);
+        Ok(())
+    }
+
+    /// Unlinks every segment whose records all lie at or below `index`. Records below `index`
+    /// that share a segment with later ones stay on disk; the caller ignores them.
+    pub(super) fn remove_through(&self, index: u64) -> Result<(), StoreError> {
+        let _writer = self.lock_writer()?;
+        let mut state = self.write_state()?;
+        let firsts: Vec<u64> = state.files.keys().copied().collect();
+        let mut removed = false;
+        for (position, first) in firsts.iter().enumerate() {
+            let next = firsts.get(position + 1).copied().unwrap_or(u64::MAX);
+            let last_record = state
+                .records
+                .range(*first..next)
+                .next_back()
+                .map(|(index, _)| *index);
+            let is_last_segment = position + 1 == firsts.len();
+            let removable = match last_record {
+                Some(last_record) => last_record <= index,
+                // An empty segment in the middle is a leftover; the last one is where the next
+                // append goes.
+                None => !is_last_segment,
+            };
+            if !removable {
+                break;
+            }
+            if let Some(segment) = state.files.remove(first) {
+                fs::remove_file(&segment.path)
+                    .map_err(|error| io_error("remove a log segment", error))?;
+                removed = true;
+            }
+            if let Some(last_record) = last_record {
+                state.records = state.records.split_off(&(last_record + 1));
+            }
+        }
+        if removed {
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// The segment the next record (at `index`) goes into, its file and the offset to write
+    /// at; starts a new segment when the current one is full, when there is none, or at a gap.
+    fn segment_for(
+        &self,
+        index: u64,
+        gap_allowed: bool,
+    ) -> Result<(u64, Arc<File>, u64), StoreError> {
+        {
+            let state = self.read_state()?;
+            let last_index = state.records.keys().next_back().copied();
+            if let Some(last_index) = last_index {
+                if index <= last_index {
+                    return Err(StoreError::Refused(format!(
+                        "append at index {index} over the log's last index {last_index} (truncate first)"
+                    )));
+                }
+                if index != last_index + 1 && !gap_allowed {
+                    return Err(StoreError::Refused(format!(
+                        "append at index {index} leaves a hole after the log's last index {last_index}"
+                    )));
+                }
+            }
+            if let Some((first, segment)) = state.files.iter().next_back() {
+                // A record goes into the last segment only right after that segment's own last
+                // record, or first into it when it is empty and named for it.
+                let holds_previous = index
+                    .checked_sub(1)
+                    .and_then(|previous| state.records.get(&previous))
+                    .is_some_and(|location| location.segment == *first);
+                let follows = if segment.len == 0 {
+                    *first == index
+                } else {
+                    holds_previous
+                };
+                if follows && segment.len < self.segment_bytes_target {
+                    return Ok((*first, segment.file.clone(), segment.len));
+                }
+            }
+        }
+        self.start_segment(index)
+    }
+
+    fn start_segment(&self, first: u64) -> Result<(u64, Arc<File>, u64), StoreError> {
+        let path = self.dir.join(segment_name(first));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .map_err(|error| io_error("create a log segment", error))?;
+        file.sync_all()
+            .map_err(|error| io_error("create a log segment", error))?;
+        sync_dir(&self.dir)?;
+        let file = Arc::new(file);
+        let mut state = self.write_state()?;
+        // An empty segment left at the end (cut to nothing) is replaced by the new one.
+        let empty: Vec<u64> = state
+            .files
+            .iter()
+            .filter(|(_, segment)| segment.len == 0)
+            .map(|(first, _)| *first)
+            .filter(|existing| *existing != first)
+            .collect();
+        for existing in empty {
+            if let Some(segment) = state.files.remove(&existing) {
+                fs::remove_file(&segment.path)
+                    .map_err(|error| io_error("remove an empty log segment", error))?;
+            }
+        }
+        state.files.insert(
+            first,
+            Segment {
+                file: file.clone(),
+                path,
+                len: 0,
+            },
+        );
+        Ok((first, file, 0))
+    }
+
+    fn lock_writer(&self) -> Result<std::sync::MutexGuard<'_, ()>, StoreError> {
+        self.writer.lock().map_err(|_| StoreError::Poisoned)
+    }
+
+    fn read_state(&self) -> Result<std::sync::RwLockReadGuard<'_, Segments>, StoreError> {
+        self.state.read().map_err(|_| StoreError::Poisoned)
+    }
+
+    fn write_state(&self) -> Result<std::sync::RwLockWriteGuard<'_, Segments>, StoreError> {
+        self.state.write().map_err(|_| StoreError::Poisoned)
+    }
+}
+
+/// What reading one segment found: its whole records, and where a torn one starts.
+struct Scanned {
+    records: Vec<(u64, Location)>,
+    torn_at: Option<u64>,
+}
+
+/// Reads the records of the segment named `first` from its bytes. A record that runs past the
+/// end of the file (its header, or the payload its length announces), or that is the file's
+/// last and fails its CRC, is torn; a record that fails its CRC with more bytes after it, or
+/// records out of order, are corruption.
+fn scan(first: u64, bytes: &[u8], path: &Path) -> Result<Scanned, StoreError> {
+    let mut records = Vec::new();
+    let mut offset = 0usize;
+    let mut expected = first;
+    while offset < bytes.len() {
+        let Some(header) = bytes.get(offset..offset + HEADER_BYTES) else {
+            return Ok(torn(records, offset));
+        };
+        let payload_len = u32::from_le_bytes(header[0..4].try_into().expect("4 bytes")) as usize;
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let index = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        let end = offset + HEADER_BYTES + payload_len;
+        if payload_len > PAYLOAD_BYTES_MAX || end > bytes.len() {
+            return Ok(torn(records, offset));
+        }
+        let payload = &bytes[offset + HEADER_BYTES..end];
+        if checksum(index, payload) != crc {
+            if end == bytes.len() {
+                return Ok(torn(records, offset));
+            }
+            return Err(corrupt(
+                path,
+                format!("the record at byte {offset} fails its checksum"),
+            ));
+        }
+        if index != expected {
+            return Err(corrupt(
+                path,
+                format!("the record at byte {offset} has index {index} where {expected} was due"),
+            ));
+        }
+        records.push((
+            index,
+            Location {
+                segment: first,
+                offset: offset as u64,
+                payload_len: payload_len as u32,
+            },
+        ));
+        expected += 1;
+        offset = end;
+    }
+    Ok(Scanned {
+        records,
+        torn_at: None,
+    })
+}
+
+fn torn(records: Vec<(u64, Location)>, offset: usize) -> Scanned {
+    Scanned {
+        records,
+        torn_at: Some(offset as u64),
+    }
+}
+
+/// Reads a run of records that lie back to back in one segment and checks each.
+fn read_run(
+    state: &Segments,
+    run: &[(u64, Location)],
+    payloads: &mut Vec<(u64, Vec<u8>)>,
+) -> Result<(), StoreError> {
+    let (_, first) = run[0];
+    let (_, last) = run[run.len() - 1];
+    let segment = state
+        .files
+        .get(&first.segment)
+        .ok_or_else(|| StoreError::Corrupt {
+            what: "log".to_owned(),
+            reason: format!("segment {} is gone", first.segment),
+        })?;
+    let end = last.offset + HEADER_BYTES as u64 + u64::from(last.payload_len);
+    let mut bytes = vec![0; (end - first.offset) as usize];
+    segment
+        .file
+        .read_exact_at(&mut bytes, first.offset)
+        .map_err(|error| io_error("read the log", error))?;
+    for (index, location) in run {
+        let start = (location.offset - first.offset) as usize;
+        let header = &bytes[start..start + HEADER_BYTES];
+        let payload =
+            &bytes[start + HEADER_BYTES..start + HEADER_BYTES + location.payload_len as usize];
+        let crc = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+        let stored_index = u64::from_le_bytes(header[8..16].try_into().expect("8 bytes"));
+        if stored_index != *index || checksum(*index, payload) != crc {
+            return Err(corrupt(
+                &segment.path,
+                format!("the record of index {index} no longer reads back"),
+            ));
+        }
+        payloads.push((*index, payload.to_vec()));
+    }
+    Ok(())
+}
+
+/// `range` as a first index and an end index (exclusive; `None`: no end), or `None` when it
+/// holds no index (BTreeMap's `range` panics on a start past the end).
+fn index_span(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
+    let start = match range.start_bound() {
+        Bound::Included(start) => *start,
+        Bound::Excluded(start) => start.checked_add(1)?,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(end) => end.checked_add(1),
+        Bound::Excluded(end) => Some(*end),
+        Bound::Unbounded => None,
+    };
+    end.is_none_or(|end| start < end).then_some((start, end))
+}
+
+fn frame(index: u64, payload: &[u8], bytes: &mut Vec<u8>) -> Result<(), StoreError> {
+    if payload.len() > PAYLOAD_BYTES_MAX {
+        return Err(StoreError::Refused(format!(
+            "a log entry of {} bytes is over the {PAYLOAD_BYTES_MAX}-byte limit",
+            payload.len()
+        )));
+    }
+    bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    bytes.extend_from_slice(&checksum(index, payload).to_le_bytes());
+    bytes.extend_from_slice(&index.to_le_bytes());
+    bytes.extend_from_slice(payload);
+    Ok(())
+}
+
+fn checksum(index: u64, payload: &[u8]) -> u32 {
+    let mut hasher = crc32fast::Hasher::new();
+    hasher.update(&index.to_le_bytes());
+    hasher.update(payload);
+    hasher.finalize()
+}
+
+fn segment_name(first: u64) -> String {
+    format!("{first:020}{SEGMENT_SUFFIX}")
+}
+
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let digits = name.strip_suffix(SEGMENT_SUFFIX)?;
+    (digits.len() == 20 && digits.bytes().all(|byte| byte.is_ascii_digit()))
+        .then(|| digits.parse().ok())
+        .flatten()
+}
+
+/// Makes the directory's entries (segments created or unlinked) durable.
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|error| io_error("fsync the log directory", error))
+}
+
+fn io_error(what: &str, error: io::Error) -> StoreError {
+    StoreError::Io(format!("{what}: {error}"))
+}
+
+fn corrupt(path: &Path, reason: String) -> StoreError {
+    StoreError::Corrupt {
+        what: format!("log segment {}", path.display()),
+        reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn payload(index: u64) -> Vec<u8> {
+        format!("entry {index}").into_bytes()
+    }
+
+    fn records(indexes: std::ops::RangeInclusive<u64>) -> Vec<(u64, Vec<u8>)> {
+        indexes.map(|index| (index, payload(index))).collect()
+    }
+
+    fn indexes(log: &SegmentLog, range: impl RangeBounds<u64>) -> Vec<u64> {
+        let read = log.read(range).unwrap();
+        for (index, bytes) in &read {
+            assert_eq!(*bytes, payload(*index));
+        }
+        read.into_iter().map(|(index, _)| index).collect()
+    }
+
+    fn segment_firsts(dir: &Path) -> Vec<u64> {
+        let mut firsts: Vec<u64> = fs::read_dir(dir)
+            .unwrap()
+            .filter_map(|item| parse_segment_name(item.unwrap().file_name().to_str()?))
+            .collect();
+        firsts.sort();
+        firsts
+    }
+
+    /// Segments of 64 bytes: three records of `entry N` (23 bytes each) fill one.
+    const SMALL: u64 = 64;
+
+    #[test]
+    fn appends_roll_into_new_segments_and_read_back_across_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        for batch in [1..=3, 4..=6, 7..=9] {
+            log.append(&records(batch), false).unwrap();
+        }
+        assert_eq!(segment_firsts(dir.path()), vec![1, 4, 7]);
+        assert_eq!(indexes(&log, ..), (1..=9).collect::<Vec<_>>());
+        assert_eq!(indexes(&log, 2..8), (2..8).collect::<Vec<_>>());
+        assert_eq!(indexes(&log, 9..=20), vec![9]);
+        assert_eq!(indexes(&log, 5..5), Vec::<u64>::new());
+        assert_eq!(
+            indexes(&log, (Bound::Excluded(8), Bound::Included(3))),
+            Vec::<u64>::new()
+        );
+        drop(log);
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        assert_eq!(log.bounds().unwrap(), Some((1, 9)));
+        assert_eq!(indexes(&log, ..), (1..=9).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn truncate_unlinks_later_segments_and_cuts_the_one_that_holds_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        for batch in [1..=3, 4..=6, 7..=9] {
+            log.append(&records(batch), false).unwrap();
+        }
+        log.truncate(5).unwrap();
+        assert_eq!(segment_firsts(dir.path()), vec![1, 4]);
+        assert_eq!(indexes(&log, ..), vec![1, 2, 3, 4]);
+        log.append(&records(5..=5), false).unwrap();
+        // A cut at a segment's first index removes that segment.
+        log.truncate(4).unwrap();
+        assert_eq!(segment_firsts(dir.path()), vec![1]);
+        log.append(&records(4..=6), false).unwrap();
+        drop(log);
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        assert_eq!(indexes(&log, ..), (1..=6).collect::<Vec<_>>());
+        log.truncate(0).unwrap();
+        assert_eq!(log.bounds().unwrap(), None);
+        assert_eq!(segment_firsts(dir.path()), Vec::<u64>::new());
+    }
+
+    #[test]
+    fn remove_through_unlinks_only_segments_wholly_at_or_below_the_index() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        for batch in [1..=3, 4..=6, 7..=9] {
+            log.append(&records(batch), false).unwrap();
+        }
+        log.remove_through(5).unwrap();
+        assert_eq!(segment_firsts(dir.path()), vec![4, 7]);
+        assert_eq!(log.bounds().unwrap(), Some((4, 9)));
+        log.remove_through(9).unwrap();
+        assert_eq!(log.bounds().unwrap(), None);
+        // After everything went, the log starts again wherever the caller allows.
+        log.append(&records(20..=21), true).unwrap();
+        drop(log);
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        assert_eq!(indexes(&log, ..), vec![20, 21]);
+    }
+
+    #[test]
+    fn an_append_that_overlaps_or_leaves_a_hole_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        log.append(&records(1..=2), false).unwrap();
+        for (batch, gap_allowed) in [(2..=3, false), (2..=3, true), (4..=4, false)] {
+            let refused = log.append(&records(batch), gap_allowed);
+            assert!(
+                matches!(refused, Err(StoreError::Refused(_))),
+                "{refused:?}"
+            );
+        }
+        let not_consecutive = vec![(3, payload(3)), (5, payload(5))];
+        assert!(matches!(
+            log.append(&not_consecutive, false),
+            Err(StoreError::Refused(_))
+        ));
+        assert_eq!(indexes(&log, ..), vec![1, 2]);
+        log.append(&records(10..=10), true).unwrap();
+        assert_eq!(segment_firsts(dir.path()), vec![1, 10]);
+    }
+
+    #[test]
+    fn a_crash_before_the_first_record_of_a_new_segment_leaves_an_empty_one_that_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        log.append(&records(1..=3), false).unwrap();
+        drop(log);
+        File::create(dir.path().join(segment_name(4))).unwrap();
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        log.append(&records(4..=4), false).unwrap();
+        drop(log);
+        File::create(dir.path().join(segment_name(9))).unwrap();
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        log.append(&records(5..=5), false).unwrap();
+        assert_eq!(segment_firsts(dir.path()), vec![1, 4]);
+        assert_eq!(indexes(&log, ..), (1..=5).collect::<Vec<_>>());
+    }
+}
