@@ -295,15 +295,7 @@ async fn committed_entries_after_snapshot_are_reapplied_once() {
 
 #[tokio::test]
 async fn a_corrupt_log_record_is_an_error_not_a_panic() {
-    let dir = TempDir::new().unwrap();
-    {
-        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
-        log_store
-            .blocking_append((1..=4).map(|index| blank_entry(1, index)))
-            .await
-            .unwrap();
-    }
-    let segment = only_segment(dir.path());
+    let (dir, segment) = four_blank_entries_in_one_segment().await;
     let mut bytes = std::fs::read(&segment).unwrap();
     let records = record_offsets(&bytes);
     assert_eq!(records.len(), 4);
@@ -324,15 +316,7 @@ async fn a_corrupt_log_record_is_an_error_not_a_panic() {
 #[tokio::test]
 async fn a_torn_last_record_is_cut_off_and_the_log_goes_on() {
     for tear in ["cut short", "flipped byte"] {
-        let dir = TempDir::new().unwrap();
-        {
-            let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
-            log_store
-                .blocking_append((1..=4).map(|index| blank_entry(1, index)))
-                .await
-                .unwrap();
-        }
-        let segment = only_segment(dir.path());
+        let (dir, segment) = four_blank_entries_in_one_segment().await;
         let mut bytes = std::fs::read(&segment).unwrap();
         let (last_start, last_end) = record_offsets(&bytes)[3];
         match tear {
@@ -369,15 +353,7 @@ async fn a_torn_last_record_is_cut_off_and_the_log_goes_on() {
 /// A record whose frame is sound but whose entry is another index's is refused when read.
 #[tokio::test]
 async fn a_record_holding_another_index_is_an_error() {
-    let dir = TempDir::new().unwrap();
-    {
-        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
-        log_store
-            .blocking_append((1..=4).map(|index| blank_entry(1, index)))
-            .await
-            .unwrap();
-    }
-    let segment = only_segment(dir.path());
+    let (dir, segment) = four_blank_entries_in_one_segment().await;
     let mut bytes = std::fs::read(&segment).unwrap();
     let misplaced =
         bincode::serde::encode_to_vec(blank_entry(1, 9), bincode::config::standard()).unwrap();
@@ -451,6 +427,16 @@ async fn a_format_1_log_in_sled_is_copied_into_segments() {
         let (format, _): (u32, usize) =
             bincode::serde::decode_from_slice(&format, standard).unwrap();
         assert_eq!(format, 2);
+        // A tree a crash left after format 2 was recorded (the copy was complete): it is
+        // dropped, never copied over the newer segments.
+        let leftover = db.open_tree("log").unwrap();
+        leftover
+            .insert(
+                1u64.to_be_bytes(),
+                bincode::serde::encode_to_vec(&entries[0], standard).unwrap(),
+            )
+            .unwrap();
+        db.flush().unwrap();
     }
     let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
     let indexes: Vec<u64> = log_store
@@ -625,6 +611,20 @@ fn namespaced(op: Op) -> Command {
 /// sled releases its file lock from background threads a moment after the last handle goes.
 async fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
     retry_while_locked(|| store::open(dir)).await
+}
+
+/// A store holding blank entries 1 to 4 (term 1), closed, and its one segment file.
+async fn four_blank_entries_in_one_segment() -> (TempDir, PathBuf) {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        log_store
+            .blocking_append((1..=4).map(|index| blank_entry(1, index)))
+            .await
+            .unwrap();
+    }
+    let segment = only_segment(dir.path());
+    (dir, segment)
 }
 
 /// The one segment file of a small log in the store at `dir`.

@@ -311,14 +311,15 @@ impl LogStore {
     /// snapshot install put the purge point past everything on disk), so the segments may
     /// start a new segment there.
     fn starts_after_purge(&self, index: u64) -> Result<bool, StoreError> {
+        let last_on_disk = self.segments.bounds()?.map(|(_, last)| last);
+        if last_on_disk.is_some_and(|last| last + 1 == index) {
+            // The usual append, right after the last entry: no purge point to read.
+            return Ok(false);
+        }
         let Some(purged) = self.last_purged()? else {
             return Ok(false);
         };
-        let on_disk_below = self
-            .segments
-            .bounds()?
-            .is_none_or(|(_, last)| last <= purged.index);
-        Ok(index == purged.index + 1 && on_disk_below)
+        Ok(index == purged.index + 1 && last_on_disk.is_none_or(|last| last <= purged.index))
     }
 
     /// The log id of the last entry after the purge point.

@@ -126,8 +126,9 @@ pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
 
 /// Brings a data dir to `STORE_FORMAT`. From format 1: the sled `log` tree's entries are copied
 /// into segments (fsynced), the format is recorded (so an earlier build refuses the dir rather
-/// than see an empty log), and only then is the tree dropped. A crash at any step leaves either
-/// the tree, which the next open copies again whole, or the segments.
+/// than see an empty log), and only then is the tree dropped. A crash before the format is
+/// recorded leaves format 1 and the tree, which the next open copies again whole; after it, the
+/// copy is complete and a tree still there is only dropped, never copied over newer segments.
 fn upgrade(
     database: &Database,
     log_store: &LogStore,
@@ -138,7 +139,7 @@ fn upgrade(
         .tree_names()
         .iter()
         .any(|name| name.as_ref() == LEGACY_LOG_TREE.as_bytes());
-    if has_sled_log {
+    if has_sled_log && found_format == Some(LEGACY_STORE_FORMAT) {
         let logs = database.db.open_tree(LEGACY_LOG_TREE)?;
         if !logs.is_empty() {
             tracing::info!(

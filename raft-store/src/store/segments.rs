@@ -266,16 +266,12 @@ impl SegmentLog {
     pub(super) fn truncate(&self, index: u64) -> Result<(), StoreError> {
         let _writer = self.lock_writer()?;
         let mut state = self.write_state()?;
+        // Every segment that starts at or after `index`, the newest first.
         let doomed: Vec<u64> = state
             .files
-            .range((Bound::Excluded(index), Bound::Unbounded))
+            .range(index..)
             .map(|(first, _)| *first)
             .rev()
-            .collect();
-        // A segment that starts exactly at `index` goes too.
-        let doomed: Vec<u64> = doomed
-            .into_iter()
-            .chain(state.files.contains_key(&index).then_some(index))
             .collect();
         for first in &doomed {
             if let Some(segment) = state.files.remove(first) {
@@ -638,13 +634,19 @@ mod tests {
     /// Segments of 64 bytes: three records of `entry N` (23 bytes each) fill one.
     const SMALL: u64 = 64;
 
-    #[test]
-    fn appends_roll_into_new_segments_and_read_back_across_them() {
+    /// A log of entries 1 to 9 in three full segments, named 1, 4 and 7.
+    fn three_full_segments() -> (tempfile::TempDir, SegmentLog) {
         let dir = tempfile::tempdir().unwrap();
         let log = SegmentLog::open(dir.path(), SMALL).unwrap();
         for batch in [1..=3, 4..=6, 7..=9] {
             log.append(&records(batch), false).unwrap();
         }
+        (dir, log)
+    }
+
+    #[test]
+    fn appends_roll_into_new_segments_and_read_back_across_them() {
+        let (dir, log) = three_full_segments();
         assert_eq!(segment_firsts(dir.path()), vec![1, 4, 7]);
         assert_eq!(indexes(&log, ..), (1..=9).collect::<Vec<_>>());
         assert_eq!(indexes(&log, 2..8), (2..8).collect::<Vec<_>>());
@@ -662,11 +664,7 @@ mod tests {
 
     #[test]
     fn truncate_unlinks_later_segments_and_cuts_the_one_that_holds_the_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
-        for batch in [1..=3, 4..=6, 7..=9] {
-            log.append(&records(batch), false).unwrap();
-        }
+        let (dir, log) = three_full_segments();
         log.truncate(5).unwrap();
         assert_eq!(segment_firsts(dir.path()), vec![1, 4]);
         assert_eq!(indexes(&log, ..), vec![1, 2, 3, 4]);
@@ -685,11 +683,7 @@ mod tests {
 
     #[test]
     fn remove_through_unlinks_only_segments_wholly_at_or_below_the_index() {
-        let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
-        for batch in [1..=3, 4..=6, 7..=9] {
-            log.append(&records(batch), false).unwrap();
-        }
+        let (dir, log) = three_full_segments();
         log.remove_through(5).unwrap();
         assert_eq!(segment_firsts(dir.path()), vec![4, 7]);
         assert_eq!(log.bounds().unwrap(), Some((4, 9)));
