@@ -64,7 +64,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
 ///   (`&mut self`), and each one finishes its writes before returning.
 /// - `append` writes every entry with one positioned write, `fdatasync`s the segment, and only
 ///   then reports the entries flushed through the callback: an entry acknowledged to the leader
-///   is on disk.
+///   is on disk. After the callback it may write zeros ahead of the records
+///   (`SegmentLog::preallocate`), so that later appends change no file size.
 /// - `save_vote` fsyncs sled before returning. `truncate` and `purge` fsync too.
 /// - No holes: `truncate` removes a suffix, later segments first; `purge` durably records the
 ///   last purged log id before it removes whole segments of the prefix, and `open` finishes an
@@ -165,7 +166,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         match result.await {
             Ok(()) => {
                 callback.log_io_completed(Ok(()));
-                Ok(())
+                // Zeros ahead of the records for the next appends, once this one is answered.
+                self.segments
+                    .preallocate()
+                    .map_err(|error| storage_error(ErrorSubject::Logs, ErrorVerb::Write, error))
             }
             Err(error) => {
                 callback.log_io_completed(Err(io::Error::other(error.to_string())));

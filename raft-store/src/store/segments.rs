@@ -10,12 +10,18 @@
 //! bytes and `crc` is the CRC-32 of the index and payload. This module frames and finds bytes by
 //! index; it never looks inside a payload (`log.rs` encodes the entries).
 //!
+//! The last segment is kept zero-filled ahead of its records (`preallocate`, a megabyte at a
+//! time, after an append is acknowledged): an append into bytes that already exist changes no
+//! file size, so its `fdatasync` writes the records and nothing else (about a fifth faster on
+//! this disk). So a segment is its records followed by zeros, and zeros are not records.
+//!
 //! Recovery (`open`) reads every segment. Records must be well-formed and consecutive within a
 //! segment, and no index may be on disk twice. Only the last record of the last segment may be
-//! torn (cut short, or failing its CRC): it is what a crash during an append leaves, an append
-//! that was never acknowledged because its fsync had not returned, and it is cut off. Anything
-//! else that does not read back is corruption, and `open` fails: the node stops rather than
-//! serve a log with a hole.
+//! torn (cut short, or failing its CRC, with nothing but zeros after it): it is what a crash
+//! during an append leaves, an append that was never acknowledged because its fsync had not
+//! returned, and it is cut off. Anything else that does not read back is corruption, and `open`
+//! fails: the node stops rather than serve a log with a hole. `open` cuts every file at the end
+//! of its records, zeros included, so nothing that was never a record stays in a segment.
 //!
 //! Crash safety of the other writes: a new segment's directory entry is fsynced before a record
 //! is written into it; `truncate` unlinks later segments (and fsyncs the directory) before it
@@ -37,6 +43,8 @@ use super::StoreError;
 
 /// Bytes before a record's payload: length, CRC and index.
 const HEADER_BYTES: usize = 16;
+/// Zeros written ahead of the last segment's records at a time (~0.9 ms with its fdatasync).
+const PREALLOCATE_BYTES: u64 = 1 << 20;
 /// A payload larger than this is corruption (no log entry the limits allow comes near it).
 const PAYLOAD_BYTES_MAX: usize = 1 << 30;
 const SEGMENT_SUFFIX: &str = ".log";
@@ -70,6 +78,8 @@ struct Segment {
     path: PathBuf,
     /// Bytes of whole records, where the next record goes.
     len: u64,
+    /// The file's size: `len` and the zeros after it.
+    allocated: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -120,10 +130,6 @@ impl SegmentLog {
                         offset,
                         "cutting off a torn record at the end of the log (an append a crash interrupted; it was never acknowledged)"
                     );
-                    file.set_len(offset)
-                        .map_err(|error| io_error("cut a torn record", error))?;
-                    file.sync_data()
-                        .map_err(|error| io_error("cut a torn record", error))?;
                     offset
                 }
                 Some(offset) => {
@@ -132,8 +138,15 @@ impl SegmentLog {
                         format!("an unreadable record at byte {offset}, before the last segment"),
                     ))
                 }
-                None => bytes.len() as u64,
+                None => scanned.end,
             };
+            if len < bytes.len() as u64 {
+                // A torn record, or zeros written ahead of the records.
+                file.set_len(len)
+                    .map_err(|error| io_error("cut a log segment after its last record", error))?;
+                file.sync_data()
+                    .map_err(|error| io_error("cut a log segment after its last record", error))?;
+            }
             if len == 0 {
                 // Created, then a crash before its first record: it holds nothing.
                 fs::remove_file(&path)
@@ -152,6 +165,7 @@ impl SegmentLog {
                     file: Arc::new(file),
                     path,
                     len,
+                    allocated: len,
                 },
             );
         }
@@ -222,6 +236,39 @@ impl SegmentLog {
         }
         if let Some(open) = state.files.get_mut(&segment) {
             open.len = position;
+            open.allocated = open.allocated.max(position);
+        }
+        Ok(())
+    }
+
+    /// Makes sure the last segment has at least half of `PREALLOCATE_BYTES` of zeros after its
+    /// records, writing (and fdatasyncing) `PREALLOCATE_BYTES` more when it has not. Called after
+    /// an append has been acknowledged, so the next appends find their bytes already there. A
+    /// segment that is full gets none: the next append starts a new one.
+    pub(super) fn preallocate(&self) -> Result<(), StoreError> {
+        let _writer = self.lock_writer()?;
+        let (first, file, from) = {
+            let state = self.read_state()?;
+            let Some((first, segment)) = state.files.iter().next_back() else {
+                return Ok(());
+            };
+            if segment.len == 0
+                || segment.len >= self.segment_bytes_target
+                || segment.allocated - segment.len >= PREALLOCATE_BYTES / 2
+            {
+                return Ok(());
+            }
+            (*first, segment.file.clone(), segment.allocated)
+        };
+        // Readers never look past `len`, and the writer lock keeps appends out: the zeros go
+        // in without the state lock.
+        let zeros = vec![0u8; PREALLOCATE_BYTES as usize];
+        file.write_all_at(&zeros, from)
+            .map_err(|error| io_error("preallocate the log", error))?;
+        file.sync_data()
+            .map_err(|error| io_error("preallocate the log", error))?;
+        if let Some(segment) = self.write_state()?.files.get_mut(&first) {
+            segment.allocated = from + PREALLOCATE_BYTES;
         }
         Ok(())
     }
@@ -293,6 +340,7 @@ impl SegmentLog {
                     .sync_data()
                     .map_err(|error| io_error("truncate the log", error))?;
                 segment.len = location.offset;
+                segment.allocated = location.offset;
             }
         }
         state.records.split_off(&index);
@@ -414,6 +462,7 @@ impl SegmentLog {
                 file: file.clone(),
                 path,
                 len: 0,
+                allocated: 0,
             },
         );
         Ok((first, file, 0))
@@ -432,21 +481,27 @@ impl SegmentLog {
     }
 }
 
-/// What reading one segment found: its whole records, and where a torn one starts.
+/// What reading one segment found: its whole records, where they end, and where a torn one
+/// starts.
 struct Scanned {
     records: Vec<(u64, Location)>,
+    /// The end of the last whole record: zeros may follow it.
+    end: u64,
     torn_at: Option<u64>,
 }
 
-/// Reads the records of the segment named `first` from its bytes. A record that runs past the
-/// end of the file (its header, or the payload its length announces), or that is the file's
-/// last and fails its CRC, is torn; a record that fails its CRC with more bytes after it, or
-/// records out of order, are corruption.
+/// Reads the records of the segment named `first` from its bytes; they end where only zeros are
+/// left. A record that runs past the end of the file (its header, or the payload its length
+/// announces), or that fails its CRC with nothing but zeros after it, is torn; a record that
+/// fails its CRC with more written after it, or records out of order, are corruption.
 fn scan(first: u64, bytes: &[u8], path: &Path) -> Result<Scanned, StoreError> {
     let mut records = Vec::new();
     let mut offset = 0usize;
     let mut expected = first;
     while offset < bytes.len() {
+        if is_zero(&bytes[offset..]) {
+            break;
+        }
         let Some(header) = bytes.get(offset..offset + HEADER_BYTES) else {
             return Ok(torn(records, offset));
         };
@@ -459,7 +514,7 @@ fn scan(first: u64, bytes: &[u8], path: &Path) -> Result<Scanned, StoreError> {
         }
         let payload = &bytes[offset + HEADER_BYTES..end];
         if checksum(index, payload) != crc {
-            if end == bytes.len() {
+            if is_zero(&bytes[end..]) {
                 return Ok(torn(records, offset));
             }
             return Err(corrupt(
@@ -486,6 +541,7 @@ fn scan(first: u64, bytes: &[u8], path: &Path) -> Result<Scanned, StoreError> {
     }
     Ok(Scanned {
         records,
+        end: offset as u64,
         torn_at: None,
     })
 }
@@ -493,8 +549,13 @@ fn scan(first: u64, bytes: &[u8], path: &Path) -> Result<Scanned, StoreError> {
 fn torn(records: Vec<(u64, Location)>, offset: usize) -> Scanned {
     Scanned {
         records,
+        end: offset as u64,
         torn_at: Some(offset as u64),
     }
+}
+
+fn is_zero(bytes: &[u8]) -> bool {
+    bytes.iter().all(|byte| *byte == 0)
 }
 
 /// Reads a run of records that lie back to back in one segment and checks each.
@@ -733,5 +794,82 @@ mod tests {
         log.append(&records(5..=5), false).unwrap();
         assert_eq!(segment_firsts(dir.path()), vec![1, 4]);
         assert_eq!(indexes(&log, ..), (1..=5).collect::<Vec<_>>());
+    }
+
+    /// The bytes of the one segment of `dir`, named `first`.
+    fn segment_bytes(dir: &Path, first: u64) -> Vec<u8> {
+        fs::read(dir.join(segment_name(first))).unwrap()
+    }
+
+    #[test]
+    fn appends_go_into_preallocated_zeros_and_open_cuts_the_zeros_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = SegmentLog::open(dir.path(), 1 << 30).unwrap();
+        log.append(&records(1..=2), false).unwrap();
+        let records_end = segment_bytes(dir.path(), 1).len() as u64;
+        log.preallocate().unwrap();
+        assert_eq!(
+            segment_bytes(dir.path(), 1).len() as u64,
+            records_end + PREALLOCATE_BYTES
+        );
+        // Enough room left: no more zeros.
+        log.preallocate().unwrap();
+        log.append(&records(3..=4), false).unwrap();
+        let bytes = segment_bytes(dir.path(), 1);
+        assert_eq!(bytes.len() as u64, records_end + PREALLOCATE_BYTES);
+        assert_eq!(indexes(&log, ..), vec![1, 2, 3, 4]);
+        drop(log);
+
+        let log = SegmentLog::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(indexes(&log, ..), vec![1, 2, 3, 4]);
+        let cut = segment_bytes(dir.path(), 1);
+        assert!(cut.len() < bytes.len() && !cut.ends_with(&[0; 8]));
+        // A truncate into the zeros' segment, then appends: only the new records are there.
+        log.preallocate().unwrap();
+        log.truncate(3).unwrap();
+        log.append(&records(3..=3), false).unwrap();
+        drop(log);
+        let log = SegmentLog::open(dir.path(), 1 << 30).unwrap();
+        assert_eq!(indexes(&log, ..), vec![1, 2, 3]);
+    }
+
+    /// A crash during an append into preallocated zeros leaves the record half written with
+    /// zeros after it (or its header alone): torn, cut off. Something written after a bad
+    /// record is corruption, as without the zeros.
+    #[test]
+    fn a_record_torn_inside_the_zeros_is_cut_off_and_one_with_writes_after_it_is_corruption() {
+        for (tear, corrupt) in [
+            ("half zeroed", false),
+            ("header only", false),
+            ("bytes after", true),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            let log = SegmentLog::open(dir.path(), 1 << 30).unwrap();
+            log.append(&records(1..=3), false).unwrap();
+            let third_at = log.read_state().unwrap().records[&3].offset as usize;
+            let third_end = third_at + HEADER_BYTES + payload(3).len();
+            log.preallocate().unwrap();
+            drop(log);
+            let mut bytes = segment_bytes(dir.path(), 1);
+            match tear {
+                "half zeroed" => bytes[third_end - 4..third_end].fill(0),
+                "header only" => bytes[third_at + HEADER_BYTES..third_end].fill(0),
+                _ => {
+                    bytes[third_end - 1] ^= 0xff;
+                    bytes[third_end + 100] = 1;
+                }
+            }
+            fs::write(dir.path().join(segment_name(1)), &bytes).unwrap();
+            let opened = SegmentLog::open(dir.path(), 1 << 30);
+            if corrupt {
+                assert!(matches!(opened, Err(StoreError::Corrupt { .. })), "{tear}");
+                continue;
+            }
+            let log = opened.unwrap();
+            assert_eq!(indexes(&log, ..), vec![1, 2], "{tear}");
+            assert_eq!(segment_bytes(dir.path(), 1).len(), third_at, "{tear}");
+            log.append(&records(3..=4), false).unwrap();
+            assert_eq!(indexes(&log, ..), vec![1, 2, 3, 4], "{tear}");
+        }
     }
 }
