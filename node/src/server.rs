@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt;
 use baton_raft_store::store;
 use openraft::{Raft, SnapshotPolicy};
 use tokio::net::TcpListener;
@@ -224,6 +225,9 @@ fn serve(
             tokio::spawn(async move { server.await })
         }
         None => {
+            let listener = listener.tap_io(|stream| {
+                let _ = stream.set_nodelay(true);
+            });
             let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
             tokio::spawn(async move { server.await })
         }
