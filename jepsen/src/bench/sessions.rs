@@ -111,7 +111,8 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         deadline,
     ));
     let in_flight = Arc::new(tokio::sync::Semaphore::new(SESSIONS_IN_FLIGHT_MAX));
-    let latencies: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    // Each renewal's latency with the second of the run it was due in.
+    let latencies: Arc<Mutex<Vec<(u64, Duration)>>> = Arc::default();
     let errors = Arc::new(AtomicU64::new(0));
     let spacing = args.period / sessions.len() as u32;
     let mut renewals = Vec::new();
@@ -123,6 +124,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         let (endpoint, session) = sessions[index].clone();
         let (http, latencies, errors) = (http.clone(), latencies.clone(), errors.clone());
         let was_due = due;
+        let second = due.duration_since(started).as_secs();
         renewals.push(tokio::spawn(async move {
             let answer = http
                 .post(format!("{endpoint}/v1/sessions/{session}/keepalive"))
@@ -130,7 +132,8 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
                 .await;
             let ok = answer.is_ok_and(|answer| answer.status().is_success());
             if ok {
-                latencies.lock().expect("latencies").push(was_due.elapsed());
+                let latency = was_due.elapsed();
+                latencies.lock().expect("latencies").push((second, latency));
             } else {
                 errors.fetch_add(1, Ordering::Relaxed);
             }
@@ -143,7 +146,9 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         renewal.await.context("a keepalive task")?;
     }
     let probe = probe.await.context("the probe")?;
-    let mut latencies = std::mem::take(&mut *latencies.lock().expect("latencies"));
+    let timed = std::mem::take(&mut *latencies.lock().expect("latencies"));
+    let p99_by_second = p99_by_second(&timed, args.seconds);
+    let mut latencies: Vec<Duration> = timed.into_iter().map(|(_, latency)| latency).collect();
     latencies.sort();
     let mut probe_latencies = probe.acquire_latencies;
     probe_latencies.sort();
@@ -170,6 +175,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         "keepalive_p50_ms": keepalive(0.5),
         "keepalive_p99_ms": keepalive(0.99),
         "keepalive_max_ms": keepalive(1.0),
+        "keepalive_p99_ms_by_second": p99_by_second,
         "errors": errors,
         "probe_acquire_p99_ms": probe_p99,
         "probe_cycles": probe.cycles,
@@ -190,6 +196,24 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         ],
     };
     Ok(Figures { json, chart })
+}
+
+/// The keepalive p99 of each second of the run, by the second the renewal was due in: whether
+/// a tail is one stall or spread evenly.
+fn p99_by_second(timed: &[(u64, Duration)], seconds: u64) -> Vec<f64> {
+    let mut by_second: Vec<Vec<Duration>> = vec![Vec::new(); seconds as usize];
+    for (second, latency) in timed {
+        if let Some(bucket) = by_second.get_mut(*second as usize) {
+            bucket.push(*latency);
+        }
+    }
+    by_second
+        .into_iter()
+        .map(|mut bucket| {
+            bucket.sort();
+            (percentile_ms(&bucket, 0.99) * 100.0).round() / 100.0
+        })
+        .collect()
 }
 
 /// Leases one session holds at most in the bench's setups (the default limit per session).
