@@ -348,12 +348,19 @@ pub fn router(app: AppState) -> Router {
         .route("/healthz", get(cluster::healthz))
         .route("/readyz", get(cluster::readyz))
         .route("/metrics", get(cluster::metrics));
-    leader_routes
+    let routes = leader_routes
         .merge(local_routes)
         .merge(console::routes())
         .fallback(unknown_route)
-        .method_not_allowed_fallback(wrong_method)
-        .layer(from_fn_with_state(app.clone(), auth::authenticate))
+        .method_not_allowed_fallback(wrong_method);
+    // Without --auth the check would pass every request: no layer at all, rather than one that
+    // boxes every request's future to do nothing.
+    let routes = if app.auth {
+        routes.layer(from_fn_with_state(app.clone(), auth::authenticate))
+    } else {
+        routes
+    };
+    routes
         .layer(from_fn_with_state(app.clone(), observe))
         .layer(DefaultBodyLimit::max(BODY_BYTES_MAX))
         .with_state(app)
