@@ -14,7 +14,9 @@
 //! the `http` module's), anything that interprets commands, and the cluster secret in a log line,
 //! an error message or a `Debug` output.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -36,6 +38,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::{AnyError, RPCTypes, Raft};
+use reqwest::Url;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -75,6 +78,8 @@ pub struct PeerNetwork {
     secret: Option<HeaderValue>,
     /// `https` with peer TLS.
     scheme: &'static str,
+    /// `scheme://peer_addr` parsed, by peer address (`base_url`).
+    bases: Arc<Mutex<HashMap<String, Url>>>,
 }
 
 /// Mutual TLS to peers: this node's certificate chain and key, and the CA every peer's
@@ -102,6 +107,8 @@ impl PeerNetwork {
             // Peer traffic goes straight to the peer: an HTTP_PROXY meant for something else must
             // not carry Raft messages (or the secret).
             .no_proxy()
+            // A peer never redirects; following one would carry the secret somewhere else.
+            .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true);
         let scheme = match &tls {
             Some(tls) => {
@@ -117,7 +124,40 @@ impl PeerNetwork {
             http: http.build()?,
             secret,
             scheme,
+            bases: Arc::default(),
         })
+    }
+
+    /// `scheme://peer_addr`, parsed once per address: parsing a URL runs IDNA over its host,
+    /// and with every append and relay message parsing its own that was 2% of a busy leader's
+    /// CPU. An address that makes no URL is an error naming it.
+    fn base_url(&self, peer_addr: &str) -> Result<Url, String> {
+        let mut bases = self
+            .bases
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(base) = bases.get(peer_addr) {
+            return Ok(base.clone());
+        }
+        let base = Url::parse(&format!("{}://{peer_addr}", self.scheme))
+            .map_err(|error| format!("peer address {peer_addr} makes no URL: {error}"))?;
+        bases.insert(peer_addr.to_owned(), base.clone());
+        Ok(base)
+    }
+}
+
+/// `path` on the peer listener at `base`.
+fn peer_url(base: &Result<Url, String>, path: &str) -> Result<Url, String> {
+    base.as_ref()
+        .map_err(Clone::clone)?
+        .join(path)
+        .map_err(|error| format!("{path} on {}: {error}", base_display(base)))
+}
+
+fn base_display(base: &Result<Url, String>) -> &str {
+    match base {
+        Ok(base) => base.as_str(),
+        Err(error) => error,
     }
 }
 
@@ -141,7 +181,7 @@ impl PeerNetwork {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerPostError> {
-        let url = format!("{}://{peer_addr}{path}", self.scheme);
+        let url = peer_url(&self.base_url(peer_addr), path).map_err(PeerPostError::NotDelivered)?;
         let request = peer_request(&self.http, url, &self.secret, body, timeout);
         let sent = |error: reqwest::Error| {
             if error.is_connect() || error.is_builder() {
@@ -177,7 +217,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
             node_id: self.node_id,
             target,
             member: node.clone(),
-            base_url: format!("{}://{}", self.scheme, node.peer_addr),
+            base_url: self.base_url(&node.peer_addr),
             http: self.http.clone(),
             secret: self.secret.clone(),
         }
@@ -205,7 +245,7 @@ pub struct PeerClient {
     node_id: u64,
     target: u64,
     member: Member,
-    base_url: String,
+    base_url: Result<Url, String>,
     http: reqwest::Client,
     secret: Option<HeaderValue>,
 }
@@ -249,7 +289,7 @@ impl fmt::Debug for PeerClient {
         f.debug_struct("PeerClient")
             .field("node_id", &self.node_id)
             .field("target", &self.target)
-            .field("base_url", &self.base_url)
+            .field("base_url", &base_display(&self.base_url))
             .field("secret", &redacted(&self.secret))
             .finish_non_exhaustive()
     }
@@ -301,7 +341,10 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let ttl = option.hard_ttl();
-        let url = format!("{}{path}", self.base_url);
+        // An address that makes no URL: back off as for a refused connection; no retry fixes it
+        // before a membership change does.
+        let url = peer_url(&self.base_url, path)
+            .map_err(|error| RPCError::Unreachable(Unreachable::new(&AnyError::error(error))))?;
         let request = peer_request(&self.http, url, &self.secret, body, ttl);
         let response = request
             .send()
@@ -340,8 +383,9 @@ impl PeerClient {
         ttl: Duration,
         error: reqwest::Error,
     ) -> PeerRpcError<E> {
-        // A builder error means the peer address does not make a URL: no retry will fix that
-        // before a membership change does, so back off like for a refused connection.
+        // A builder error is a request reqwest could not even make (the URL was checked when
+        // parsed): it never left, and a retry would not fix it, so back off as for a refused
+        // connection.
         if error.is_connect() || error.is_builder() {
             RPCError::Unreachable(Unreachable::new(&error))
         } else if error.is_timeout() {
@@ -378,7 +422,7 @@ fn network_error<E: std::error::Error + 'static, R: std::error::Error>(
 /// A peer POST of `body` to `url`, bounded by `timeout`, with the cluster secret when one is set.
 fn peer_request(
     http: &reqwest::Client,
-    url: String,
+    url: Url,
     secret: &Option<HeaderValue>,
     body: Vec<u8>,
     timeout: Duration,
@@ -830,6 +874,48 @@ mod tests {
             Err(RPCError::Unreachable(_)) => {}
             other => panic!("expected Unreachable, got {other:?}"),
         }
+    }
+
+    /// An address parsed once is reused (`base_url`), and one that makes no URL is refused
+    /// before anything is sent: unreachable for Raft, not delivered for a relay message.
+    #[tokio::test]
+    async fn a_peer_address_that_makes_no_url_is_never_sent_to() {
+        let mut network = PeerNetwork::new(2, None, None).expect("network");
+        let member = Member {
+            api_addr: "127.0.0.1:1".to_owned(),
+            peer_addr: "no such host:port".to_owned(),
+        };
+        let mut client = network.new_client(1, &member).await;
+        let vote = VoteRequest {
+            vote: Vote::new(5, 2),
+            last_log_id: None,
+        };
+        match client.vote(vote, options()).await {
+            Err(RPCError::Unreachable(unreachable)) => {
+                assert!(
+                    unreachable.to_string().contains("no such host:port"),
+                    "{unreachable}"
+                )
+            }
+            other => panic!("expected Unreachable, got {other:?}"),
+        }
+        let posted = network
+            .post(
+                "no such host:port",
+                "/raft/echo",
+                Vec::new(),
+                Duration::from_secs(1),
+            )
+            .await;
+        assert!(
+            matches!(posted, Err(PeerPostError::NotDelivered(_))),
+            "{posted:?}"
+        );
+        assert_eq!(
+            network.base_url("127.0.0.1:7441").unwrap().as_str(),
+            "http://127.0.0.1:7441/"
+        );
+        assert_eq!(network.bases.lock().unwrap().len(), 1);
     }
 
     #[tokio::test]
