@@ -1,7 +1,11 @@
 //! The peer network of `batond`: how one node's Raft reaches another's, both ends of it.
 //!
-//! The client side is `PeerNetwork` (openraft's `RaftNetworkFactory`, one shared HTTP client)
-//! and `PeerClient` (openraft's `RaftNetwork` for one target). The server side is `peer_router`,
+//! The client side is `PeerNetwork` (openraft's `RaftNetworkFactory`, and `post` for the write
+//! relay) and `PeerClient` (openraft's `RaftNetwork` for one target). Each speaks over HTTP/1.1
+//! connections of its own (`Connection`, hyper's bare client over TCP, or TLS with peer TLS): a
+//! `PeerClient` keeps one connection to its target, since openraft sends it one RPC at a time,
+//! and `post` takes an idle connection to the address or opens one. reqwest's pooled client cost
+//! a busy leader a quarter of its CPU in the replication streams (docs/performance.md). The server side is `peer_router`,
 //! the axum router mounted on `--peer-listen`. Both speak the same tiny protocol: a POST to
 //! `/raft/append`, `/raft/vote` or `/raft/snapshot` whose body is the openraft request in
 //! bincode (serde, standard config), answered 200 with `Result<response, RaftError>` in bincode,
@@ -28,6 +32,9 @@ use axum::routing::post;
 use axum::Router;
 use baton_raft_store::machine::{decode_value, encode_value};
 use baton_raft_store::store::{Member, TypeConfig};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
 use openraft::error::{
     Infallible, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError,
     RemoteError, Timeout, Unreachable,
@@ -38,10 +45,13 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::{AnyError, RPCTypes, Raft};
-use reqwest::Url;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 
 /// The header that carries the cluster secret on every peer request when one is configured.
 pub const CLUSTER_SECRET_HEADER: &str = "baton-cluster-secret";
@@ -64,9 +74,9 @@ pub enum PeerNetworkError {
     /// deliberately does not repeat the secret.
     #[error("the cluster secret must be non-empty visible ASCII (it travels as an HTTP header)")]
     InvalidSecret,
-    /// The HTTP client could not be built.
-    #[error("building the peer HTTP client failed: {0}")]
-    Client(#[from] reqwest::Error),
+    /// The peer TLS material does not make a client configuration.
+    #[error("peer TLS: {0}")]
+    Tls(String),
 }
 
 /// openraft's network factory for a Baton node: hands out one `PeerClient` per target, all
@@ -74,13 +84,15 @@ pub enum PeerNetworkError {
 #[derive(Clone)]
 pub struct PeerNetwork {
     node_id: u64,
-    http: reqwest::Client,
     secret: Option<HeaderValue>,
-    /// `https` with peer TLS.
-    scheme: &'static str,
-    /// `scheme://peer_addr` parsed, by peer address (`base_url`).
-    bases: Arc<Mutex<HashMap<String, Url>>>,
+    /// With peer TLS: the client side of the handshake (the peer CA, this node's certificate).
+    tls: Option<TlsConnector>,
+    /// `post`'s connections not in use, by peer address.
+    idle: Arc<Mutex<HashMap<String, Vec<Connection>>>>,
 }
+
+/// Idle connections `post` keeps per peer address at most (the relay has four messages out).
+const IDLE_CONNECTIONS_MAX: usize = 8;
 
 /// Mutual TLS to peers: this node's certificate chain and key, and the CA every peer's
 /// certificate must be signed by (PEM).
@@ -102,63 +114,178 @@ impl PeerNetwork {
         tls: Option<PeerTls>,
     ) -> Result<Self, PeerNetworkError> {
         let secret = secret.map(|secret| secret_header(&secret)).transpose()?;
-        let mut http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(PEER_CONNECT_TIMEOUT_MS))
-            // Peer traffic goes straight to the peer: an HTTP_PROXY meant for something else must
-            // not carry Raft messages (or the secret).
-            .no_proxy()
-            // A peer never redirects; following one would carry the secret somewhere else.
-            .redirect(reqwest::redirect::Policy::none())
-            .tcp_nodelay(true);
-        let scheme = match &tls {
-            Some(tls) => {
-                http = http
-                    .tls_certs_only(reqwest::Certificate::from_pem_bundle(&tls.ca_pem)?)
-                    .identity(reqwest::Identity::from_pem(&tls.identity_pem)?);
-                "https"
-            }
-            None => "http",
-        };
+        let tls = tls.map(|tls| client_tls(&tls)).transpose()?;
         Ok(Self {
             node_id,
-            http: http.build()?,
             secret,
-            scheme,
-            bases: Arc::default(),
+            tls,
+            idle: Arc::default(),
         })
     }
 
-    /// `scheme://peer_addr`, parsed once per address: parsing a URL runs IDNA over its host,
-    /// and with every append and relay message parsing its own that was 2% of a busy leader's
-    /// CPU. An address that makes no URL is an error naming it.
-    fn base_url(&self, peer_addr: &str) -> Result<Url, String> {
-        let mut bases = self
-            .bases
+    /// Opens a connection to the peer listener at `peer_addr` (TCP, then TLS with peer TLS,
+    /// then HTTP/1.1), within `PEER_CONNECT_TIMEOUT_MS`. Nothing has been sent when it fails.
+    async fn connect(&self, peer_addr: &str) -> Result<Connection, String> {
+        let opened = async {
+            let tcp = TcpStream::connect(peer_addr)
+                .await
+                .map_err(|error| error.to_string())?;
+            tcp.set_nodelay(true).map_err(|error| error.to_string())?;
+            match &self.tls {
+                None => Connection::handshake(tcp).await,
+                Some(tls) => {
+                    let name = server_name(peer_addr)?;
+                    let stream = tls
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|error| format!("TLS: {error}"))?;
+                    Connection::handshake(stream).await
+                }
+            }
+        };
+        match tokio::time::timeout(Duration::from_millis(PEER_CONNECT_TIMEOUT_MS), opened).await {
+            Ok(Ok(connection)) => Ok(connection),
+            Ok(Err(error)) => Err(format!("connecting to peer {peer_addr}: {error}")),
+            Err(_) => Err(format!(
+                "connecting to peer {peer_addr}: no connection within {PEER_CONNECT_TIMEOUT_MS} ms"
+            )),
+        }
+    }
+
+    /// POSTs `body` to `path` on `connection`, with the cluster secret when one is set, and
+    /// reads the whole answer (at most `PEER_MESSAGE_BYTES_MAX` bytes) within `timeout`.
+    async fn exchange(
+        &self,
+        connection: &mut Connection,
+        peer_addr: &str,
+        path: &str,
+        body: Vec<u8>,
+        timeout: Duration,
+    ) -> Result<(StatusCode, Bytes), ExchangeError> {
+        let mut request = axum::http::Request::post(path)
+            .header(header::HOST, peer_addr)
+            .header(header::CONTENT_TYPE, OCTET_STREAM);
+        if let Some(secret) = &self.secret {
+            request = request.header(CLUSTER_SECRET_HEADER, secret.clone());
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|error| ExchangeError::Failed(error.to_string()))?;
+        let exchanged = async {
+            connection
+                .send
+                .ready()
+                .await
+                .map_err(|error| ExchangeError::Failed(error.to_string()))?;
+            let response = connection
+                .send
+                .send_request(request)
+                .await
+                .map_err(|error| ExchangeError::Failed(error.to_string()))?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), PEER_MESSAGE_BYTES_MAX)
+                .collect()
+                .await
+                .map_err(|error| ExchangeError::Failed(format!("reading the answer: {error}")))?
+                .to_bytes();
+            Ok((status, body))
+        };
+        tokio::time::timeout(timeout, exchanged)
+            .await
+            .unwrap_or(Err(ExchangeError::TimedOut))
+    }
+
+    fn take_idle(&self, peer_addr: &str) -> Option<Connection> {
+        let mut idle = self
+            .idle
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Some(base) = bases.get(peer_addr) {
-            return Ok(base.clone());
+        let connections = idle.get_mut(peer_addr)?;
+        while let Some(connection) = connections.pop() {
+            if !connection.send.is_closed() {
+                return Some(connection);
+            }
         }
-        let base = Url::parse(&format!("{}://{peer_addr}", self.scheme))
-            .map_err(|error| format!("peer address {peer_addr} makes no URL: {error}"))?;
-        bases.insert(peer_addr.to_owned(), base.clone());
-        Ok(base)
+        None
+    }
+
+    fn put_idle(&self, peer_addr: &str, connection: Connection) {
+        let mut idle = self
+            .idle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let connections = idle.entry(peer_addr.to_owned()).or_default();
+        if connections.len() < IDLE_CONNECTIONS_MAX {
+            connections.push(connection);
+        }
     }
 }
 
-/// `path` on the peer listener at `base`.
-fn peer_url(base: &Result<Url, String>, path: &str) -> Result<Url, String> {
-    base.as_ref()
-        .map_err(Clone::clone)?
-        .join(path)
-        .map_err(|error| format!("{path} on {}: {error}", base_display(base)))
+/// One HTTP/1.1 connection to a peer listener: requests go one at a time; hyper's connection
+/// task (spawned at the handshake) does the I/O and ends when the connection does.
+struct Connection {
+    send: SendRequest<Full<Bytes>>,
 }
 
-fn base_display(base: &Result<Url, String>) -> &str {
-    match base {
-        Ok(base) => base.as_str(),
-        Err(error) => error,
+impl Connection {
+    async fn handshake<S>(stream: S) -> Result<Connection, String>
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let (send, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|error| error.to_string())?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "a peer connection ended");
+            }
+        });
+        Ok(Connection { send })
     }
+}
+
+/// Why an exchange on an open connection got no answer. Either way the request may have
+/// reached the peer.
+enum ExchangeError {
+    TimedOut,
+    Failed(String),
+}
+
+/// The TLS client side for peers: trusts only the peer CA, shows this node's certificate.
+fn client_tls(tls: &PeerTls) -> Result<TlsConnector, PeerNetworkError> {
+    let bad =
+        |what: &str, error: &dyn fmt::Display| PeerNetworkError::Tls(format!("{what}: {error}"));
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(&tls.ca_pem) {
+        let ca = ca.map_err(|error| bad("the peer CA is not PEM certificates", &error))?;
+        roots
+            .add(ca)
+            .map_err(|error| bad("a peer CA certificate is unusable", &error))?;
+    }
+    let chain = CertificateDer::pem_slice_iter(&tls.identity_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| bad("the peer certificate is not PEM", &error))?;
+    let key = PrivateKeyDer::from_pem_slice(&tls.identity_pem)
+        .map_err(|error| bad("the peer key is not PEM", &error))?;
+    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| bad("TLS versions", &error))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|error| bad("the peer certificate and key", &error))?;
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// The name a peer's certificate must carry: the host of its `host:port` address (an IP address
+/// or a DNS name).
+fn server_name(peer_addr: &str) -> Result<ServerName<'static>, String> {
+    let host = peer_addr
+        .rsplit_once(':')
+        .map_or(peer_addr, |(host, _)| host)
+        .trim_start_matches('[')
+        .trim_end_matches(']');
+    ServerName::try_from(host.to_owned())
+        .map_err(|error| format!("{host} is no server name: {error}"))
 }
 
 /// Why `PeerNetwork::post` got no answer.
@@ -181,23 +308,30 @@ impl PeerNetwork {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerPostError> {
-        let url = peer_url(&self.base_url(peer_addr), path).map_err(PeerPostError::NotDelivered)?;
-        let request = peer_request(&self.http, url, &self.secret, body, timeout);
-        let sent = |error: reqwest::Error| {
-            if error.is_connect() || error.is_builder() {
-                PeerPostError::NotDelivered(error.to_string())
-            } else {
-                PeerPostError::MaybeDelivered(error.to_string())
+        let mut connection = match self.take_idle(peer_addr) {
+            Some(connection) => connection,
+            None => self
+                .connect(peer_addr)
+                .await
+                .map_err(PeerPostError::NotDelivered)?,
+        };
+        let (status, body) = match self
+            .exchange(&mut connection, peer_addr, path, body, timeout)
+            .await
+        {
+            Ok(answer) => answer,
+            Err(ExchangeError::TimedOut) => {
+                return Err(PeerPostError::MaybeDelivered(format!(
+                    "peer {peer_addr} did not answer {path} within {timeout:?}"
+                )))
+            }
+            Err(ExchangeError::Failed(error)) => {
+                return Err(PeerPostError::MaybeDelivered(format!(
+                    "peer {peer_addr}, {path}: {error}"
+                )))
             }
         };
-        let response = request.send().await.map_err(sent)?;
-        let status = response.status();
-        let body = read_body(response).await.map_err(|error| {
-            PeerPostError::MaybeDelivered(match error {
-                ReadError::Transport(error) => error.to_string(),
-                ReadError::Wire(error) => error.to_string(),
-            })
-        })?;
+        self.put_idle(peer_addr, connection);
         if !status.is_success() {
             let quoted = &body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)];
             return Err(PeerPostError::MaybeDelivered(format!(
@@ -205,7 +339,7 @@ impl PeerNetwork {
                 String::from_utf8_lossy(quoted).trim()
             )));
         }
-        Ok(body)
+        Ok(body.to_vec())
     }
 }
 
@@ -214,12 +348,10 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 
     async fn new_client(&mut self, target: u64, node: &Member) -> PeerClient {
         PeerClient {
-            node_id: self.node_id,
             target,
             member: node.clone(),
-            base_url: self.base_url(&node.peer_addr),
-            http: self.http.clone(),
-            secret: self.secret.clone(),
+            network: self.clone(),
+            connection: None,
         }
     }
 }
@@ -233,21 +365,19 @@ impl fmt::Debug for PeerNetwork {
     }
 }
 
-/// openraft's connection to one peer: each RPC is one HTTP POST on the shared client, bounded by
-/// the RPC's hard TTL.
+/// openraft's connection to one peer: each RPC is one HTTP POST on a connection this client
+/// keeps to its target (opened again after any failure), bounded by the RPC's hard TTL.
 ///
-/// Errors: a connection that cannot be opened (refused, connect timeout, DNS, an unusable
-/// address) is `Unreachable`, so openraft backs off; a timeout once the request may have been
-/// sent is `Timeout`; a non-2xx answer or an undecodable one is `Network`; a Raft error returned
-/// by the peer is `RemoteError`; an append too large to send is `PayloadTooLarge`.
-#[derive(Clone)]
+/// Errors: a connection that cannot be opened (refused, connect timeout, DNS, a TLS handshake
+/// refused, an unusable address) is `Unreachable`, so openraft backs off; a timeout once the
+/// request may have been sent is `Timeout`; a broken connection, a non-2xx answer or an
+/// undecodable one is `Network`; a Raft error returned by the peer is `RemoteError`; an append
+/// too large to send is `PayloadTooLarge`.
 pub struct PeerClient {
-    node_id: u64,
     target: u64,
     member: Member,
-    base_url: Result<Url, String>,
-    http: reqwest::Client,
-    secret: Option<HeaderValue>,
+    network: PeerNetwork,
+    connection: Option<Connection>,
 }
 
 impl RaftNetwork<TypeConfig> for PeerClient {
@@ -287,10 +417,9 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 impl fmt::Debug for PeerClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PeerClient")
-            .field("node_id", &self.node_id)
             .field("target", &self.target)
-            .field("base_url", &base_display(&self.base_url))
-            .field("secret", &redacted(&self.secret))
+            .field("peer_addr", &self.member.peer_addr)
+            .field("network", &self.network)
             .finish_non_exhaustive()
     }
 }
@@ -330,7 +459,7 @@ type SecretDigest = [u8; 32];
 impl PeerClient {
     /// Sends one encoded request and decodes the peer's `Result<Resp, RaftError<E>>`.
     async fn call<Resp, E>(
-        &self,
+        &mut self,
         rpc_type: RPCTypes,
         path: &str,
         body: Vec<u8>,
@@ -341,20 +470,38 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let ttl = option.hard_ttl();
-        // An address that makes no URL: back off as for a refused connection; no retry fixes it
-        // before a membership change does.
-        let url = peer_url(&self.base_url, path)
-            .map_err(|error| RPCError::Unreachable(Unreachable::new(&AnyError::error(error))))?;
-        let request = peer_request(&self.http, url, &self.secret, body, ttl);
-        let response = request
-            .send()
-            .await
-            .map_err(|error| self.transport_error(rpc_type, ttl, error))?;
-        let status = response.status();
-        let body = read_body(response).await.map_err(|error| match error {
-            ReadError::Transport(error) => self.transport_error(rpc_type, ttl, error),
-            ReadError::Wire(error) => network_error(&error),
-        })?;
+        let peer_addr = &self.member.peer_addr;
+        let mut connection = match self.connection.take() {
+            Some(connection) if !connection.send.is_closed() => connection,
+            _ => self.network.connect(peer_addr).await.map_err(|error| {
+                RPCError::Unreachable(Unreachable::new(&AnyError::error(error)))
+            })?,
+        };
+        let exchanged = self
+            .network
+            .exchange(&mut connection, peer_addr, path, body, ttl)
+            .await;
+        // After a failure the connection is dropped: the next call opens another.
+        let (status, body) = match exchanged {
+            Ok(answer) => {
+                self.connection = Some(connection);
+                answer
+            }
+            Err(ExchangeError::TimedOut) => {
+                return Err(RPCError::Timeout(Timeout {
+                    action: rpc_type,
+                    id: self.network.node_id,
+                    target: self.target,
+                    timeout: ttl,
+                }))
+            }
+            Err(ExchangeError::Failed(error)) => {
+                return Err(network_error(&AnyError::error(format!(
+                    "peer {}, {rpc_type}: {error}",
+                    self.target
+                ))))
+            }
+        };
         if !status.is_success() {
             let quoted = &body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)];
             let message = format!(
@@ -373,31 +520,6 @@ impl PeerClient {
                 raft_error,
             ))
         })
-    }
-
-    /// Sorts a reqwest failure by what openraft should do next: back off (`Unreachable`),
-    /// count a timeout (`Timeout`), or retry at the next tick (`Network`).
-    fn transport_error<E: std::error::Error>(
-        &self,
-        rpc_type: RPCTypes,
-        ttl: Duration,
-        error: reqwest::Error,
-    ) -> PeerRpcError<E> {
-        // A builder error is a request reqwest could not even make (the URL was checked when
-        // parsed): it never left, and a retry would not fix it, so back off as for a refused
-        // connection.
-        if error.is_connect() || error.is_builder() {
-            RPCError::Unreachable(Unreachable::new(&error))
-        } else if error.is_timeout() {
-            RPCError::Timeout(Timeout {
-                action: rpc_type,
-                id: self.node_id,
-                target: self.target,
-                timeout: ttl,
-            })
-        } else {
-            network_error(&error)
-        }
     }
 }
 
@@ -419,25 +541,6 @@ fn network_error<E: std::error::Error + 'static, R: std::error::Error>(
     RPCError::Network(NetworkError::new(error))
 }
 
-/// A peer POST of `body` to `url`, bounded by `timeout`, with the cluster secret when one is set.
-fn peer_request(
-    http: &reqwest::Client,
-    url: Url,
-    secret: &Option<HeaderValue>,
-    body: Vec<u8>,
-    timeout: Duration,
-) -> reqwest::RequestBuilder {
-    let request = http
-        .post(url)
-        .timeout(timeout)
-        .header(header::CONTENT_TYPE, OCTET_STREAM)
-        .body(body);
-    match secret {
-        Some(secret) => request.header(CLUSTER_SECRET_HEADER, secret.clone()),
-        None => request,
-    }
-}
-
 fn secret_header(secret: &str) -> Result<HeaderValue, PeerNetworkError> {
     if secret.is_empty() {
         return Err(PeerNetworkError::InvalidSecret);
@@ -453,30 +556,6 @@ fn redacted(secret: &Option<HeaderValue>) -> &'static str {
         Some(_) => "<redacted>",
         None => "<none>",
     }
-}
-
-#[derive(Debug)]
-enum ReadError {
-    Transport(reqwest::Error),
-    Wire(WireError),
-}
-
-/// Reads a response body, refusing it as soon as it grows past `PEER_MESSAGE_BYTES_MAX`.
-async fn read_body(mut response: reqwest::Response) -> Result<Vec<u8>, ReadError> {
-    let declared = response.content_length().unwrap_or(0);
-    if declared > PEER_MESSAGE_BYTES_MAX as u64 {
-        let bytes = usize::try_from(declared).unwrap_or(usize::MAX);
-        return Err(ReadError::Wire(WireError::TooLarge { bytes }));
-    }
-    let mut body = Vec::new();
-    while let Some(chunk) = response.chunk().await.map_err(ReadError::Transport)? {
-        let bytes = body.len() + chunk.len();
-        if bytes > PEER_MESSAGE_BYTES_MAX {
-            return Err(ReadError::Wire(WireError::TooLarge { bytes }));
-        }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body)
 }
 
 async fn authenticate(
@@ -876,10 +955,10 @@ mod tests {
         }
     }
 
-    /// An address parsed once is reused (`base_url`), and one that makes no URL is refused
-    /// before anything is sent: unreachable for Raft, not delivered for a relay message.
+    /// An address nothing can connect to is refused before anything is sent: unreachable for
+    /// Raft, not delivered for a relay message, with the address in the reason.
     #[tokio::test]
-    async fn a_peer_address_that_makes_no_url_is_never_sent_to() {
+    async fn a_peer_address_that_cannot_be_reached_is_never_sent_to() {
         let mut network = PeerNetwork::new(2, None, None).expect("network");
         let member = Member {
             api_addr: "127.0.0.1:1".to_owned(),
@@ -911,11 +990,28 @@ mod tests {
             matches!(posted, Err(PeerPostError::NotDelivered(_))),
             "{posted:?}"
         );
-        assert_eq!(
-            network.base_url("127.0.0.1:7441").unwrap().as_str(),
-            "http://127.0.0.1:7441/"
-        );
-        assert_eq!(network.bases.lock().unwrap().len(), 1);
+    }
+
+    /// A `PeerClient` keeps its connection between RPCs (and drops it after a failure: the
+    /// timeout test below; a restarted peer is the failover integration tests').
+    #[tokio::test]
+    async fn rpcs_reuse_the_clients_connection() {
+        let peer = TestPeer::start(None).await;
+        let mut client = client_for(peer.address, None).await;
+        assert!(client.connection.is_none());
+        for _ in 0..2 {
+            let vote = VoteRequest {
+                vote: Vote::new(5, 2),
+                last_log_id: None,
+            };
+            client.vote(vote, options()).await.expect("vote");
+            let open = client
+                .connection
+                .as_ref()
+                .map(|connection| !connection.send.is_closed());
+            assert_eq!(open, Some(true));
+        }
+        peer.stop().await;
     }
 
     #[tokio::test]
@@ -937,6 +1033,8 @@ mod tests {
             }
             other => panic!("expected Timeout, got {other:?}"),
         }
+        // The connection a request may still be on is given up.
+        assert!(client.connection.is_none());
         drop(listener);
     }
 
