@@ -51,6 +51,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use tokio::net::TcpStream;
+use tokio::time::Instant;
 use tokio_rustls::TlsConnector;
 
 /// The header that carries the cluster secret on every peer request when one is configured.
@@ -124,8 +125,10 @@ impl PeerNetwork {
     }
 
     /// Opens a connection to the peer listener at `peer_addr` (TCP, then TLS with peer TLS,
-    /// then HTTP/1.1), within `PEER_CONNECT_TIMEOUT_MS`. Nothing has been sent when it fails.
-    async fn connect(&self, peer_addr: &str) -> Result<Connection, String> {
+    /// then HTTP/1.1) before `deadline` and within `PEER_CONNECT_TIMEOUT_MS`: a connect counts
+    /// against the time its request is given, so a peer that drops packets costs a relayed
+    /// write no more than its bound. Nothing has been sent when it fails.
+    async fn connect(&self, peer_addr: &str, deadline: Instant) -> Result<Connection, String> {
         let opened = async {
             let tcp = TcpStream::connect(peer_addr)
                 .await
@@ -143,24 +146,26 @@ impl PeerNetwork {
                 }
             }
         };
-        match tokio::time::timeout(Duration::from_millis(PEER_CONNECT_TIMEOUT_MS), opened).await {
+        let within = Duration::from_millis(PEER_CONNECT_TIMEOUT_MS)
+            .min(deadline.saturating_duration_since(Instant::now()));
+        match tokio::time::timeout(within, opened).await {
             Ok(Ok(connection)) => Ok(connection),
             Ok(Err(error)) => Err(format!("connecting to peer {peer_addr}: {error}")),
             Err(_) => Err(format!(
-                "connecting to peer {peer_addr}: no connection within {PEER_CONNECT_TIMEOUT_MS} ms"
+                "connecting to peer {peer_addr}: no connection within {within:?}"
             )),
         }
     }
 
     /// POSTs `body` to `path` on `connection`, with the cluster secret when one is set, and
-    /// reads the whole answer (at most `PEER_MESSAGE_BYTES_MAX` bytes) within `timeout`.
+    /// reads the whole answer (at most `PEER_MESSAGE_BYTES_MAX` bytes) before `deadline`.
     async fn exchange(
         &self,
         connection: &mut Connection,
         peer_addr: &str,
         path: &str,
         body: Vec<u8>,
-        timeout: Duration,
+        deadline: Instant,
     ) -> Result<(StatusCode, Bytes), ExchangeError> {
         let mut request = axum::http::Request::post(path)
             .header(header::HOST, peer_addr)
@@ -190,7 +195,7 @@ impl PeerNetwork {
                 .to_bytes();
             Ok((status, body))
         };
-        tokio::time::timeout(timeout, exchanged)
+        tokio::time::timeout_at(deadline, exchanged)
             .await
             .unwrap_or(Err(ExchangeError::TimedOut))
     }
@@ -308,15 +313,16 @@ impl PeerNetwork {
         body: Vec<u8>,
         timeout: Duration,
     ) -> Result<Vec<u8>, PeerPostError> {
+        let deadline = Instant::now() + timeout;
         let mut connection = match self.take_idle(peer_addr) {
             Some(connection) => connection,
             None => self
-                .connect(peer_addr)
+                .connect(peer_addr, deadline)
                 .await
                 .map_err(PeerPostError::NotDelivered)?,
         };
         let (status, body) = match self
-            .exchange(&mut connection, peer_addr, path, body, timeout)
+            .exchange(&mut connection, peer_addr, path, body, deadline)
             .await
         {
             Ok(answer) => answer,
@@ -470,16 +476,21 @@ impl PeerClient {
         E: std::error::Error + DeserializeOwned,
     {
         let ttl = option.hard_ttl();
+        let deadline = Instant::now() + ttl;
         let peer_addr = &self.member.peer_addr;
         let mut connection = match self.connection.take() {
             Some(connection) if !connection.send.is_closed() => connection,
-            _ => self.network.connect(peer_addr).await.map_err(|error| {
-                RPCError::Unreachable(Unreachable::new(&AnyError::error(error)))
-            })?,
+            _ => self
+                .network
+                .connect(peer_addr, deadline)
+                .await
+                .map_err(|error| {
+                    RPCError::Unreachable(Unreachable::new(&AnyError::error(error)))
+                })?,
         };
         let exchanged = self
             .network
-            .exchange(&mut connection, peer_addr, path, body, ttl)
+            .exchange(&mut connection, peer_addr, path, body, deadline)
             .await;
         // After a failure the connection is dropped: the next call opens another.
         let (status, body) = match exchanged {
@@ -1012,6 +1023,62 @@ mod tests {
             assert_eq!(open, Some(true));
         }
         peer.stop().await;
+    }
+
+    /// A peer that takes the TCP connection and never answers the TLS handshake (as one behind a
+    /// partition that passes only the SYN would): the connect counts against the request's own
+    /// time, so a relay message and an RPC give up within it, not after the 1 s connect bound,
+    /// and neither was delivered.
+    #[tokio::test]
+    async fn a_connect_that_hangs_gives_up_within_the_requests_time() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address").to_string();
+        let holder = tokio::spawn(async move {
+            let mut held = Vec::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                held.push(stream);
+            }
+        });
+        let certified =
+            rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("cert");
+        let cert = certified.cert.pem();
+        let tls = PeerTls {
+            identity_pem: format!("{cert}{}", certified.signing_key.serialize_pem()).into_bytes(),
+            ca_pem: cert.into_bytes(),
+        };
+        let mut network = PeerNetwork::new(2, None, Some(tls)).expect("network");
+        let within = Duration::from_millis(200);
+        let started = Instant::now();
+        let posted = network.post(&address, ECHO_PATH, Vec::new(), within).await;
+        assert!(
+            matches!(posted, Err(PeerPostError::NotDelivered(_))),
+            "{posted:?}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_millis(700),
+            "{:?}",
+            started.elapsed()
+        );
+        let member = Member {
+            api_addr: "127.0.0.1:1".to_owned(),
+            peer_addr: address,
+        };
+        let mut client = network.new_client(1, &member).await;
+        let vote = VoteRequest {
+            vote: Vote::new(5, 2),
+            last_log_id: None,
+        };
+        let started = Instant::now();
+        let voted = client.vote(vote, RPCOption::new(within)).await;
+        assert!(matches!(voted, Err(RPCError::Unreachable(_))), "{voted:?}");
+        assert!(
+            started.elapsed() < Duration::from_millis(700),
+            "{:?}",
+            started.elapsed()
+        );
+        holder.abort();
     }
 
     #[tokio::test]
