@@ -45,8 +45,7 @@ use openraft::raft::{
     VoteRequest, VoteResponse,
 };
 use openraft::{AnyError, RPCTypes, Raft};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -68,16 +67,13 @@ pub const PEER_CONNECT_TIMEOUT_MS: u64 = 1_000;
 /// The Raft-level error a peer RPC can return, with `E` the RPC's own API error.
 pub type PeerRpcError<E = Infallible> = RPCError<u64, Member, RaftError<u64, E>>;
 
-/// Why the peer network could not be built. Both are configuration mistakes found at start-up.
+/// Why the peer network could not be built: a configuration mistake found at start-up.
 #[derive(Debug, thiserror::Error)]
 pub enum PeerNetworkError {
     /// The secret is empty or is not a valid HTTP header value (visible ASCII). The message
     /// deliberately does not repeat the secret.
     #[error("the cluster secret must be non-empty visible ASCII (it travels as an HTTP header)")]
     InvalidSecret,
-    /// The peer TLS material does not make a client configuration.
-    #[error("peer TLS: {0}")]
-    Tls(String),
 }
 
 /// openraft's network factory for a Baton node: hands out one `PeerClient` per target, all
@@ -95,27 +91,19 @@ pub struct PeerNetwork {
 /// Idle connections `post` keeps per peer address at most (the relay has four messages out).
 const IDLE_CONNECTIONS_MAX: usize = 8;
 
-/// Mutual TLS to peers: this node's certificate chain and key, and the CA every peer's
-/// certificate must be signed by (PEM).
-#[derive(Clone)]
-pub struct PeerTls {
-    pub identity_pem: Vec<u8>,
-    pub ca_pem: Vec<u8>,
-}
-
 impl PeerNetwork {
     /// A network for node `node_id` (named in timeout errors), sending `secret` with every peer
     /// request when it is `Some`. Fails on an empty or non-header-safe secret, so a node never
     /// starts with a secret its peers could not receive.
-    /// With `tls`, every peer is reached over HTTPS, trusting only the peer CA and showing this
-    /// node's certificate.
+    /// With `tls` (`tls::client_config`: the peer CA and this node's certificate), every peer is
+    /// reached over TLS.
     pub fn new(
         node_id: u64,
         secret: Option<String>,
-        tls: Option<PeerTls>,
+        tls: Option<Arc<rustls::ClientConfig>>,
     ) -> Result<Self, PeerNetworkError> {
         let secret = secret.map(|secret| secret_header(&secret)).transpose()?;
-        let tls = tls.map(|tls| client_tls(&tls)).transpose()?;
+        let tls = tls.map(TlsConnector::from);
         Ok(Self {
             node_id,
             secret,
@@ -254,31 +242,6 @@ impl Connection {
 enum ExchangeError {
     TimedOut,
     Failed(String),
-}
-
-/// The TLS client side for peers: trusts only the peer CA, shows this node's certificate.
-fn client_tls(tls: &PeerTls) -> Result<TlsConnector, PeerNetworkError> {
-    let bad =
-        |what: &str, error: &dyn fmt::Display| PeerNetworkError::Tls(format!("{what}: {error}"));
-    let mut roots = rustls::RootCertStore::empty();
-    for ca in CertificateDer::pem_slice_iter(&tls.ca_pem) {
-        let ca = ca.map_err(|error| bad("the peer CA is not PEM certificates", &error))?;
-        roots
-            .add(ca)
-            .map_err(|error| bad("a peer CA certificate is unusable", &error))?;
-    }
-    let chain = CertificateDer::pem_slice_iter(&tls.identity_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|error| bad("the peer certificate is not PEM", &error))?;
-    let key = PrivateKeyDer::from_pem_slice(&tls.identity_pem)
-        .map_err(|error| bad("the peer key is not PEM", &error))?;
-    let config = rustls::ClientConfig::builder_with_provider(crate::tls::provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|error| bad("TLS versions", &error))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(chain, key)
-        .map_err(|error| bad("the peer certificate and key", &error))?;
-    Ok(TlsConnector::from(Arc::new(config)))
 }
 
 /// The name a peer's certificate must carry: the host of its `host:port` address (an IP address
@@ -1043,11 +1006,15 @@ mod tests {
         });
         let certified =
             rcgen::generate_simple_self_signed(vec!["127.0.0.1".to_owned()]).expect("cert");
-        let cert = certified.cert.pem();
-        let tls = PeerTls {
-            identity_pem: format!("{cert}{}", certified.signing_key.serialize_pem()).into_bytes(),
-            ca_pem: cert.into_bytes(),
+        let pems = tempfile::tempdir().expect("temp dir");
+        let identity = crate::tls::Identity {
+            cert: pems.path().join("cert.pem"),
+            key: pems.path().join("key.pem"),
         };
+        std::fs::write(&identity.cert, certified.cert.pem()).expect("write the cert");
+        std::fs::write(&identity.key, certified.signing_key.serialize_pem())
+            .expect("write the key");
+        let tls = crate::tls::client_config(&identity, &identity.cert).expect("client config");
         let mut network = PeerNetwork::new(2, None, Some(tls)).expect("network");
         let within = Duration::from_millis(200);
         let started = Instant::now();

@@ -16,7 +16,7 @@ use crate::clock::NodeClock;
 use crate::config::NodeConfig;
 use crate::http::{self, AppState, Relay, Shared};
 use crate::metrics::Metrics;
-use crate::network::{peer_router, PeerNetwork, PeerTls};
+use crate::network::{peer_router, PeerNetwork};
 use crate::proposer::{Proposer, ProposerSettings};
 use crate::tls::{self, TlsListener};
 
@@ -38,13 +38,9 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         .context("--peer-tls-cert/--peer-tls-key/--peer-ca")?;
     let peer_client_tls = peer_identity
         .as_ref()
-        .map(|(identity, ca)| -> anyhow::Result<PeerTls> {
-            Ok(PeerTls {
-                identity_pem: tls::identity_pem(identity)?,
-                ca_pem: std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?,
-            })
-        })
-        .transpose()?;
+        .map(|(identity, ca)| tls::client_config(identity, ca))
+        .transpose()
+        .context("--peer-tls-cert/--peer-tls-key/--peer-ca")?;
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating the data dir {}", config.data_dir.display()))?;
     let (log_store, state_machine) = store::open(&config.data_dir)
@@ -123,9 +119,10 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         .no_proxy()
         .connect_timeout(Duration::from_secs(1))
         .tcp_nodelay(true);
-    if let Some(peer_tls) = &peer_client_tls {
+    if let Some((_, ca)) = &peer_identity {
         // The leader's HTTPS client API may be signed by the peer CA too.
-        for ca in reqwest::Certificate::from_pem_bundle(&peer_tls.ca_pem)? {
+        let pem = std::fs::read(ca).with_context(|| format!("reading {}", ca.display()))?;
+        for ca in reqwest::Certificate::from_pem_bundle(&pem)? {
             forwarder = forwarder.add_root_certificate(ca);
         }
     }

@@ -16,7 +16,7 @@ use anyhow::Context;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
@@ -34,7 +34,7 @@ pub struct Identity {
     pub key: std::path::PathBuf,
 }
 
-pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::aws_lc_rs::default_provider())
 }
 
@@ -99,17 +99,22 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// The PEM bytes of a certificate chain and its key, one after the other: what a reqwest
-/// client identity is made from.
-pub fn identity_pem(identity: &Identity) -> anyhow::Result<Vec<u8>> {
-    let mut pem = std::fs::read(&identity.cert)
-        .with_context(|| format!("reading {}", identity.cert.display()))?;
-    pem.push(b'\n');
-    pem.extend(
-        std::fs::read(&identity.key)
-            .with_context(|| format!("reading {}", identity.key.display()))?,
-    );
-    Ok(pem)
+/// The client side of peer TLS: trusts only the peer CA `ca` and shows `identity` (mutual TLS,
+/// for connections to other nodes' peer ports).
+pub fn client_config(identity: &Identity, ca: &Path) -> anyhow::Result<Arc<ClientConfig>> {
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_root_certificates(roots(ca)?)
+        .with_client_auth_cert(certificates(&identity.cert)?, private_key(&identity.key)?)
+        .with_context(|| {
+            format!(
+                "{} and {} are not a certificate and its key",
+                identity.cert.display(),
+                identity.key.display()
+            )
+        })?;
+    Ok(Arc::new(config))
 }
 
 /// A TCP listener that yields TLS connections whose handshake is done.
