@@ -20,7 +20,7 @@ use std::time::Duration;
 use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
 use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, Vote};
 
-use super::segments::SegmentLog;
+use super::segments::{index_span, SegmentLog};
 use super::{
     decode, encode, read_meta, run_blocking, storage_error, Database, SnapshotProgress,
     StorageResult, StoreError, TypeConfig,
@@ -462,13 +462,14 @@ impl LogStore {
             Bound::Excluded(start) if *start >= first => Bound::Excluded(*start),
             Bound::Excluded(_) | Bound::Unbounded => Bound::Included(first),
         };
-        if let (Bound::Included(start), Some(end)) = (start, exclusive_end(&range)) {
+        let end = range.end_bound().cloned();
+        if let Some((start, Some(end))) = index_span(&(start, end)) {
             if let Some(entries) = self.recent()?.get(start, end) {
                 return Ok(entries);
             }
         }
         let mut entries: Vec<Entry<TypeConfig>> = Vec::new();
-        for (index, payload) in self.segments.read((start, range.end_bound().cloned()))? {
+        for (index, payload) in self.segments.read((start, end))? {
             let entry: Entry<TypeConfig> = decode(&payload, &format!("log entry {index}"))?;
             if entry.log_id.index != index {
                 return Err(StoreError::Corrupt {
@@ -487,15 +488,6 @@ impl LogStore {
             entries.push(entry);
         }
         Ok(entries)
-    }
-}
-
-/// The first index after `range`, when it has an end.
-fn exclusive_end(range: &impl RangeBounds<u64>) -> Option<u64> {
-    match range.end_bound() {
-        Bound::Included(end) => end.checked_add(1),
-        Bound::Excluded(end) => Some(*end),
-        Bound::Unbounded => None,
     }
 }
 

@@ -123,23 +123,20 @@ impl SegmentLog {
                 .map_err(|error| io_error("open a log segment", error))?;
             let bytes = fs::read(&path).map_err(|error| io_error("read a log segment", error))?;
             let scanned = scan(first, &bytes, &path)?;
-            let len = match scanned.torn_at {
-                Some(offset) if Some(position) == last => {
-                    tracing::warn!(
-                        segment = %path.display(),
-                        offset,
-                        "cutting off a torn record at the end of the log (an append a crash interrupted; it was never acknowledged)"
-                    );
-                    offset
-                }
-                Some(offset) => {
+            let len = scanned.end;
+            if scanned.torn {
+                if Some(position) != last {
                     return Err(corrupt(
                         &path,
-                        format!("an unreadable record at byte {offset}, before the last segment"),
-                    ))
+                        format!("an unreadable record at byte {len}, before the last segment"),
+                    ));
                 }
-                None => scanned.end,
-            };
+                tracing::warn!(
+                    segment = %path.display(),
+                    offset = len,
+                    "cutting off a torn record at the end of the log (an append a crash interrupted; it was never acknowledged)"
+                );
+            }
             if len < bytes.len() as u64 {
                 // A torn record, or zeros written ahead of the records.
                 file.set_len(len)
@@ -481,13 +478,13 @@ impl SegmentLog {
     }
 }
 
-/// What reading one segment found: its whole records, where they end, and where a torn one
-/// starts.
+/// What reading one segment found: its whole records, where they end, and whether a torn
+/// record starts there.
 struct Scanned {
     records: Vec<(u64, Location)>,
-    /// The end of the last whole record: zeros may follow it.
+    /// The end of the last whole record: zeros or a torn record may follow it.
     end: u64,
-    torn_at: Option<u64>,
+    torn: bool,
 }
 
 /// Reads the records of the segment named `first` from its bytes; they end where only zeros are
@@ -542,7 +539,7 @@ fn scan(first: u64, bytes: &[u8], path: &Path) -> Result<Scanned, StoreError> {
     Ok(Scanned {
         records,
         end: offset as u64,
-        torn_at: None,
+        torn: false,
     })
 }
 
@@ -550,7 +547,7 @@ fn torn(records: Vec<(u64, Location)>, offset: usize) -> Scanned {
     Scanned {
         records,
         end: offset as u64,
-        torn_at: Some(offset as u64),
+        torn: true,
     }
 }
 
@@ -599,7 +596,7 @@ fn read_run(
 
 /// `range` as a first index and an end index (exclusive; `None`: no end), or `None` when it
 /// holds no index (BTreeMap's `range` panics on a start past the end).
-fn index_span(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
+pub(super) fn index_span(range: &impl RangeBounds<u64>) -> Option<(u64, Option<u64>)> {
     let start = match range.start_bound() {
         Bound::Included(start) => *start,
         Bound::Excluded(start) => start.checked_add(1)?,
