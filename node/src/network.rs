@@ -275,7 +275,7 @@ impl PeerNetwork {
         path: &str,
         body: Vec<u8>,
         timeout: Duration,
-    ) -> Result<Vec<u8>, PeerPostError> {
+    ) -> Result<Bytes, PeerPostError> {
         let deadline = Instant::now() + timeout;
         let mut connection = match self.take_idle(peer_addr) {
             Some(connection) => connection,
@@ -308,7 +308,7 @@ impl PeerNetwork {
                 String::from_utf8_lossy(quoted).trim()
             )));
         }
-        Ok(body.to_vec())
+        Ok(body)
     }
 }
 
@@ -868,7 +868,7 @@ mod tests {
             .post(&address, ECHO_PATH, b"relayed".to_vec(), timeout)
             .await
             .expect("an answer");
-        assert_eq!(echoed, b"relayed");
+        assert_eq!(&echoed[..], b"relayed");
         for secret in [Some("not the secret"), None] {
             let network = PeerNetwork::new(2, secret.map(str::to_owned), None).expect("network");
             match network
