@@ -145,6 +145,43 @@ impl PeerNetwork {
         }
     }
 
+    /// POSTs `body` to `path` on `connection` (the one given, when it is open, or a new one)
+    /// and reads the whole answer before `deadline`. A request that never left a connection
+    /// the peer had closed meanwhile (a kept or idle one) goes once more on a new connection.
+    /// On success `connection` holds the connection for the next request; on failure it is
+    /// dropped.
+    async fn send(
+        &self,
+        connection: &mut Option<Connection>,
+        peer_addr: &str,
+        path: &str,
+        body: Bytes,
+        deadline: Instant,
+    ) -> Result<(StatusCode, Bytes), ExchangeError> {
+        let mut kept = connection.take().filter(|kept| !kept.send.is_closed());
+        loop {
+            let reused = kept.is_some();
+            let mut open = match kept.take() {
+                Some(open) => open,
+                None => self
+                    .connect(peer_addr, deadline)
+                    .await
+                    .map_err(ExchangeError::NotSent)?,
+            };
+            match self
+                .exchange(&mut open, peer_addr, path, body.clone(), deadline)
+                .await
+            {
+                Ok(answer) => {
+                    *connection = Some(open);
+                    return Ok(answer);
+                }
+                Err(ExchangeError::NotSent(_)) if reused => continue,
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
     /// POSTs `body` to `path` on `connection`, with the cluster secret when one is set, and
     /// reads the whole answer (at most `PEER_MESSAGE_BYTES_MAX` bytes) before `deadline`.
     async fn exchange(
@@ -152,7 +189,7 @@ impl PeerNetwork {
         connection: &mut Connection,
         peer_addr: &str,
         path: &str,
-        body: Vec<u8>,
+        body: Bytes,
         deadline: Instant,
     ) -> Result<(StatusCode, Bytes), ExchangeError> {
         let mut request = axum::http::Request::post(path)
@@ -162,27 +199,30 @@ impl PeerNetwork {
             request = request.header(CLUSTER_SECRET_HEADER, secret.clone());
         }
         let request = request
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|error| ExchangeError::Failed(error.to_string()))?;
-        let exchanged = async {
-            connection
-                .send
-                .ready()
-                .await
-                .map_err(|error| ExchangeError::Failed(error.to_string()))?;
-            let response = connection
-                .send
-                .send_request(request)
-                .await
-                .map_err(|error| ExchangeError::Failed(error.to_string()))?;
-            let status = response.status();
-            let body = Limited::new(response.into_body(), PEER_MESSAGE_BYTES_MAX)
-                .collect()
-                .await
-                .map_err(|error| ExchangeError::Failed(format!("reading the answer: {error}")))?
-                .to_bytes();
-            Ok((status, body))
-        };
+            .body(Full::new(body))
+            .map_err(|error| ExchangeError::NotSent(error.to_string()))?;
+        let exchanged =
+            async {
+                connection
+                    .send
+                    .ready()
+                    .await
+                    .map_err(|error| ExchangeError::NotSent(error.to_string()))?;
+                let response = connection.send.try_send_request(request).await.map_err(
+                    |mut error| match error.take_message() {
+                        // Handed back unserialized: it never left.
+                        Some(_) => ExchangeError::NotSent(error.error().to_string()),
+                        None => ExchangeError::Failed(error.error().to_string()),
+                    },
+                )?;
+                let status = response.status();
+                let body = Limited::new(response.into_body(), PEER_MESSAGE_BYTES_MAX)
+                    .collect()
+                    .await
+                    .map_err(|error| ExchangeError::Failed(format!("reading the answer: {error}")))?
+                    .to_bytes();
+                Ok((status, body))
+            };
         tokio::time::timeout_at(deadline, exchanged)
             .await
             .unwrap_or(Err(ExchangeError::TimedOut))
@@ -237,10 +277,13 @@ impl Connection {
     }
 }
 
-/// Why an exchange on an open connection got no answer. Either way the request may have
-/// reached the peer.
+/// Why a request got no answer.
 enum ExchangeError {
+    /// It never left: no connection could be opened, or the connection was gone first.
+    NotSent(String),
+    /// It may have reached the peer, and no whole answer came before the deadline.
     TimedOut,
+    /// It may have reached the peer, and the connection broke or the answer was unreadable.
     Failed(String),
 }
 
@@ -277,18 +320,19 @@ impl PeerNetwork {
         timeout: Duration,
     ) -> Result<Bytes, PeerPostError> {
         let deadline = Instant::now() + timeout;
-        let mut connection = match self.take_idle(peer_addr) {
-            Some(connection) => connection,
-            None => self
-                .connect(peer_addr, deadline)
-                .await
-                .map_err(PeerPostError::NotDelivered)?,
-        };
+        let mut connection = self.take_idle(peer_addr);
         let (status, body) = match self
-            .exchange(&mut connection, peer_addr, path, body, deadline)
+            .send(
+                &mut connection,
+                peer_addr,
+                path,
+                Bytes::from(body),
+                deadline,
+            )
             .await
         {
             Ok(answer) => answer,
+            Err(ExchangeError::NotSent(error)) => return Err(PeerPostError::NotDelivered(error)),
             Err(ExchangeError::TimedOut) => {
                 return Err(PeerPostError::MaybeDelivered(format!(
                     "peer {peer_addr} did not answer {path} within {timeout:?}"
@@ -300,7 +344,9 @@ impl PeerNetwork {
                 )))
             }
         };
-        self.put_idle(peer_addr, connection);
+        if let Some(connection) = connection {
+            self.put_idle(peer_addr, connection);
+        }
         if !status.is_success() {
             let quoted = &body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)];
             return Err(PeerPostError::MaybeDelivered(format!(
@@ -440,26 +486,22 @@ impl PeerClient {
     {
         let ttl = option.hard_ttl();
         let deadline = Instant::now() + ttl;
-        let peer_addr = &self.member.peer_addr;
-        let mut connection = match self.connection.take() {
-            Some(connection) if !connection.send.is_closed() => connection,
-            _ => self
-                .network
-                .connect(peer_addr, deadline)
-                .await
-                .map_err(|error| {
-                    RPCError::Unreachable(Unreachable::new(&AnyError::error(error)))
-                })?,
-        };
-        let exchanged = self
+        let sent = self
             .network
-            .exchange(&mut connection, peer_addr, path, body, deadline)
+            .send(
+                &mut self.connection,
+                &self.member.peer_addr,
+                path,
+                Bytes::from(body),
+                deadline,
+            )
             .await;
-        // After a failure the connection is dropped: the next call opens another.
-        let (status, body) = match exchanged {
-            Ok(answer) => {
-                self.connection = Some(connection);
-                answer
+        let (status, body) = match sent {
+            Ok(answer) => answer,
+            Err(ExchangeError::NotSent(error)) => {
+                return Err(RPCError::Unreachable(Unreachable::new(&AnyError::error(
+                    error,
+                ))))
             }
             Err(ExchangeError::TimedOut) => {
                 return Err(RPCError::Timeout(Timeout {
