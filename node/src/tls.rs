@@ -88,13 +88,7 @@ pub fn server_config(
     };
     let mut config = builder
         .with_single_cert(certificates(&identity.cert)?, private_key(&identity.key)?)
-        .with_context(|| {
-            format!(
-                "{} and {} are not a certificate and its key",
-                identity.cert.display(),
-                identity.key.display()
-            )
-        })?;
+        .with_context(|| not_a_pair(identity))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -107,14 +101,16 @@ pub fn client_config(identity: &Identity, ca: &Path) -> anyhow::Result<Arc<Clien
         .context("TLS protocol versions")?
         .with_root_certificates(roots(ca)?)
         .with_client_auth_cert(certificates(&identity.cert)?, private_key(&identity.key)?)
-        .with_context(|| {
-            format!(
-                "{} and {} are not a certificate and its key",
-                identity.cert.display(),
-                identity.key.display()
-            )
-        })?;
+        .with_context(|| not_a_pair(identity))?;
     Ok(Arc::new(config))
+}
+
+fn not_a_pair(identity: &Identity) -> String {
+    format!(
+        "{} and {} are not a certificate and its key",
+        identity.cert.display(),
+        identity.key.display()
+    )
 }
 
 /// A TCP listener that yields TLS connections whose handshake is done.
