@@ -7,11 +7,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use baton_client::api::{AcquireRequest, ClaimResponse, CreateSessionResponse, Grant, QueueInfo};
 use futures_util::StreamExt;
+use hyper::StatusCode;
 
+use super::client::Http;
 use super::report::{Chart, Figures};
-use super::{
-    check_endpoints_and_seconds, etcd, http_client, percentile_ms, term, BenchArgs, Workload,
-};
+use super::{check_endpoints_and_seconds, etcd, percentile_ms, term, BenchArgs, Workload};
 
 /// Ready tasks the producer keeps in the queue at least, and enqueues at once when below.
 const TASKS_READY_MIN: u64 = 1_000;
@@ -55,7 +55,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
     {
         bail!("give --clients as counts of 1..=4096");
     }
-    let http = http_client()?;
+    let http = Http::default();
     let first_call = match args.workload {
         Workload::Tasks => "claim",
         _ => "acquire",
@@ -125,7 +125,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
 /// Runs `clients` clients against `system` for `--seconds` and prints the row.
 async fn measure(
     args: &BenchArgs,
-    http: &reqwest::Client,
+    http: &Http,
     system: System,
     clients: usize,
 ) -> anyhow::Result<Row> {
@@ -206,7 +206,7 @@ async fn measure(
 
 /// Runs lease cycles on resources `{resource_prefix}/{n}` until `deadline`.
 pub(super) async fn cycles_until(
-    http: reqwest::Client,
+    http: Http,
     endpoint: String,
     resource_prefix: String,
     deadline: Instant,
@@ -232,7 +232,7 @@ pub(super) async fn cycles_until(
 
 /// One acquire (creating a session), keepalive and release.
 pub(super) async fn cycle(
-    http: &reqwest::Client,
+    http: &Http,
     endpoint: &str,
     resource: &str,
     result: &mut ClientResult,
@@ -251,49 +251,57 @@ pub(super) async fn cycle(
     };
     let started = Instant::now();
     let answer = http
-        .post(format!("{endpoint}/v1/leases"))
-        .json(&request)
-        .send()
+        .post(endpoint, "/v1/leases", Some(&request), None)
         .await?;
-    if answer.status() != reqwest::StatusCode::CREATED {
-        bail!("acquire answered {}", answer.status());
+    if answer.status != StatusCode::CREATED {
+        bail!("acquire answered {}", answer.status);
     }
-    let grant: Grant = answer.json().await?;
+    let grant: Grant = answer.json()?;
     result.acquire_latencies.push(started.elapsed());
     let session = grant.session_id.as_str();
     let keepalive = http
-        .post(format!("{endpoint}/v1/sessions/{session}/keepalive"))
-        .send()
+        .post::<()>(
+            endpoint,
+            &format!("/v1/sessions/{session}/keepalive"),
+            None,
+            None,
+        )
         .await?;
-    if !keepalive.status().is_success() {
-        bail!("keepalive answered {}", keepalive.status());
+    if !keepalive.status.is_success() {
+        bail!("keepalive answered {}", keepalive.status);
     }
     let release = http
-        .post(format!("{endpoint}/v1/sessions/{session}/release"))
-        .json(&serde_json::json!({ "resource": resource }))
-        .send()
+        .post(
+            endpoint,
+            &format!("/v1/sessions/{session}/release"),
+            Some(&serde_json::json!({ "resource": resource })),
+            None,
+        )
         .await?;
-    if !release.status().is_success() {
-        bail!("release answered {}", release.status());
+    if !release.status.is_success() {
+        bail!("release answered {}", release.status);
     }
     Ok(())
 }
 
 /// Claims the next task with this client's own session and completes it, until `deadline`.
 async fn task_cycles_until(
-    http: reqwest::Client,
+    http: Http,
     endpoint: String,
     queue: String,
     deadline: Instant,
 ) -> ClientResult {
     let mut result = ClientResult::default();
     let session = http
-        .post(format!("{endpoint}/v1/sessions"))
-        .json(&serde_json::json!({ "holder": "bench", "ttl_ms": 60_000 }))
-        .send()
+        .post(
+            &endpoint,
+            "/v1/sessions",
+            Some(&serde_json::json!({ "holder": "bench", "ttl_ms": 60_000 })),
+            None,
+        )
         .await;
     let session: Option<CreateSessionResponse> = match session {
-        Ok(answer) if answer.status().is_success() => answer.json().await.ok(),
+        Ok(answer) if answer.status.is_success() => answer.json().ok(),
         _ => None,
     };
     let Some(session) = session else {
@@ -309,15 +317,14 @@ async fn task_cycles_until(
         }
     }
     let _ = http
-        .delete(format!("{endpoint}/v1/sessions/{session_id}"))
-        .send()
+        .delete(&endpoint, &format!("/v1/sessions/{session_id}"))
         .await;
     result
 }
 
 /// One claim and complete; `false` when the queue was empty.
 async fn task_cycle(
-    http: &reqwest::Client,
+    http: &Http,
     endpoint: &str,
     queue: &str,
     session_id: &str,
@@ -325,46 +332,47 @@ async fn task_cycle(
 ) -> anyhow::Result<bool> {
     let started = Instant::now();
     let answer = http
-        .post(format!("{endpoint}/v1/queues/{queue}/claim"))
-        .json(&serde_json::json!({ "session_id": session_id }))
-        .send()
+        .post(
+            endpoint,
+            &format!("/v1/queues/{queue}/claim"),
+            Some(&serde_json::json!({ "session_id": session_id })),
+            None,
+        )
         .await?;
-    if answer.status() == reqwest::StatusCode::NO_CONTENT {
+    if answer.status == StatusCode::NO_CONTENT {
         return Ok(false);
     }
-    if !answer.status().is_success() {
-        bail!("claim answered {}", answer.status());
+    if !answer.status.is_success() {
+        bail!("claim answered {}", answer.status);
     }
-    let claim: ClaimResponse = answer.json().await?;
+    let claim: ClaimResponse = answer.json()?;
     result.acquire_latencies.push(started.elapsed());
     let complete = http
-        .post(format!(
-            "{endpoint}/v1/queues/{queue}/tasks/{}/complete",
-            claim.task.id
-        ))
-        .json(&serde_json::json!({ "session_id": session_id, "fence": claim.fence }))
-        .send()
+        .post(
+            endpoint,
+            &format!("/v1/queues/{queue}/tasks/{}/complete", claim.task.id),
+            Some(&serde_json::json!({ "session_id": session_id, "fence": claim.fence })),
+            None,
+        )
         .await?;
-    if !complete.status().is_success() {
-        bail!("complete answered {}", complete.status());
+    if !complete.status.is_success() {
+        bail!("complete answered {}", complete.status);
     }
     Ok(true)
 }
 
 /// Keeps at least `TASKS_READY_MIN` ready tasks in the queue until `deadline`.
 async fn keep_filled(
-    http: reqwest::Client,
+    http: Http,
     endpoint: String,
     queue: String,
     deadline: Instant,
 ) -> anyhow::Result<()> {
     while Instant::now() < deadline {
         let info: QueueInfo = http
-            .get(format!("{endpoint}/v1/queues/{queue}"))
-            .send()
+            .get(&endpoint, &format!("/v1/queues/{queue}"), None)
             .await?
-            .json()
-            .await?;
+            .json()?;
         if info.counts.ready < TASKS_READY_MIN {
             enqueue_tasks(&http, &endpoint, &queue, TASKS_READY_MIN).await?;
         } else {
@@ -374,26 +382,24 @@ async fn keep_filled(
     Ok(())
 }
 
-async fn enqueue_tasks(
-    http: &reqwest::Client,
-    endpoint: &str,
-    queue: &str,
-    count: u64,
-) -> anyhow::Result<()> {
-    let url = format!("{endpoint}/v1/queues/{queue}/tasks");
+async fn enqueue_tasks(http: &Http, endpoint: &str, queue: &str, count: u64) -> anyhow::Result<()> {
+    let path = format!("/v1/queues/{queue}/tasks");
     let enqueues = futures_util::stream::iter(0..count)
-        .map(|_| {
-            let request = http
-                .post(&url)
-                .json(&serde_json::json!({ "payload": {} }))
-                .send();
-            async move { request.await.map(|answer| answer.status()) }
+        .map(|_| async {
+            http.post(
+                endpoint,
+                &path,
+                Some(&serde_json::json!({ "payload": {} })),
+                None,
+            )
+            .await
+            .map(|answer| answer.status)
         })
         .buffer_unordered(32);
     let statuses: Vec<_> = enqueues.collect().await;
     for status in statuses {
         let status = status?;
-        if status != reqwest::StatusCode::CREATED {
+        if status != StatusCode::CREATED {
             bail!("enqueue answered {status}");
         }
     }

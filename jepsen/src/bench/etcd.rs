@@ -8,11 +8,12 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use super::client::Http;
 use super::cycles::ClientResult;
 
 /// Runs cycles on keys `{key_prefix}/{n}` until `deadline`.
 pub(super) async fn cycles_until(
-    http: reqwest::Client,
+    http: Http,
     endpoint: String,
     key_prefix: String,
     deadline: Instant,
@@ -31,7 +32,7 @@ pub(super) async fn cycles_until(
 }
 
 async fn cycle(
-    http: &reqwest::Client,
+    http: &Http,
     endpoint: &str,
     key: &str,
     result: &mut ClientResult,
@@ -73,21 +74,14 @@ async fn cycle(
     Ok(())
 }
 
-async fn call(
-    http: &reqwest::Client,
-    endpoint: &str,
-    method: &str,
-    body: Value,
-) -> anyhow::Result<Value> {
+async fn call(http: &Http, endpoint: &str, method: &str, body: Value) -> anyhow::Result<Value> {
     let answer = http
-        .post(format!("{endpoint}/v3/{method}"))
-        .json(&body)
-        .send()
+        .post(endpoint, &format!("/v3/{method}"), Some(&body), None)
         .await?;
-    if !answer.status().is_success() {
-        bail!("etcd {method} answered {}", answer.status());
+    if !answer.status.is_success() {
+        bail!("etcd {method} answered {}", answer.status);
     }
-    Ok(answer.json().await?)
+    answer.json()
 }
 
 /// Standard base64 with padding: how the gateway takes keys and values.

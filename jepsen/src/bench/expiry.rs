@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
+use super::client::Http;
 use super::cycles::{cycle, ClientResult};
 use super::report::{Chart, Figures};
 use super::sessions::{acquire_many, create_sessions, renew_all, LEASES_PER_SESSION};
-use super::{check_endpoints_and_seconds, http_client, percentile_ms, BenchArgs};
+use super::{check_endpoints_and_seconds, percentile_ms, BenchArgs};
 
 /// The sessions' TTL: long enough to outlast the final renewal of all of them.
 const TTL: Duration = Duration::from_secs(10);
@@ -29,7 +30,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
     if leases == 0 || leases > 1_000_000 {
         bail!("give --leases 1..=1000000");
     }
-    let http = http_client()?;
+    let http = Http::default();
     let namespace = format!("bench-expiry-{}", std::process::id());
     let session_count = leases.div_ceil(LEASES_PER_SESSION);
     let sessions = create_sessions(
@@ -155,11 +156,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
 }
 
 /// Lease cycles until `until`, each as (when it started, its acquire latency).
-async fn probe(
-    http: reqwest::Client,
-    endpoint: String,
-    until: Instant,
-) -> Vec<(Instant, Duration)> {
+async fn probe(http: Http, endpoint: String, until: Instant) -> Vec<(Instant, Duration)> {
     let mut samples = Vec::new();
     let mut result = ClientResult::default();
     let prefix = format!("bench/expiry-probe/{}", std::process::id());
@@ -187,21 +184,20 @@ async fn probe(
 /// How long after `deadline` the namespace had no lease left, polling every 20 ms from the
 /// deadline on; `None` if some were still there `PROBE_AFTER` later.
 async fn gone_after(
-    http: &reqwest::Client,
+    http: &Http,
     endpoint: &str,
     namespace: &str,
     deadline: Instant,
 ) -> anyhow::Result<Option<Duration>> {
     tokio::time::sleep_until(deadline.into()).await;
     while deadline.elapsed() < PROBE_AFTER {
-        let page: serde_json::Value = http
-            .get(format!("{endpoint}/v1/leases?limit=1"))
-            .header("Baton-Namespace", namespace)
-            .send()
-            .await?
-            .error_for_status()?
-            .json()
+        let answer = http
+            .get(endpoint, "/v1/leases?limit=1", Some(namespace))
             .await?;
+        if !answer.status.is_success() {
+            bail!("listing the leases answered {}", answer.status);
+        }
+        let page: serde_json::Value = answer.json()?;
         let left = page["leases"]
             .as_array()
             .context("a lease page without leases")?;

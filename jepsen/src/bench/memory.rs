@@ -40,7 +40,7 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
     let guard = own_cluster(args, run_dir).await?;
     let cluster = guard.0.clone();
     let endpoints = cluster.api_urls();
-    let http = super::http_client()?;
+    let http = super::client::Http::default();
     let sessions = create_sessions(
         &http,
         &endpoints,

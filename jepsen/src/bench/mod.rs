@@ -14,6 +14,7 @@
 //! - `failover`: the leader SIGKILLed under a steady writer, the writer's gap, `--repeat` times.
 //! - `memory`: L live leases, then every node's RSS and data size, and a node's restart time.
 
+mod client;
 mod cycles;
 mod etcd;
 mod expiry;
@@ -153,20 +154,16 @@ async fn own_cluster(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Cluster
     .await
 }
 
-/// Checks `--seconds` and `--endpoints` for the workloads that run against endpoints.
+/// Checks `--seconds`, and `--endpoints` and `--etcd` (`http://host:port` each) for the workloads
+/// that run against endpoints.
 fn check_endpoints_and_seconds(args: &BenchArgs) -> anyhow::Result<()> {
     if args.endpoints.is_empty() || args.seconds == 0 || args.seconds > 600 {
         bail!("give --endpoints and --seconds 1..=600");
     }
+    for endpoint in args.endpoints.iter().chain(&args.etcd) {
+        client::authority(endpoint)?;
+    }
     Ok(())
-}
-
-/// The HTTP client every workload uses: keep-alive connections, no proxy, a 10 s timeout.
-fn http_client() -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
-        .timeout(Duration::from_secs(10))
-        .no_proxy()
-        .build()?)
 }
 
 /// `3s`, `500ms`: a period of 10 ms..=60 s.
@@ -197,14 +194,12 @@ fn percentile_ms(sorted: &[Duration], fraction: f64) -> f64 {
 
 /// The Raft term `endpoint` reports (`GET /v1/cluster`): how many elections a run caused is
 /// the difference.
-async fn term(http: &reqwest::Client, endpoint: &str) -> anyhow::Result<u64> {
-    let status: serde_json::Value = http
-        .get(format!("{endpoint}/v1/cluster"))
-        .send()
-        .await?
-        .error_for_status()?
-        .json()
-        .await?;
+async fn term(http: &client::Http, endpoint: &str) -> anyhow::Result<u64> {
+    let answer = http.get(endpoint, "/v1/cluster", None).await?;
+    if !answer.status.is_success() {
+        bail!("GET /v1/cluster at {endpoint} answered {}", answer.status);
+    }
+    let status: serde_json::Value = answer.json()?;
     status["term"]
         .as_u64()
         .context("GET /v1/cluster answered without a term")

@@ -11,9 +11,11 @@ use anyhow::{bail, Context};
 use baton_client::api::{CreateSessionRequest, CreateSessionResponse};
 use futures_util::{stream, StreamExt};
 
+use super::client::{Http, HttpError};
 use super::cycles::cycles_until;
 use super::report::{Chart, Figures};
-use super::{check_endpoints_and_seconds, http_client, percentile_ms, BenchArgs};
+use super::{check_endpoints_and_seconds, percentile_ms, BenchArgs};
+use hyper::StatusCode;
 
 /// Keepalives in flight at most; a renewal due while all are busy waits, and its wait counts
 /// in its latency.
@@ -27,7 +29,7 @@ pub(super) type BenchSession = (String, String);
 /// Creates `count` sessions with `ttl_ms`, spread over `endpoints`, in `namespace` (the
 /// default one when `None`).
 pub(super) async fn create_sessions(
-    http: &reqwest::Client,
+    http: &Http,
     endpoints: &[String],
     count: usize,
     ttl_ms: u64,
@@ -36,19 +38,19 @@ pub(super) async fn create_sessions(
     let created: Vec<anyhow::Result<BenchSession>> = stream::iter(0..count)
         .map(|index| {
             let endpoint = endpoints[index % endpoints.len()].clone();
-            let mut request =
-                http.post(format!("{endpoint}/v1/sessions"))
-                    .json(&CreateSessionRequest {
-                        holder: format!("bench-{index}"),
-                        ttl_ms,
-                        labels: Default::default(),
-                    });
-            if let Some(namespace) = namespace {
-                request = request.header("Baton-Namespace", namespace);
-            }
+            let request = CreateSessionRequest {
+                holder: format!("bench-{index}"),
+                ttl_ms,
+                labels: Default::default(),
+            };
             async move {
-                let answer = request.send().await?.error_for_status()?;
-                let created: CreateSessionResponse = answer.json().await?;
+                let answer = http
+                    .post(&endpoint, "/v1/sessions", Some(&request), namespace)
+                    .await?;
+                if !answer.status.is_success() {
+                    bail!("creating a session answered {}", answer.status);
+                }
+                let created: CreateSessionResponse = answer.json()?;
                 Ok((endpoint, created.session_id.as_str().to_owned()))
             }
         })
@@ -60,26 +62,28 @@ pub(super) async fn create_sessions(
 
 /// Renews every session once, `in_flight` at a time; the number that failed.
 pub(super) async fn renew_all(
-    http: &reqwest::Client,
+    http: &Http,
     sessions: &[BenchSession],
     namespace: Option<&str>,
     in_flight: usize,
 ) -> u64 {
-    let requests: Vec<reqwest::RequestBuilder> = sessions
+    // Collected first: a closure inside the stream would make the spawned renewers' futures
+    // fail the compiler's check that they are Send for every lifetime.
+    let renewals: Vec<_> = sessions
         .iter()
-        .map(|(endpoint, session)| {
-            let request = http.post(format!("{endpoint}/v1/sessions/{session}/keepalive"));
-            match namespace {
-                Some(namespace) => request.header("Baton-Namespace", namespace),
-                None => request,
-            }
+        .map(|(endpoint, session)| async move {
+            let answer = http
+                .post::<()>(
+                    endpoint,
+                    &format!("/v1/sessions/{session}/keepalive"),
+                    None,
+                    namespace,
+                )
+                .await;
+            answer.is_ok_and(|answer| answer.status.is_success())
         })
         .collect();
-    let renewed: Vec<bool> = stream::iter(requests)
-        .map(|request| async move {
-            let answer = request.send().await;
-            answer.is_ok_and(|answer| answer.status().is_success())
-        })
+    let renewed: Vec<bool> = stream::iter(renewals)
         .buffer_unordered(in_flight)
         .collect()
         .await;
@@ -92,7 +96,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
     if args.sessions == 0 || args.sessions > 100_000 {
         bail!("give --sessions 1..=100000");
     }
-    let http = http_client()?;
+    let http = Http::default();
     let ttl_ms = (args.period * 4).max(Duration::from_secs(10)).as_millis() as u64;
     let setup = Instant::now();
     let sessions = create_sessions(&http, &args.endpoints, args.sessions, ttl_ms, None).await?;
@@ -127,10 +131,14 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         let second = due.duration_since(started).as_secs();
         renewals.push(tokio::spawn(async move {
             let answer = http
-                .post(format!("{endpoint}/v1/sessions/{session}/keepalive"))
-                .send()
+                .post::<()>(
+                    &endpoint,
+                    &format!("/v1/sessions/{session}/keepalive"),
+                    None,
+                    None,
+                )
                 .await;
-            let ok = answer.is_ok_and(|answer| answer.status().is_success());
+            let ok = answer.is_ok_and(|answer| answer.status.is_success());
             if ok {
                 let latency = was_due.elapsed();
                 latencies.lock().expect("latencies").push((second, latency));
@@ -223,7 +231,7 @@ pub(super) const LEASES_PER_SESSION: usize = 10_000;
 /// `in_flight` at a time. `progress` is told every 100,000. Returns the failures by cause (the
 /// error code, or the transport error), so that a run that lost some says why.
 pub(super) async fn acquire_many(
-    http: &reqwest::Client,
+    http: &Http,
     sessions: &[BenchSession],
     count: usize,
     namespace: Option<&str>,
@@ -234,28 +242,26 @@ pub(super) async fn acquire_many(
     let outcomes: Vec<Result<(), String>> = stream::iter(0..count)
         .map(|index| {
             let (endpoint, session) = &sessions[index % sessions.len()];
-            let mut request = http.post(format!("{endpoint}/v1/leases")).json(
-                &serde_json::json!({ "resource": format!("bench/{index}"), "session_id": session }),
-            );
-            if let Some(namespace) = namespace {
-                request = request.header("Baton-Namespace", namespace);
-            }
+            let request =
+                serde_json::json!({ "resource": format!("bench/{index}"), "session_id": session });
             let (done, progress) = (&done, &progress);
             async move {
-                let outcome = match request.send().await {
-                    Ok(answer) if answer.status() == reqwest::StatusCode::CREATED => Ok(()),
+                let answer = http
+                    .post(endpoint, "/v1/leases", Some(&request), namespace)
+                    .await;
+                let outcome = match answer {
+                    Ok(answer) if answer.status == StatusCode::CREATED => Ok(()),
                     Ok(answer) => {
-                        let status = answer.status();
-                        let body: serde_json::Value = answer.json().await.unwrap_or_default();
+                        let body: serde_json::Value = answer.json().unwrap_or_default();
                         Err(format!(
                             "{} {}",
-                            status.as_u16(),
+                            answer.status.as_u16(),
                             body["code"].as_str().unwrap_or("")
                         ))
                     }
-                    Err(error) if error.is_timeout() => Err("timeout".to_owned()),
-                    Err(error) if error.is_connect() => Err("connect".to_owned()),
-                    Err(_) => Err("transport".to_owned()),
+                    Err(HttpError::Timeout) => Err("timeout".to_owned()),
+                    Err(HttpError::Connect(_)) => Err("connect".to_owned()),
+                    Err(HttpError::Transport(_)) => Err("transport".to_owned()),
                 };
                 let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
                 if finished % 100_000 == 0 {
