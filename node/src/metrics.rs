@@ -2,12 +2,13 @@
 //! and request counts and latency histograms by route pattern, method and status. Labels are
 //! bounded: route patterns, never raw paths (which may hold session ids).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use axum::http::Method;
 use baton_raft_store::store::Member;
 use openraft::RaftMetrics;
 
@@ -24,9 +25,14 @@ pub struct RelayCounters {
     pub commands: AtomicU64,
 }
 
+/// One route's histograms, by method and status.
+type ByOutcome = HashMap<(Method, u16), Histogram>;
+
 #[derive(Debug, Default)]
 pub struct Metrics {
-    requests: Mutex<BTreeMap<(String, String, u16), Histogram>>,
+    /// By route pattern, then by method and status: a request finds its histogram without
+    /// allocating (the route is looked up as a `&str`, the method is cloned inline).
+    requests: Mutex<HashMap<String, ByOutcome>>,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -37,11 +43,16 @@ struct Histogram {
 }
 
 impl Metrics {
-    pub fn observe(&self, route: &str, method: &str, status: u16, elapsed: Duration) {
+    pub fn observe(&self, route: &str, method: &Method, status: u16, elapsed: Duration) {
         let seconds = elapsed.as_secs_f64();
         let mut requests = self.requests.lock().expect("metrics lock");
+        if !requests.contains_key(route) {
+            requests.insert(route.to_owned(), ByOutcome::new());
+        }
         let histogram = requests
-            .entry((route.to_owned(), method.to_owned(), status))
+            .get_mut(route)
+            .expect("inserted above")
+            .entry((method.clone(), status))
             .or_default();
         histogram.count += 1;
         histogram.sum_seconds += seconds;
@@ -128,7 +139,21 @@ impl Metrics {
                 "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}"
             );
         }
-        let requests = self.requests.lock().expect("metrics lock").clone();
+        // Sorted by route, method and status, so the text is stable between scrapes.
+        let requests: BTreeMap<(String, String, u16), Histogram> = self
+            .requests
+            .lock()
+            .expect("metrics lock")
+            .iter()
+            .flat_map(|(route, by_outcome)| {
+                by_outcome.iter().map(move |((method, status), histogram)| {
+                    (
+                        (route.clone(), method.to_string(), *status),
+                        histogram.clone(),
+                    )
+                })
+            })
+            .collect();
         let _ = writeln!(
             text,
             "# HELP baton_http_requests_total HTTP requests by route, method and status."
