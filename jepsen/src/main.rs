@@ -33,7 +33,7 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Lease cycles (acquire, keepalive, release) per second at several concurrencies.
+    /// Lease cycles (acquire, keepalive, end the session) per second at several concurrencies.
     Bench(bench::BenchArgs),
     /// The fault-injection test of docs/harness.md.
     Test(runner::TestArgs),

@@ -230,7 +230,7 @@ pub(super) async fn cycles_until(
     result
 }
 
-/// One acquire (creating a session), keepalive and release.
+/// One acquire (creating a session), keepalive, and the session's end.
 pub(super) async fn cycle(
     http: &Http,
     endpoint: &str,
@@ -270,16 +270,14 @@ pub(super) async fn cycle(
     if !keepalive.status.is_success() {
         bail!("keepalive answered {}", keepalive.status);
     }
-    let release = http
-        .post(
-            endpoint,
-            &format!("/v1/sessions/{session}/release"),
-            Some(&serde_json::json!({ "resource": resource })),
-            None,
-        )
+    // Ending the session releases the lease and leaves nothing behind, as etcd's cycle revokes
+    // its lease: a released lease's session would otherwise live on until its TTL and cost the
+    // cluster a sweep later, work etcd's cycle does not have.
+    let ended = http
+        .delete(endpoint, &format!("/v1/sessions/{session}"))
         .await?;
-    if !release.status.is_success() {
-        bail!("release answered {}", release.status);
+    if !ended.status.is_success() {
+        bail!("ending the session answered {}", ended.status);
     }
     Ok(())
 }

@@ -72,7 +72,7 @@ pub struct BenchArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Workload {
-    /// Acquire (creating a session), keepalive, release.
+    /// Acquire (creating a session), keepalive, end the session.
     Leases,
     /// Claim-next with a session, then complete with the fence.
     Tasks,
