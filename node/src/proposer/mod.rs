@@ -3,11 +3,11 @@
 //! Request handlers hand a `Command` to `Proposer::propose`; one batcher task groups whatever
 //! is waiting into a `Batch` (group commit: openraft 0.9 awaits each append, so batching is
 //! ours), stamps it with the leader's cluster time, and hands it to openraft in stamp order.
-//! One batch replicates at a time (`BATCHES_IN_FLIGHT_MAX`); while it does, new requests queue
-//! up and ride in the next batch, so batches grow with load and every log append, flush and
-//! replication round carries as many commands as arrived meanwhile. More batches in flight
-//! made smaller batches and more flushes and thread wake-ups for the same work, and were
-//! slower (docs/performance.md).
+//! One batch replicates at a time: the batcher waits for its batch's answer itself and hands
+//! each waiter its response; meanwhile new requests queue up and ride in the next batch, so
+//! batches grow with load and every log append, flush and replication round carries as many
+//! commands as arrived meanwhile. More batches in flight made smaller batches and more flushes
+//! and thread wake-ups for the same work, and were slower (docs/performance.md).
 //!
 //! Time: `leader_time` holds the rules of the leader clock, pure and unit-tested (it starts once
 //! the takeover log is applied, at that state's cluster time, and then follows the node's
@@ -16,6 +16,7 @@
 //!
 //! Never here: HTTP, request validation, or reading the wall clock.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use baton_raft_store::store::{Applied, MachineHandle, Member, TypeConfig};
 use openraft::error::ClientWriteError;
 use openraft::raft::ClientWriteResponse;
 use openraft::Raft;
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch};
 
 mod leader_time;
 
@@ -33,9 +34,6 @@ use leader_time::{LeaderTime, Stamp};
 
 /// Proposals waiting for the batcher; past this, requests are refused as overload.
 const QUEUE_MAX: usize = 16_384;
-/// Batches handed to openraft and not yet applied. One: see the module docs and
-/// docs/performance.md ("The write path") for the measurement.
-const BATCHES_IN_FLIGHT_MAX: usize = 1;
 /// Approximate encoded bytes of one log entry.
 const BATCH_BYTES_MAX: usize = 4 << 20;
 
@@ -82,8 +80,8 @@ pub struct Proposer {
     /// every entry that was in its log at takeover.
     ready_term: watch::Receiver<Option<u64>>,
     apply_timeout: Duration,
-    /// One permit per batch handed to openraft and not yet answered.
-    in_flight: Arc<Semaphore>,
+    /// Whether a batch is handed to openraft and not yet answered.
+    in_flight: Arc<AtomicBool>,
 }
 
 #[derive(Debug)]
@@ -105,7 +103,7 @@ impl Proposer {
         let (sender, receiver) = mpsc::channel(QUEUE_MAX);
         let (ready, ready_term) = watch::channel(None);
         let apply_timeout = settings.apply_timeout;
-        let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT_MAX));
+        let in_flight = Arc::new(AtomicBool::new(false));
         let batcher = Batcher {
             ready,
             raft,
@@ -126,9 +124,9 @@ impl Proposer {
         }
     }
 
-    /// Batches handed to openraft whose answer the batcher still waits for.
+    /// Batches handed to openraft whose answer the batcher still waits for (0 or 1).
     pub fn batches_in_flight(&self) -> usize {
-        BATCHES_IN_FLIGHT_MAX - self.in_flight.available_permits()
+        usize::from(self.in_flight.load(Ordering::Relaxed))
     }
 
     /// Waits until this node, as leader of `term`, has applied every entry that was in its log
@@ -222,10 +220,10 @@ enum NoAnswer {
 /// The bound is not a nicety: openraft 0.9 never answers an entry that a snapshot install
 /// replaces without truncating it (a deposed leader whose log ends before the snapshot's last
 /// index and that saw no conflicting append first: it neither applies nor deletes the entry).
-/// A waiting batch holds the `BATCHES_IN_FLIGHT_MAX` slot; waiting forever, a node that lost a
+/// The batcher waits for that answer before its next batch; waiting forever, a node that lost a
 /// batch that way could never propose again, even once elected leader. After the bound (the
 /// longest a request waits for a leader) the outcome is unknown, as it already is for the
-/// request that waits the same time, and the slot is free.
+/// request that waits the same time, and the batcher goes on.
 async fn answer_within<T>(
     answer: impl std::future::Future<Output = Result<T, oneshot::error::RecvError>>,
     timeout: Duration,
@@ -244,7 +242,7 @@ struct Batcher {
     clock: Arc<dyn Clock>,
     node_id: u64,
     receiver: mpsc::Receiver<Proposal>,
-    in_flight: Arc<Semaphore>,
+    in_flight: Arc<AtomicBool>,
     leader_time: LeaderTime,
     settings: ProposerSettings,
 }
@@ -303,13 +301,7 @@ impl Batcher {
                     pending.replies.push(None);
                 }
             }
-            let permit = self
-                .in_flight
-                .clone()
-                .acquire_owned()
-                .await
-                .expect("the semaphore is never closed");
-            // Group commit: everything that queued while the earlier batches replicated.
+            // Group commit: everything that queued while the batch before replicated.
             while !pending.is_full(self.settings.batch_commands_max) {
                 match self.receiver.try_recv() {
                     Ok(proposal) => pending.push(proposal),
@@ -324,11 +316,14 @@ impl Batcher {
                 }
             };
             last_proposed = Instant::now();
-            self.submit(stamp_ms, pending, permit).await;
+            self.submit(stamp_ms, pending).await;
         }
     }
 
-    async fn submit(&self, stamp_ms: u64, pending: Pending, permit: OwnedSemaphorePermit) {
+    /// Hands the batch to openraft, waits for its answer (at most the apply timeout) and gives
+    /// each waiter its response. Waiting here rather than on a task of its own saves a task
+    /// hand-off on every batch's way back.
+    async fn submit(&self, stamp_ms: u64, pending: Pending) {
         let Pending {
             commands, replies, ..
         } = pending;
@@ -346,31 +341,30 @@ impl Batcher {
                 return;
             }
         };
+        self.in_flight.store(true, Ordering::Relaxed);
         let timeout = self.settings.apply_timeout;
-        tokio::spawn(async move {
-            let outcome = answer_within(receiver, timeout).await;
-            drop(permit);
-            if let Err(NoAnswer::TimedOut(timeout)) = outcome {
-                tracing::warn!(
-                    ?timeout,
-                    "openraft gave no answer for a batch in time; its outcome is unknown"
-                );
-            }
-            match entry_outcome(outcome, replies.len()) {
-                Ok(Applied { time_ms, responses }) => {
-                    for (reply, response) in replies.into_iter().zip(responses) {
-                        if let Some(reply) = reply {
-                            let _ = reply.send(Ok(Committed { response, time_ms }));
-                        }
-                    }
-                }
-                Err(error) => {
-                    for reply in replies.into_iter().flatten() {
-                        let _ = reply.send(Err(error.clone()));
+        let outcome = answer_within(receiver, timeout).await;
+        self.in_flight.store(false, Ordering::Relaxed);
+        if let Err(NoAnswer::TimedOut(timeout)) = outcome {
+            tracing::warn!(
+                ?timeout,
+                "openraft gave no answer for a batch in time; its outcome is unknown"
+            );
+        }
+        match entry_outcome(outcome, replies.len()) {
+            Ok(Applied { time_ms, responses }) => {
+                for (reply, response) in replies.into_iter().zip(responses) {
+                    if let Some(reply) = reply {
+                        let _ = reply.send(Ok(Committed { response, time_ms }));
                     }
                 }
             }
-        });
+            Err(error) => {
+                for reply in replies.into_iter().flatten() {
+                    let _ = reply.send(Err(error.clone()));
+                }
+            }
+        }
     }
 
     fn is_leader(&self) -> bool {
@@ -492,7 +486,7 @@ mod tests {
     }
 
     /// openraft keeps some answers forever (see `answer_within`); the wait for one ends at the
-    /// bound, which frees the batch's slot.
+    /// bound, and the batcher goes on.
     #[tokio::test]
     async fn an_answer_that_never_comes_is_given_up_at_the_bound() {
         const BOUND: Duration = Duration::from_millis(50);
