@@ -21,7 +21,7 @@ use crate::config::{Cli, LogFormat, NodeConfig};
 /// jemalloc rather than glibc's malloc: every client request boxes futures of 1-4 KiB, above
 /// glibc's per-thread cache, and glibc's bins for those sizes were about a tenth of a busy
 /// leader's CPU; jemalloc caches them per thread. 4-8% more lease cycles at 64 clients, the same
-/// RSS with 1,000,000 leases (docs/performance.md, "The allocator").
+/// RSS with 1,000,000 leases (docs/performance.md, "The load's own cost").
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -5,8 +5,8 @@
 //! this project's 2-core hosts, with all three of them), and every microsecond it spends is one
 //! the servers do not get. reqwest cost about 30 us of CPU a request here (URL parsing, its
 //! connector and pool layers); hyper's bare HTTP/1.1 client with a path written once costs a
-//! fraction of that (docs/performance.md, "A lighter load"). Baton and etcd are driven by the
-//! same client, so the ratio stays one measured under the same load.
+//! fraction of that (docs/performance.md, "The load's own cost"). Baton and etcd are driven by
+//! the same client, so the ratio stays one measured under the same load.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use baton_client::api::{CreateSessionRequest, CreateSessionResponse};
 use futures_util::{stream, StreamExt};
+use hyper::StatusCode;
 
 use super::client::{Http, HttpError};
 use super::cycles::cycles_until;
 use super::report::{Chart, Figures};
 use super::{check_endpoints_and_seconds, percentile_ms, BenchArgs};
-use hyper::StatusCode;
 
 /// Keepalives in flight at most; a renewal due while all are busy waits, and its wait counts
 /// in its latency.
