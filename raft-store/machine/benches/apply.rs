@@ -9,7 +9,7 @@
 //!
 //! Then `encode_snapshot` and `decode_snapshot` of the 1,000,000-lease machine.
 //!
-//! `cargo bench -p baton-raft-store --bench apply -- --warm-up-time 1 --measurement-time 3`
+//! `cargo bench -p baton-machine --bench apply -- --warm-up-time 1 --measurement-time 3`
 
 use std::hint::black_box;
 use std::time::Duration;
