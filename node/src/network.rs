@@ -5,8 +5,9 @@
 //! connections of its own (`Connection`, hyper's bare client over TCP, or TLS with peer TLS): a
 //! `PeerClient` keeps one connection to its target, since openraft sends it one RPC at a time,
 //! and `post` takes an idle connection to the address or opens one. reqwest's pooled client cost
-//! a busy leader a quarter of its CPU in the replication streams (docs/performance.md). The server side is `peer_router`,
-//! the axum router mounted on `--peer-listen`. Both speak the same tiny protocol: a POST to
+//! a busy leader a quarter of its CPU in the replication streams (docs/performance.md).
+//!
+//! The server side is `peer_router`, the axum router mounted on `--peer-listen`. Both speak the same tiny protocol: a POST to
 //! `/raft/append`, `/raft/vote` or `/raft/snapshot` whose body is the openraft request in
 //! bincode (serde, standard config), answered 200 with `Result<response, RaftError>` in bincode,
 //! so a Raft error on the peer reaches the caller as a remote error rather than a transport one.
@@ -76,8 +77,8 @@ pub enum PeerNetworkError {
     InvalidSecret,
 }
 
-/// openraft's network factory for a Baton node: hands out one `PeerClient` per target, all
-/// sharing one pooled HTTP client. Cloning is cheap.
+/// openraft's network factory for a Baton node: hands out one `PeerClient` per target, each with
+/// a connection of its own; `post`'s idle connections are shared by the clones. Cloning is cheap.
 #[derive(Clone)]
 pub struct PeerNetwork {
     node_id: u64,
@@ -348,10 +349,11 @@ impl PeerNetwork {
             self.put_idle(peer_addr, connection);
         }
         if !status.is_success() {
-            let quoted = &body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)];
-            return Err(PeerPostError::MaybeDelivered(format!(
-                "peer {peer_addr} answered {path} with {status}: {}",
-                String::from_utf8_lossy(quoted).trim()
+            return Err(PeerPostError::MaybeDelivered(refused(
+                &format!("peer {peer_addr}"),
+                path,
+                status,
+                &body,
             )));
         }
         Ok(body)
@@ -519,11 +521,11 @@ impl PeerClient {
             }
         };
         if !status.is_success() {
-            let quoted = &body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)];
-            let message = format!(
-                "peer {} answered {rpc_type} with {status}: {}",
-                self.target,
-                String::from_utf8_lossy(quoted).trim()
+            let message = refused(
+                &format!("peer {}", self.target),
+                &rpc_type.to_string(),
+                status,
+                &body,
             );
             return Err(network_error(&AnyError::error(message)));
         }
@@ -549,6 +551,15 @@ fn append_too_large(entries: usize, bytes: usize) -> PeerRpcError {
     } else {
         network_error(&WireError::TooLarge { bytes })
     }
+}
+
+/// What a peer's non-2xx answer to `what` says, with the start of its body quoted.
+fn refused(peer: &str, what: &str, status: StatusCode, body: &[u8]) -> String {
+    let quoted = &body[..body.len().min(ERROR_BODY_QUOTE_BYTES_MAX)];
+    format!(
+        "{peer} answered {what} with {status}: {}",
+        String::from_utf8_lossy(quoted).trim()
+    )
 }
 
 fn network_error<E: std::error::Error + 'static, R: std::error::Error>(

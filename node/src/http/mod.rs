@@ -381,7 +381,7 @@ async fn wrong_method(method: Method, uri: axum::http::Uri) -> ApiError {
 /// the request in the metrics by route pattern (never the raw path: it may hold a session id).
 async fn observe(State(app): State<AppState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
-    // A clone of the matched path shares its text; nothing here allocates per request.
+    // A clone of the matched path shares its text: the route is not copied per request.
     let route = request.extensions().get::<MatchedPath>().cloned();
     let route = route.as_ref().map_or("unmatched", MatchedPath::as_str);
     let method = request.method().clone();
