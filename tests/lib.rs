@@ -42,6 +42,9 @@ pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// How many log lines [`Cluster::dump_logs`] prints per node.
 pub const LOG_TAIL_LINES: usize = 60;
 
+/// The `--cluster-secret` of the test clusters started with `--auth` and without TLS.
+pub const CLUSTER_SECRET: &str = "cluster-secret-of-the-tests";
+
 /// How long a SIGTERMed node may take to exit before the harness calls it a hang.
 const TERMINATE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How many times [`Cluster::start`] retries with fresh ports when a port was taken meanwhile.
@@ -378,6 +381,10 @@ impl Cluster {
                 if let Some(secret) = &config.bootstrap_token {
                     args.push("--auth".into());
                     env.push(("BATON_BOOTSTRAP_TOKEN".to_owned(), secret.clone()));
+                    // `--auth` needs an authenticated peer port: peer TLS, or this secret.
+                    if config.tls.is_none() {
+                        args.extend(["--cluster-secret".into(), CLUSTER_SECRET.into()]);
+                    }
                 }
                 let mut node = Node::new(
                     id,

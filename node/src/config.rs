@@ -27,6 +27,8 @@ pub enum Mode {
         #[arg(long, env = "BATON_PEER_LISTEN", default_value = "127.0.0.1:7421")]
         peer_listen: SocketAddr,
         #[command(flatten)]
+        access: Access,
+        #[command(flatten)]
         tuning: Tuning,
     },
     /// One member of a replicated cluster.
@@ -45,17 +47,25 @@ pub enum Mode {
         /// `1=API@PEER,2=API@PEER,...`; used only when the data dir is empty.
         #[arg(long, env = "BATON_INITIAL_CLUSTER")]
         initial_cluster: Option<String>,
-        /// Require a token on every client request but /healthz and /readyz (docs/security.md).
-        /// The first admin token comes from `BATON_BOOTSTRAP_TOKEN`.
-        #[arg(long, env = "BATON_AUTH")]
-        auth: bool,
-        /// Serve a non-loopback --listen without --auth, or a non-loopback --peer-listen
-        /// without --cluster-secret: only on a network nobody else can reach.
-        #[arg(long, env = "BATON_INSECURE")]
-        insecure: bool,
+        #[command(flatten)]
+        access: Access,
         #[command(flatten)]
         tuning: Tuning,
     },
+}
+
+/// Who may reach the node: the flags `batond dev` and `batond run` share.
+#[derive(Debug, Clone, Args)]
+pub struct Access {
+    /// Require a token on every client request but /healthz and /readyz (docs/security.md).
+    /// The first admin token comes from `BATON_BOOTSTRAP_TOKEN`. The peer port must then be
+    /// authenticated too (--cluster-secret or peer TLS).
+    #[arg(long, env = "BATON_AUTH")]
+    pub auth: bool,
+    /// Serve a non-loopback --listen without --auth, or a non-loopback --peer-listen without
+    /// --cluster-secret or peer TLS: only on a network nobody else can reach.
+    #[arg(long, env = "BATON_INSECURE")]
+    pub insecure: bool,
 }
 
 /// The environment variable holding the bootstrap admin secret (never a flag: a flag shows in
@@ -180,8 +190,15 @@ impl NodeConfig {
                 data_dir,
                 listen,
                 peer_listen,
-                tuning,
+                access,
+                mut tuning,
             } => {
+                // A one-member cluster never calls a peer, so with --auth its peer port can
+                // take a secret nobody knows: the port then refuses every request.
+                if access.auth && tuning.cluster_secret.is_none() && tuning.peer_tls().is_none() {
+                    tuning.cluster_secret = Some(format!("{:032x}", rand::random::<u128>()));
+                }
+                check_access(listen, peer_listen, &access, &tuning)?;
                 let me = Member {
                     api_addr: listen.to_string(),
                     peer_addr: peer_listen.to_string(),
@@ -192,8 +209,8 @@ impl NodeConfig {
                     listen,
                     peer_listen,
                     initial_cluster: Some(BTreeMap::from([(1, me)])),
-                    auth: false,
-                    bootstrap_token: None,
+                    auth: access.auth,
+                    bootstrap_token: bootstrap_token(access.auth)?,
                     tuning,
                 }
             }
@@ -203,17 +220,10 @@ impl NodeConfig {
                 listen,
                 peer_listen,
                 initial_cluster,
-                auth,
-                insecure,
+                access,
                 tuning,
             } => {
-                refuse_open_network(
-                    listen,
-                    peer_listen,
-                    auth,
-                    tuning.cluster_secret.is_some(),
-                    insecure,
-                )?;
+                check_access(listen, peer_listen, &access, &tuning)?;
                 NodeConfig {
                     id,
                     data_dir,
@@ -223,16 +233,8 @@ impl NodeConfig {
                         .as_deref()
                         .map(parse_initial_cluster)
                         .transpose()?,
-                    auth,
-                    bootstrap_token: match std::env::var(BOOTSTRAP_TOKEN_ENV) {
-                        Ok(secret) if auth => {
-                            check_secret(&secret).map_err(|problem| {
-                                anyhow::anyhow!("{BOOTSTRAP_TOKEN_ENV}: {problem}")
-                            })?;
-                            Some(secret)
-                        }
-                        _ => None,
-                    },
+                    auth: access.auth,
+                    bootstrap_token: bootstrap_token(access.auth)?,
                     tuning,
                 }
             }
@@ -263,20 +265,46 @@ impl NodeConfig {
     }
 }
 
-/// Refuses to serve anyone who can reach a non-loopback address without a check on who they
-/// are: the client API needs `--auth`, the peer port a `--cluster-secret` or peer TLS, unless
-/// `--insecure`.
-fn refuse_open_network(
+/// `BATON_BOOTSTRAP_TOKEN`, checked, when access control is on.
+fn bootstrap_token(auth: bool) -> anyhow::Result<Option<String>> {
+    match std::env::var(BOOTSTRAP_TOKEN_ENV) {
+        Ok(secret) if auth => {
+            check_secret(&secret)
+                .map_err(|problem| anyhow::anyhow!("{BOOTSTRAP_TOKEN_ENV}: {problem}"))?;
+            Ok(Some(secret))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Refuses to serve anyone who can reach the node without a check on who they are.
+///
+/// - With `--auth`, the peer port must be authenticated (a `--cluster-secret` or peer TLS),
+///   whatever its address and even with `--insecure`: the peer port carries the log, the
+///   votes and the write relay, so an open one would let anyone who reaches it (any local
+///   user, on loopback) mint an admin token or depose the leader, and `--auth` would protect
+///   nothing.
+/// - Without `--insecure`, a non-loopback client address needs `--auth`, and a non-loopback
+///   peer address a `--cluster-secret` or peer TLS.
+fn check_access(
     listen: SocketAddr,
     peer_listen: SocketAddr,
-    auth: bool,
-    peers_checked: bool,
-    insecure: bool,
+    access: &Access,
+    tuning: &Tuning,
 ) -> anyhow::Result<()> {
-    if insecure {
+    let peers_checked = tuning.cluster_secret.is_some() || tuning.peer_tls().is_some();
+    if access.auth && !peers_checked {
+        bail!(
+            "--auth protects the client API, but the peer port {peer_listen} is not \
+             authenticated: anyone who reaches it could write to the log or depose the leader. \
+             Give every node the same --cluster-secret (BATON_CLUSTER_SECRET) or peer TLS \
+             (--peer-tls-cert, --peer-tls-key, --peer-ca)"
+        );
+    }
+    if access.insecure {
         return Ok(());
     }
-    if !listen.ip().is_loopback() && !auth {
+    if !listen.ip().is_loopback() && !access.auth {
         bail!(
             "--listen {listen} is reachable from other hosts but --auth is off: start with \
              --auth (and {BOOTSTRAP_TOKEN_ENV} for the first admin token), listen on 127.0.0.1, \
@@ -334,16 +362,103 @@ pub fn parse_initial_cluster(text: &str) -> anyhow::Result<BTreeMap<u64, Member>
 mod tests {
     use super::*;
 
+    fn access(auth: bool, insecure: bool) -> Access {
+        Access { auth, insecure }
+    }
+
+    fn tuning(secret: bool, peer_tls: bool) -> Tuning {
+        let mut arguments = vec!["batond", "dev"];
+        if secret {
+            arguments.extend(["--cluster-secret", "a-cluster-secret"]);
+        }
+        if peer_tls {
+            arguments.extend([
+                "--peer-tls-cert",
+                "cert.pem",
+                "--peer-tls-key",
+                "key.pem",
+                "--peer-ca",
+                "ca.pem",
+            ]);
+        }
+        match Cli::try_parse_from(arguments).expect("valid flags").command {
+            Mode::Dev { tuning, .. } => tuning,
+            Mode::Run { .. } => unreachable!("parsed dev"),
+        }
+    }
+
     #[test]
-    fn open_addresses_need_auth_and_a_cluster_secret_or_insecure() {
+    fn open_addresses_need_auth_and_authenticated_peers_or_insecure() {
         let loopback: SocketAddr = "127.0.0.1:7420".parse().unwrap();
         let open: SocketAddr = "0.0.0.0:7420".parse().unwrap();
-        assert!(refuse_open_network(loopback, loopback, false, false, false).is_ok());
-        assert!(refuse_open_network(open, loopback, false, false, false).is_err());
-        assert!(refuse_open_network(open, loopback, true, false, false).is_ok());
-        assert!(refuse_open_network(loopback, open, true, false, false).is_err());
-        assert!(refuse_open_network(loopback, open, true, true, false).is_ok());
-        assert!(refuse_open_network(open, open, false, false, true).is_ok());
+        let check = |listen, peer_listen, access: Access, tuning: Tuning| {
+            check_access(listen, peer_listen, &access, &tuning).is_ok()
+        };
+        let open_peers = || tuning(false, false);
+        assert!(check(
+            loopback,
+            loopback,
+            access(false, false),
+            open_peers()
+        ));
+        assert!(!check(open, loopback, access(false, false), open_peers()));
+        assert!(check(
+            open,
+            loopback,
+            access(true, false),
+            tuning(true, false)
+        ));
+        assert!(!check(loopback, open, access(false, false), open_peers()));
+        assert!(check(
+            loopback,
+            open,
+            access(false, false),
+            tuning(true, false)
+        ));
+        // Peer TLS alone authenticates the peer port.
+        assert!(check(
+            loopback,
+            open,
+            access(false, false),
+            tuning(false, true)
+        ));
+        assert!(check(open, open, access(true, false), tuning(false, true)));
+        assert!(check(open, open, access(false, true), open_peers()));
+    }
+
+    #[test]
+    fn auth_refuses_an_open_peer_port_even_on_loopback_or_insecure() {
+        let loopback: SocketAddr = "127.0.0.1:7420".parse().unwrap();
+        for insecure in [false, true] {
+            let refused = check_access(
+                loopback,
+                loopback,
+                &access(true, insecure),
+                &tuning(false, false),
+            )
+            .expect_err("--auth with an open peer port");
+            assert!(
+                refused.to_string().contains("--cluster-secret"),
+                "{refused}"
+            );
+        }
+    }
+
+    #[test]
+    fn dev_refuses_an_open_address_without_auth_and_closes_its_peer_port_with_auth() {
+        let parse = |arguments: &[&str]| {
+            let mut full = vec!["batond", "dev"];
+            full.extend(arguments);
+            NodeConfig::from_mode(Cli::try_parse_from(full).expect("valid flags").command)
+        };
+        assert!(parse(&["--listen", "0.0.0.0:7420"]).is_err());
+        assert!(parse(&["--listen", "0.0.0.0:7420", "--insecure"]).is_ok());
+        let secured = parse(&["--listen", "0.0.0.0:7420", "--auth"]).expect("dev --auth");
+        assert!(secured.auth);
+        let secret = secured.tuning.cluster_secret.expect("a secret of its own");
+        assert_eq!(secret.len(), 32);
+        let open = parse(&[]).expect("dev");
+        assert!(!open.auth && open.tuning.cluster_secret.is_none());
     }
 
     #[test]

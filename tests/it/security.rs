@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use baton_client::api::{CreateTokenRequest, ErrorCode, TokenRole};
-use baton_tests::{poll_until, Cluster, ClusterConfig, Method};
+use baton_tests::{batond_path, free_port, poll_until, Cluster, ClusterConfig, Method};
 use serde_json::{json, Value};
 
 use crate::cli::{baton, url};
@@ -435,4 +435,87 @@ async fn a_token_past_its_quota_gets_429_and_nothing_changes() {
         .collect();
     assert_eq!(granted.len(), 1, "{events}");
     assert_eq!(granted[0]["by"], "small", "{events}");
+}
+
+/// `batond ARGS` with `--auth` and a bootstrap token, on free loopback ports in a fresh data
+/// dir: its exit status and stderr, or `None` when it was still running after `wait`
+/// (then it has been killed).
+fn start_secured_node(mode: &[&str], wait: Duration) -> Option<(i32, String)> {
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let (api, peer) = (free_port(), free_port());
+    let listen = format!("127.0.0.1:{api}");
+    let peer_listen = format!("127.0.0.1:{peer}");
+    let initial_cluster = format!("1={listen}@{peer_listen}");
+    let mut command = std::process::Command::new(batond_path());
+    command
+        .args(mode)
+        .args(["--data-dir"])
+        .arg(directory.path());
+    command.args(["--listen", &listen, "--peer-listen", &peer_listen, "--auth"]);
+    if mode == ["run"] {
+        command.args(["--id", "1", "--initial-cluster", &initial_cluster]);
+    }
+    let mut child = command
+        .env_clear()
+        .env("BATON_BOOTSTRAP_TOKEN", BOOTSTRAP)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start batond");
+    let deadline = std::time::Instant::now() + wait;
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("wait for batond") {
+            let mut stderr = String::new();
+            std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr)
+                .expect("read batond's stderr");
+            return Some((status.code().unwrap_or(-1), stderr));
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    None
+}
+
+#[test]
+fn an_auth_node_with_an_open_peer_port_refuses_to_start() {
+    // The peer port carries the log, the votes and the write relay: with `--auth` and neither
+    // a cluster secret nor peer TLS, anyone reaching it (any local user) could mint an admin
+    // token with a hand-made relay message, or depose the leader with a high-term vote.
+    let (status, stderr) = start_secured_node(&["run"], Duration::from_secs(10))
+        .expect("batond run --auth with an open peer port must not start");
+    assert_eq!(status, 2, "{stderr}");
+    assert!(stderr.contains("--cluster-secret"), "{stderr}");
+    assert!(stderr.contains("peer TLS"), "{stderr}");
+}
+
+#[test]
+fn dev_with_auth_closes_its_peer_port_by_itself() {
+    // `batond dev --auth` is one member that never calls a peer: it takes a secret nobody
+    // knows, so it starts (and keeps running) with its peer port closed.
+    assert!(
+        start_secured_node(&["dev"], Duration::from_secs(3)).is_none(),
+        "batond dev --auth must start and keep serving"
+    );
+}
+
+#[tokio::test]
+async fn the_peer_routes_of_an_auth_cluster_refuse_requests_without_the_secret() {
+    let cluster = secured(1).await;
+    let node = cluster.node(1);
+    let http = reqwest::Client::new();
+    for path in [
+        "/raft/vote",
+        "/raft/append",
+        "/raft/snapshot",
+        "/raft/relay",
+    ] {
+        let answer = http
+            .post(format!("http://{}{path}", node.peer_addr()))
+            .body(vec![0_u8; 16])
+            .send()
+            .await
+            .expect("the peer port answers");
+        assert_eq!(answer.status().as_u16(), 401, "{path}");
+    }
 }
