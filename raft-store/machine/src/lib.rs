@@ -527,7 +527,7 @@ impl Machine {
             } => match self
                 .auth
                 .authorize(&caller, namespace, op)
-                .and_then(|()| self.within_quotas(token, op))
+                .and_then(|()| self.within_quotas(token, namespace, op))
             {
                 Ok(()) => {
                     self.acting = Some(token.clone());
@@ -557,9 +557,9 @@ impl Machine {
     }
 
     /// Refuses an operation that would take `token` past its quotas: a new session past
-    /// `sessions_max`, an acquire past `leases_max` (live ones, counted over the token's
-    /// sessions).
-    fn within_quotas(&self, token: &Name, op: &Op) -> Result<(), Rejection> {
+    /// `sessions_max`, an acquire past `leases_max` (live leases and places in lines, counted
+    /// over the token's sessions).
+    fn within_quotas(&self, token: &Name, namespace: &Namespace, op: &Op) -> Result<(), Rejection> {
         let quotas = self.auth.quotas(token).unwrap_or_default();
         let sessions = || self.auth.sessions_of(token);
         if let (Some(sessions_max), Some(_)) = (quotas.sessions_max, op.session_created()) {
@@ -569,22 +569,55 @@ impl Machine {
                 )));
             }
         }
-        if let (Some(leases_max), Op::Acquire { .. } | Op::AcquireOrWait { .. }) =
-            (quotas.leases_max, op)
-        {
-            let held: usize = sessions()
-                .filter_map(|(namespace, session_id)| {
-                    let session = self.namespaces.get(namespace)?.sessions.get(session_id)?;
-                    Some(session.leases.len() + session.shared.len())
-                })
-                .sum();
-            if held as u64 >= leases_max {
-                return Err(Rejection::ResourceExhausted(format!(
-                    "token {token} holds {leases_max} leases, its leases_max: release one first"
-                )));
+        let Some(leases_max) = quotas.leases_max else {
+            return Ok(());
+        };
+        let asks_again = match op {
+            Op::Acquire { .. } => false,
+            // A session asking again for a place it has, or for what the line granted it,
+            // takes nothing more.
+            Op::AcquireOrWait {
+                resource,
+                owner: Owner::Session(session_id),
+                ..
+            } => {
+                self.line_position(namespace, resource, *session_id)
+                    .is_some()
+                    || self.lease_of(namespace, resource, *session_id).is_some()
             }
+            Op::AcquireOrWait { .. } => false,
+            _ => return Ok(()),
+        };
+        if !asks_again && self.claims_of(token, true) as u64 >= leases_max {
+            return Err(Rejection::ResourceExhausted(format!(
+                "token {token} holds or waits for {leases_max} leases, its leases_max: release one or leave a line first"
+            )));
         }
         Ok(())
+    }
+
+    /// The leases and shared holds over `token`'s sessions, and with `waits` their places in
+    /// lines too (a place in line is a lease to come, so it counts toward `leases_max`).
+    fn claims_of(&self, token: &Name, waits: bool) -> usize {
+        self.auth
+            .sessions_of(token)
+            .filter_map(|(namespace, session_id)| {
+                let session = self.namespaces.get(namespace)?.sessions.get(session_id)?;
+                let places = if waits { session.waits.len() } else { 0 };
+                Some(session.leases.len() + session.shared.len() + places)
+            })
+            .sum()
+    }
+
+    /// Whether granting one more lease to `session_id` would take its owner token past its
+    /// `leases_max` (checked again when the line grants: the quota may have become smaller
+    /// since the session took its place, by a token made again under the same name).
+    fn grant_past_quota(&self, namespace: &Namespace, session_id: SessionId) -> bool {
+        let Some(token) = self.auth.owner(namespace, session_id) else {
+            return false;
+        };
+        let leases_max = self.auth.quotas(token).and_then(|quotas| quotas.leases_max);
+        leases_max.is_some_and(|leases_max| self.claims_of(token, false) as u64 >= leases_max)
     }
 
     /// A client operation in `namespace`, made by token `by` when access control is on.

@@ -15,8 +15,10 @@
 //! holders died are served. An ended session leaves its lines the same way. So every waiter
 //! has a live session, and between commands no line's first waiter could be granted.
 //!
-//! A session's places in lines count towards `leases_per_session_max`. An acquire without
-//! `wait_ms` never joins a line, and is refused while anyone waits in the path's line.
+//! A session's places in lines count towards `leases_per_session_max`, and towards its
+//! token's `leases_max`, which the line checks again before it grants (a place past the quota
+//! leaves the line with its `left_line` event instead). An acquire without `wait_ms` never
+//! joins a line, and is refused while anyone waits in the path's line.
 
 use std::collections::{BTreeSet, VecDeque};
 
@@ -400,6 +402,13 @@ impl Machine {
             else {
                 return;
             };
+            if self.grant_past_quota(namespace, head.session_id) {
+                // Its token may hold no more: the place is given up, not granted, and the
+                // line goes on with the next waiter.
+                self.leave_line(namespace, resource, head.session_id);
+                self.to_serve.remove(&(namespace.clone(), resource.clone()));
+                continue;
+            }
             self.clear_dead(namespace, dead);
             self.grant(
                 namespace,

@@ -1886,6 +1886,103 @@ fn quotas_bound_a_tokens_live_sessions_and_leases() {
     );
 }
 
+/// The paths `session` holds leases on, in path order.
+fn held_by_session(machine: &Machine, session: u128) -> Vec<String> {
+    let (_, leases) = machine
+        .session(&namespace(), SessionId(session), None, 100)
+        .expect("the session lives");
+    leases
+        .items
+        .iter()
+        .map(|lease| lease.resource.as_str().to_owned())
+        .collect()
+}
+
+#[test]
+fn places_in_line_count_toward_a_tokens_leases_max() {
+    // Found in an attack pass: a token with leases_max 2 queued five waiting acquires and
+    // was granted all five when their paths freed.
+    let mut machine = Machine::default();
+    let Command::CreateToken(mut limited) = token("small", Role::Agent, &["*"], 1) else {
+        unreachable!()
+    };
+    limited.quotas = Quotas {
+        sessions_max: None,
+        leases_max: Some(2),
+    };
+    step(&mut machine, 0, Command::CreateToken(limited));
+    step(&mut machine, 0, command(create(B, "holder", 10_000)));
+    for resource in ["p1", "p2", "p3", "p4", "p5"] {
+        step(&mut machine, 0, command(acquire(B, resource)));
+    }
+    step(&mut machine, 0, by("small", create(A, "a", 10_000)));
+    for (resource, expected) in [
+        ("p1", "queued position=1"),
+        ("p2", "queued position=1"),
+        ("p3", "RESOURCE_EXHAUSTED"),
+        ("p4", "RESOURCE_EXHAUSTED"),
+        ("p5", "RESOURCE_EXHAUSTED"),
+        // A session asking again for a place it has keeps it.
+        ("p1", "still queued position=1"),
+    ] {
+        assert_eq!(
+            step(&mut machine, 0, by("small", wait(A, resource))),
+            expected,
+            "{resource}"
+        );
+    }
+    assert_eq!(
+        step(&mut machine, 0, command(end(B))),
+        "ended [p1,p2,p3,p4,p5]"
+    );
+    assert_eq!(held_by_session(&machine, A), ["p1", "p2"]);
+    assert_eq!(
+        step(&mut machine, 0, by("small", acquire(A, "p3"))),
+        "RESOURCE_EXHAUSTED"
+    );
+}
+
+#[test]
+fn a_grant_from_the_line_past_the_tokens_quota_leaves_the_line_instead() {
+    // The token's quota is checked again when the line grants: a token revoked and made
+    // again under the same name with a smaller quota owns the old sessions and their places.
+    let mut machine = Machine::default();
+    let quota = |leases_max| {
+        let Command::CreateToken(mut limited) = token("small", Role::Agent, &["*"], 1) else {
+            unreachable!()
+        };
+        limited.quotas = Quotas {
+            sessions_max: None,
+            leases_max: Some(leases_max),
+        };
+        Command::CreateToken(limited)
+    };
+    step(&mut machine, 0, quota(3));
+    step(&mut machine, 0, command(create(B, "holder", 10_000)));
+    step(&mut machine, 0, command(acquire(B, "p1")));
+    step(&mut machine, 0, command(acquire(B, "p2")));
+    step(&mut machine, 0, by("small", create(A, "a", 10_000)));
+    step(&mut machine, 0, by("small", acquire(A, "own")));
+    step(&mut machine, 0, by("small", wait(A, "p1")));
+    step(&mut machine, 0, by("small", wait(A, "p2")));
+    let small = Name::new("token name", "small").unwrap();
+    step(&mut machine, 0, Command::RevokeToken { name: small });
+    step(&mut machine, 0, quota(2));
+    step(&mut machine, 0, command(end(B)));
+    assert_eq!(held_by_session(&machine, A), ["own", "p1"]);
+    assert!(machine.waiters(&namespace(), &path("p2")).is_empty());
+    let left = machine
+        .events_after(0, 100)
+        .expect("all kept")
+        .into_iter()
+        .filter(|event| matches!(&event.kind, EventKind::LeftLine { resource, .. } if resource.as_str() == "p2"))
+        .count();
+    assert_eq!(
+        left, 1,
+        "the place past the quota is given up with an event"
+    );
+}
+
 #[test]
 fn events_name_the_token_whose_request_made_them() {
     let mut machine = Machine::default();
