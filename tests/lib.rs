@@ -76,6 +76,9 @@ pub struct ClusterConfig {
     /// With TLS: every node serves its client API over HTTPS and talks to its peers over
     /// mutual TLS with these certificates, and the cluster's [`Api`] trusts their CA.
     pub tls: Option<TestCerts>,
+    /// With a limit: every node starts under `prlimit --nofile=N:N`, so it has at most `N`
+    /// file descriptors (its own soft and hard limit).
+    pub open_files_max: Option<u64>,
 }
 
 pub use baton_kit::TestCerts;
@@ -93,6 +96,7 @@ impl ClusterConfig {
             extra_args: Vec::new(),
             bootstrap_token: None,
             tls: None,
+            open_files_max: None,
         }
     }
 }
@@ -395,6 +399,7 @@ impl Cluster {
                     args,
                 );
                 node.env = env;
+                node.open_files_max = config.open_files_max;
                 node.https = config.tls.is_some();
                 node
             })
@@ -570,6 +575,8 @@ pub struct Node {
     env: Vec<(String, String)>,
     /// Whether its client API is HTTPS.
     https: bool,
+    /// `ClusterConfig::open_files_max`.
+    open_files_max: Option<u64>,
     process: baton_kit::Process,
 }
 
@@ -590,6 +597,7 @@ impl Node {
             args,
             env: Vec::new(),
             https: false,
+            open_files_max: None,
             process: baton_kit::Process::new(log_path),
         }
     }
@@ -717,7 +725,18 @@ impl Node {
     }
 
     fn spawn(&self) {
-        let mut command = Command::new(batond_path());
+        let mut command = match self.open_files_max {
+            // prlimit sets the limit and then executes batond in its own process.
+            Some(limit) => {
+                let mut command = Command::new("prlimit");
+                command
+                    .arg(format!("--nofile={limit}:{limit}"))
+                    .arg("--")
+                    .arg(batond_path());
+                command
+            }
+            None => Command::new(batond_path()),
+        };
         command.args(&self.args);
         command.envs(self.env.iter().map(|(name, value)| (name, value)));
         let banner = format!(

@@ -128,6 +128,22 @@ pub struct Tuning {
     /// new stream is refused with 429 RESOURCE_EXHAUSTED.
     #[arg(long, env = "BATON_EVENT_STREAMS_MAX", default_value_t = 1_024)]
     pub event_streams_max: usize,
+    /// Most connections open at once on each of the client and peer ports; at the cap a new
+    /// connection takes the place of the oldest idle one. 0: what the open-file limit
+    /// leaves (its soft limit raised to the hard one) after 128 for the store.
+    #[arg(long, env = "BATON_CONNECTIONS_MAX", default_value_t = 0)]
+    pub connections_max: usize,
+    /// The longest a connection may take to send a whole request head (after its TLS
+    /// handshake), and a request its whole body.
+    #[arg(
+        long,
+        env = "BATON_REQUEST_HEADER_TIMEOUT_MS",
+        default_value_t = 10_000
+    )]
+    pub request_header_timeout_ms: u64,
+    /// The longest a keep-alive connection may idle between requests.
+    #[arg(long, env = "BATON_IDLE_TIMEOUT_MS", default_value_t = 60_000)]
+    pub idle_timeout_ms: u64,
     /// Most commands grouped into one log entry (group commit); 1 turns grouping off.
     #[arg(long, env = "BATON_GROUP_COMMIT_MAX", default_value_t = 1_024)]
     pub group_commit_max: usize,
@@ -258,8 +274,10 @@ impl NodeConfig {
             || tuning.snapshot_log_entries == 0
             || tuning.group_commit_max == 0
             || tuning.event_streams_max == 0
+            || tuning.request_header_timeout_ms == 0
+            || tuning.idle_timeout_ms == 0
         {
-            bail!("--tick-ms, --sweep-ms, --snapshot-log-entries, --group-commit-max and --event-streams-max must be positive");
+            bail!("--tick-ms, --sweep-ms, --snapshot-log-entries, --group-commit-max, --event-streams-max, --request-header-timeout-ms and --idle-timeout-ms must be positive");
         }
         Ok(config)
     }

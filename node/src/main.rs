@@ -4,6 +4,7 @@
 
 mod clock;
 mod config;
+mod connections;
 mod http;
 mod metrics;
 mod network;

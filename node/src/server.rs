@@ -6,19 +6,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt;
 use baton_raft_store::store;
 use openraft::{Raft, SnapshotPolicy};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 
 use crate::clock::NodeClock;
 use crate::config::NodeConfig;
+use crate::connections::{self, ConnectionBounds};
 use crate::http::{self, AppState, Relay, Shared};
 use crate::metrics::Metrics;
 use crate::network::{peer_router, PeerNetwork};
 use crate::proposer::{Proposer, ProposerSettings};
-use crate::tls::{self, TlsListener};
+use crate::tls;
 
 /// Runs the node until it is told to stop. An error means the node could not start, or
 /// openraft stopped on a fatal error (a storage error stops the node: docs/guarantees.md G5, STYLE rule 4).
@@ -149,27 +150,31 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     }
 
     let (stop, stopped) = watch::channel(false);
-    let until_stopped = |mut stopped: watch::Receiver<bool>| async move {
-        let _ = stopped.wait_for(|stop| *stop).await;
+    let bounds = ConnectionBounds {
+        connections_max: connections::connections_max(tuning.connections_max),
+        request_header_timeout: Duration::from_millis(tuning.request_header_timeout_ms),
+        idle_timeout: Duration::from_millis(tuning.idle_timeout_ms),
     };
-    let peer_task = serve(
+    let peer_task = tokio::spawn(connections::serve(
         peer_listener,
-        peer_tls,
+        peer_tls.map(TlsAcceptor::from),
         peer_router(
             raft.clone(),
             tuning.cluster_secret.clone(),
             http::relay_routes(app.clone()),
         ),
-        until_stopped(stopped.clone()),
+        bounds,
+        stopped.clone(),
         "peer",
-    )?;
-    let api_task = serve(
+    ));
+    let api_task = tokio::spawn(connections::serve(
         api_listener,
-        api_tls,
+        api_tls.map(TlsAcceptor::from),
         http::router(app),
-        until_stopped(stopped.clone()),
+        bounds,
+        stopped.clone(),
         "api",
-    )?;
+    ));
     tracing::info!(id = config.id, listen = %config.listen, peer_listen = %config.peer_listen, "batond is serving");
 
     // A task, not a branch of this select: `main` runs on a thread of its own, and openraft's
@@ -205,30 +210,6 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
 /// renewing sessions, and at a million leases an election).
 fn snapshot_interval(node_id: u64, snapshot_log_entries: u64) -> u64 {
     snapshot_log_entries + snapshot_log_entries * (node_id % 4) / 12
-}
-
-/// Serves `router` on `listener`, over TLS with `tls`, until `stopped` resolves.
-fn serve(
-    listener: TcpListener,
-    tls: Option<Arc<rustls::ServerConfig>>,
-    router: axum::Router,
-    stopped: impl std::future::Future<Output = ()> + Send + 'static,
-    port: &'static str,
-) -> anyhow::Result<tokio::task::JoinHandle<std::io::Result<()>>> {
-    Ok(match tls {
-        Some(config) => {
-            let listener = TlsListener::new(listener, config, port)?;
-            let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
-            tokio::spawn(async move { server.await })
-        }
-        None => {
-            let listener = listener.tap_io(|stream| {
-                let _ = stream.set_nodelay(true);
-            });
-            let server = axum::serve(listener, router).with_graceful_shutdown(stopped);
-            tokio::spawn(async move { server.await })
-        }
-    })
 }
 
 /// Resolves when openraft's core stops with a fatal error, with its description.

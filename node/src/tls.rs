@@ -1,31 +1,17 @@
 //! TLS with rustls: the client API over HTTPS (`--tls-cert`, `--tls-key`) and mutual TLS
 //! between peers (`--peer-tls-cert`, `--peer-tls-key`, `--peer-ca`), docs/security.md.
-//!
-//! A listener hands axum only connections whose handshake finished; each handshake runs in its
-//! own task with a deadline, so a client speaking plain HTTP to a TLS port, a peer without a
-//! certificate from the peer CA, or a client that never finishes its handshake costs that one
-//! connection and nothing else.
+//! The handshakes themselves run in `connections.rs`, one per connection with a deadline, so
+//! a client speaking plain HTTP to a TLS port, a peer without a certificate from the peer CA,
+//! or a client that never finishes its handshake costs that one connection and nothing else.
 
-use std::io;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
-use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
-
-/// The longest a connection may take to finish its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Finished handshakes waiting for axum to take them.
-const ACCEPTED_QUEUE: usize = 128;
 
 /// A certificate chain and its key, as PEM files.
 #[derive(Debug, Clone)]
@@ -111,67 +97,4 @@ fn not_a_pair(identity: &Identity) -> String {
         identity.cert.display(),
         identity.key.display()
     )
-}
-
-/// A TCP listener that yields TLS connections whose handshake is done.
-pub struct TlsListener {
-    accepted: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
-}
-
-impl TlsListener {
-    /// Accepts on `tcp` in a task of its own, one handshake task per connection.
-    pub fn new(
-        tcp: TcpListener,
-        config: Arc<ServerConfig>,
-        port: &'static str,
-    ) -> io::Result<Self> {
-        let local = tcp.local_addr()?;
-        let (sender, accepted) = mpsc::channel(ACCEPTED_QUEUE);
-        let acceptor = TlsAcceptor::from(config);
-        tokio::spawn(async move {
-            while !sender.is_closed() {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(connection) => connection,
-                    Err(error) => {
-                        // Out of file descriptors and the like: wait rather than spin.
-                        tracing::warn!(%error, port, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
-                let _ = stream.set_nodelay(true);
-                let (acceptor, sender) = (acceptor.clone(), sender.clone());
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = sender.send((tls, peer)).await;
-                        }
-                        Ok(Err(error)) => {
-                            tracing::info!(%peer, %error, port, "TLS handshake refused");
-                        }
-                        Err(_) => tracing::info!(%peer, port, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(TlsListener { accepted, local })
-    }
-}
-
-impl axum::serve::Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        match self.accepted.recv().await {
-            Some(connection) => connection,
-            // The accept task only ends when this listener is gone.
-            None => std::future::pending().await,
-        }
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        Ok(self.local)
-    }
 }

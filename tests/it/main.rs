@@ -7,6 +7,7 @@ mod cli;
 mod cli_fixes;
 mod client;
 mod client_queues;
+mod connections;
 mod console;
 mod contract;
 mod events;
