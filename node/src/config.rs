@@ -128,6 +128,10 @@ pub struct Tuning {
     /// new stream is refused with 429 RESOURCE_EXHAUSTED.
     #[arg(long, env = "BATON_EVENT_STREAMS_MAX", default_value_t = 1_024)]
     pub event_streams_max: usize,
+    /// With --auth, most event streams one token may have open on this node at once; past
+    /// it, that token's new stream is refused with 429 RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BATON_EVENT_STREAMS_PER_TOKEN_MAX", default_value_t = 64)]
+    pub event_streams_per_token_max: usize,
     /// Most connections open at once on each of the client and peer ports; at the cap a new
     /// connection takes the place of the oldest idle one. 0: what the open-file limit
     /// leaves (its soft limit raised to the hard one) after 128 for the store.
@@ -274,10 +278,11 @@ impl NodeConfig {
             || tuning.snapshot_log_entries == 0
             || tuning.group_commit_max == 0
             || tuning.event_streams_max == 0
+            || tuning.event_streams_per_token_max == 0
             || tuning.request_header_timeout_ms == 0
             || tuning.idle_timeout_ms == 0
         {
-            bail!("--tick-ms, --sweep-ms, --snapshot-log-entries, --group-commit-max, --event-streams-max, --request-header-timeout-ms and --idle-timeout-ms must be positive");
+            bail!("--tick-ms, --sweep-ms, --snapshot-log-entries, --group-commit-max, --event-streams-max, --event-streams-per-token-max, --request-header-timeout-ms and --idle-timeout-ms must be positive");
         }
         Ok(config)
     }

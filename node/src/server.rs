@@ -138,7 +138,10 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         relay,
         metrics: Metrics::default(),
         clock_control: tuning.clock_control,
-        event_streams: Arc::new(tokio::sync::Semaphore::new(tuning.event_streams_max)),
+        event_streams: Arc::new(http::StreamSlots::new(
+            tuning.event_streams_max,
+            tuning.event_streams_per_token_max,
+        )),
         election_timeout,
         auth: config.auth,
         api_scheme: if api_tls.is_some() { "https" } else { "http" },

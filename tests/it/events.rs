@@ -591,3 +591,37 @@ async fn event_streams_are_bounded_and_a_closed_one_frees_its_place() {
     )
     .await;
 }
+
+/// A stream is served by the node it arrives at; when that node is cut off from every other
+/// node, it ends with `NO_LEADER` (after the longest a request waits for a leader) instead of
+/// going silent, so its reader resumes on another node.
+#[tokio::test]
+async fn a_stream_on_a_node_cut_off_from_the_others_ends_with_no_leader() {
+    let cluster = Cluster::start(3).await;
+    let follower = cluster.followers().await[0];
+    let mut stream = SseStream::open(follower, None).await;
+    let others: Vec<&Node> = cluster
+        .nodes()
+        .iter()
+        .filter(|node| node.id != follower.id)
+        .collect();
+    for node in &others {
+        node.pause();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    let mut sent = String::new();
+    loop {
+        match tokio::time::timeout_at(deadline, stream.response.chunk()).await {
+            Ok(Ok(Some(chunk))) => sent.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(Ok(None)) | Ok(Err(_)) => break,
+            Err(_) => panic!("the cut-off node's stream is still open: {sent:?}"),
+        }
+    }
+    for node in &others {
+        node.resume();
+    }
+    assert!(
+        sent.contains("event: error") && sent.contains("NO_LEADER"),
+        "{sent:?}"
+    );
+}

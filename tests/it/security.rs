@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use baton_client::api::{CreateTokenRequest, ErrorCode, TokenRole};
-use baton_tests::{batond_path, free_port, poll_until, Cluster, ClusterConfig, Method};
+use baton_tests::{batond_path, free_port, poll_until, Cluster, ClusterConfig, Method, Node};
 use serde_json::{json, Value};
 
 use crate::cli::{baton, url};
@@ -518,4 +518,144 @@ async fn the_peer_routes_of_an_auth_cluster_refuse_requests_without_the_secret()
             .expect("the peer port answers");
         assert_eq!(answer.status().as_u16(), 401, "{path}");
     }
+}
+
+/// `GET /v1/events` as a stream on `node` with `secret`: the open response, or the status it
+/// was refused with.
+async fn open_stream(node: &Node, secret: &str) -> Result<reqwest::Response, u16> {
+    let answer = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .expect("an HTTP client")
+        .get(format!("{}/v1/events", node.api_url()))
+        .header(reqwest::header::ACCEPT, "text/event-stream")
+        .bearer_auth(secret)
+        .send()
+        .await
+        .expect("the node answers");
+    match answer.status().as_u16() {
+        200 => Ok(answer),
+        status => Err(status),
+    }
+}
+
+/// Reads `stream` until it ends; what it sent. Panics when it is still open after `within`.
+async fn until_ended(stream: &mut reqwest::Response, within: Duration) -> String {
+    let deadline = tokio::time::Instant::now() + within;
+    let mut sent = String::new();
+    loop {
+        match tokio::time::timeout_at(deadline, stream.chunk()).await {
+            Ok(Ok(Some(chunk))) => sent.push_str(&String::from_utf8_lossy(&chunk)),
+            Ok(Ok(None)) | Ok(Err(_)) => return sent,
+            Err(_) => panic!("the stream is still open after {within:?}; it sent {sent:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn revoking_a_token_ends_its_open_event_streams_on_every_node() {
+    let cluster = secured(3).await;
+    let secret = token(&cluster, "watcher", "reader", &["default"]).await;
+    let mut streams = Vec::new();
+    for node in cluster.nodes() {
+        streams.push(open_stream(node, &secret).await.expect("a reader's stream"));
+    }
+    cluster
+        .api()
+        .delete(cluster.node(1), "/v1/auth/tokens/watcher")
+        .await
+        .expect_status(200);
+    // Something to stream, were the streams still open.
+    cluster
+        .api()
+        .post(
+            cluster.node(2),
+            "/v1/leases",
+            &json!({"resource": "after/revocation", "holder": "a", "ttl_ms": 30_000}),
+        )
+        .await
+        .expect_status(201);
+    for (node, stream) in cluster.nodes().iter().zip(&mut streams) {
+        let sent = until_ended(stream, Duration::from_secs(3)).await;
+        assert!(sent.contains("UNAUTHENTICATED"), "node {}: {sent}", node.id);
+        assert!(
+            !sent.contains("after/revocation"),
+            "node {}: {sent}",
+            node.id
+        );
+    }
+}
+
+#[tokio::test]
+async fn event_streams_are_served_by_the_node_they_arrive_at() {
+    // One tenant's streams through one follower used to take the leader's slots, so every
+    // other tenant got 429 on every node.
+    let cluster = Cluster::start_with(ClusterConfig {
+        bootstrap_token: Some(BOOTSTRAP.to_owned()),
+        extra_args: vec!["--event-streams-max".to_owned(), "4".to_owned()],
+        ..ClusterConfig::new(3)
+    })
+    .await;
+    let flooder = token(&cluster, "flooder", "reader", &["*"]).await;
+    let other = token(&cluster, "other", "reader", &["default"]).await;
+    let follower = cluster.followers().await[0];
+    let mut flood = Vec::new();
+    for _ in 0..4 {
+        flood.push(open_stream(follower, &flooder).await.expect("a stream"));
+    }
+    assert_eq!(open_stream(follower, &flooder).await.err(), Some(429));
+    for node in cluster.nodes().iter().filter(|node| node.id != follower.id) {
+        if let Err(status) = open_stream(node, &other).await {
+            panic!(
+                "node {}: another tenant's stream refused with {status}",
+                node.id
+            );
+        }
+    }
+    // The follower's own streams carry what the cluster does.
+    cluster
+        .api()
+        .post(
+            cluster.node(1),
+            "/v1/leases",
+            &json!({"resource": "streamed/by/a/follower", "holder": "a", "ttl_ms": 30_000}),
+        )
+        .await
+        .expect_status(201);
+    let mut seen = String::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !seen.contains("streamed/by/a/follower") {
+        let chunk = tokio::time::timeout_at(deadline, flood[0].chunk())
+            .await
+            .unwrap_or_else(|_| panic!("no grant on the follower's stream: {seen}"))
+            .expect("reading the stream")
+            .expect("the stream stays open");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+}
+
+#[tokio::test]
+async fn a_token_has_its_own_share_of_a_nodes_event_streams() {
+    let cluster = Cluster::start_with(ClusterConfig {
+        bootstrap_token: Some(BOOTSTRAP.to_owned()),
+        extra_args: vec!["--event-streams-per-token-max".to_owned(), "2".to_owned()],
+        ..ClusterConfig::new(1)
+    })
+    .await;
+    let node = cluster.node(1);
+    let greedy = token(&cluster, "greedy", "reader", &["*"]).await;
+    let other = token(&cluster, "other", "reader", &["default"]).await;
+    let first = open_stream(node, &greedy).await.expect("a stream");
+    let _second = open_stream(node, &greedy).await.expect("a stream");
+    assert_eq!(open_stream(node, &greedy).await.err(), Some(429));
+    let _others = open_stream(node, &other)
+        .await
+        .expect("another token's stream");
+    drop(first);
+    poll_until(
+        Duration::from_secs(5),
+        "the closed stream's place",
+        async || open_stream(node, &greedy).await.ok().map(drop),
+    )
+    .await;
 }

@@ -110,8 +110,8 @@ pub async fn authenticate(
     let Some(role) = required_role(request.method(), request.uri().path()) else {
         return next.run(request).await;
     };
-    let caller = match caller_of(&app, &request) {
-        Ok(caller) => caller,
+    let (caller, hash) = match caller_of(&app, &request) {
+        Ok(authenticated) => authenticated,
         Err(error) => return error.into_response(),
     };
     if caller.role < role {
@@ -146,11 +146,18 @@ pub async fn authenticate(
         }
     }
     request.extensions_mut().insert(caller);
+    request.extensions_mut().insert(hash);
     next.run(request).await
 }
 
-/// The caller a request's `Authorization: Bearer` names, or 401.
-fn caller_of(app: &AppState, request: &Request) -> Result<Caller, ApiError> {
+/// The SHA-256 of the secret a request was authenticated with, put in the request beside its
+/// `Caller`: what a long-lived answer (an event stream) checks again, so that it ends when
+/// that token is revoked, even if another token is made under the same name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenHash(pub [u8; 32]);
+
+/// The caller a request's `Authorization: Bearer` names, and its secret's hash, or 401.
+fn caller_of(app: &AppState, request: &Request) -> Result<(Caller, TokenHash), ApiError> {
     let unauthenticated = |message: &str| ApiError::new(ErrorCode::Unauthenticated, message);
     let Some(value) = request.headers().get(header::AUTHORIZATION) else {
         return Err(unauthenticated(
@@ -164,10 +171,12 @@ fn caller_of(app: &AppState, request: &Request) -> Result<Caller, ApiError> {
         .ok_or_else(|| unauthenticated("the Authorization header must be `Bearer <token>`"))?;
     check_secret(secret).map_err(|problem| unauthenticated(&problem))?;
     let hash = secret_sha256(secret);
-    app.machine
+    let caller = app
+        .machine
         .read(|machine, _| machine.auth().authenticate(&hash))
         .map_err(ApiError::internal)?
-        .ok_or_else(|| unauthenticated("unknown or revoked token"))
+        .ok_or_else(|| unauthenticated("unknown or revoked token"))?;
+    Ok((caller, TokenHash(hash)))
 }
 
 fn wire_role(role: Role) -> TokenRole {

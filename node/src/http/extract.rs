@@ -10,6 +10,7 @@ use baton_api::{HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
 use baton_raft_store::machine::{validate_idempotency_key, Caller, Name, Namespace, ResourcePath};
 use serde::de::DeserializeOwned;
 
+use super::auth::TokenHash;
 use super::error::ApiError;
 use super::AppState;
 
@@ -69,6 +70,20 @@ impl FromRequestParts<AppState> for By {
             .extensions
             .get::<Caller>()
             .map(|caller| caller.name.clone())))
+    }
+}
+
+/// The token a request was made with and its secret's hash, when access control is on.
+#[derive(Debug)]
+pub struct Token(pub Option<(Caller, TokenHash)>);
+
+impl FromRequestParts<AppState> for Token {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _app: &AppState) -> Result<Token, ApiError> {
+        let caller = parts.extensions.get::<Caller>().cloned();
+        let hash = parts.extensions.get::<TokenHash>().copied();
+        Ok(Token(caller.zip(hash)))
     }
 }
 

@@ -1,6 +1,7 @@
 //! Forwarding: a follower sends a leader route's HTTP request to the leader and relays its
 //! answer, so any node answers any request. The writes in `RELAYED_ROUTES` are the exception:
-//! their handlers run on the follower, which relays their commands instead (relay.rs).
+//! their handlers run on the follower, which relays their commands instead (relay.rs); and so
+//! are event streams, which every node serves from its own applied log (events.rs).
 //!
 //! The bounds (the API's contract): a forward to a leader that stops answering (paused, cut
 //! off) gives up on it after twice the election timeout, by when a new leader has been elected,
@@ -74,6 +75,11 @@ pub async fn forward_unless_leader(
     if app.is_leader() {
         return next.run(request).await;
     }
+    if streams_events(&request) {
+        // Served from this node's own applied log, after a read index (events.rs), so one
+        // tenant's streams take this node's slots, not the leader's.
+        return next.run(request).await;
+    }
     if request.headers().contains_key(HEADER_FORWARDED) {
         // The sender took this node for the leader; it is not (any more).
         return with_leader(ApiError::no_leader(None), None);
@@ -131,6 +137,14 @@ pub async fn forward_unless_leader(
             return with_leader(ApiError::no_leader(None), None);
         }
     }
+}
+
+/// Whether `request` opens an event stream (`GET /v1/events` with `Accept:
+/// text/event-stream`), which any node serves itself.
+fn streams_events(request: &Request) -> bool {
+    request.method() == Method::GET
+        && request.uri().path() == "/v1/events"
+        && super::events::wants_stream(request.headers())
 }
 
 /// How long the leader may hold a request on purpose before answering: the `wait_ms` of an

@@ -50,6 +50,7 @@ use crate::proposer::Proposer;
 pub use auth::bootstrap as bootstrap_token;
 pub use convert::Clocks;
 pub use error::ApiError;
+pub use events::StreamSlots;
 pub use relay::{routes as relay_routes, Relay};
 
 /// The largest request body accepted (docs/guarantees.md, "Limits").
@@ -70,8 +71,9 @@ pub struct Shared {
     pub relay: Relay,
     pub metrics: Metrics,
     pub clock_control: bool,
-    /// Permits for open event streams (`--event-streams-max`).
-    pub event_streams: Arc<tokio::sync::Semaphore>,
+    /// The event streams open on this node (`--event-streams-max`, and per token
+    /// `--event-streams-per-token-max`).
+    pub event_streams: Arc<events::StreamSlots>,
     /// The election timeout (`--election-timeout-ms`): a forward to a leader that stops
     /// answering gives up on it after twice this.
     pub election_timeout: Duration,
@@ -159,11 +161,20 @@ impl AppState {
         }
     }
 
-    /// Runs `query` on the applied state after a read index: linearizable (G1).
+    /// Runs `query` on the applied state after a read index: linearizable (G1). On the leader
+    /// only (followers forward reads); `read_here` is the same on any node.
     pub async fn read<T>(
         &self,
         query: impl FnOnce(&Machine) -> T,
     ) -> Result<(T, Clocks), ApiError> {
+        self.read_index_here().await?;
+        self.query(query)
+    }
+
+    /// On the leader: confirms leadership and waits until the applied state holds every write
+    /// acknowledged before the call; the read index, the log index a linearizable read must see
+    /// applied.
+    async fn read_index_here(&self) -> Result<u64, ApiError> {
         // A leader restored after a restart may not yet know which of its entries are
         // committed: it answers reads only once it has applied its whole takeover log.
         let term = self.raft.metrics().borrow().current_term;
@@ -175,15 +186,19 @@ impl AppState {
             return Err(ApiError::no_leader(None));
         }
         match tokio::time::timeout(self.leader_wait(), self.raft.ensure_linearizable()).await {
-            Ok(Ok(_)) => {}
+            Ok(Ok(read_log_id)) => Ok(read_log_id.map_or(0, |log_id| log_id.index)),
             Ok(Err(error)) => {
                 tracing::debug!(%error, "read index refused");
-                return Err(ApiError::no_leader(
+                Err(ApiError::no_leader(
                     self.leader().filter(|id| *id != self.node_id),
-                ));
+                ))
             }
-            Err(_) => return Err(ApiError::no_leader(None)),
+            Err(_) => Err(ApiError::no_leader(None)),
         }
+    }
+
+    /// `query` on this node's applied state as it is now, at its cluster time.
+    fn query<T>(&self, query: impl FnOnce(&Machine) -> T) -> Result<(T, Clocks), ApiError> {
         let (value, cluster_ms) = self
             .machine
             .read(|machine, _| (query(machine), machine.time_ms()))

@@ -29,11 +29,14 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response as HttpResponse};
 use axum::routing::post;
 use axum::Router;
-use baton_raft_store::machine::{admit, decode_value, encode_value, Command, Rejection, Response};
+use baton_raft_store::machine::{
+    admit, decode_value, encode_value, Command, Machine, Rejection, Response,
+};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
+use super::convert::Clocks;
 use super::forward::{wait_for_leader, Leader, RECONNECT_PAUSE};
 use super::{ApiError, AppState};
 use crate::metrics::RelayCounters;
@@ -42,6 +45,8 @@ use crate::proposer::{Committed, ProposeError};
 
 /// The leader's peer route for relayed commands.
 pub const RELAY_PATH: &str = "/raft/relay";
+/// The leader's peer route for a follower's read index.
+pub const READ_INDEX_PATH: &str = "/raft/read-index";
 /// Commands in one relay message at most.
 const RELAY_COMMANDS_MAX: usize = 256;
 /// Approximate encoded bytes of one relay message at most (well under the peer message limit).
@@ -79,11 +84,22 @@ enum Answer {
     Unknown(String),
 }
 
-/// A follower's relay: the queue of commands waiting to go to the leader, and its counters.
+/// The leader's answer to a follower's read-index request.
+#[derive(Debug, Serialize, Deserialize)]
+enum ReadIndex {
+    /// The log index a linearizable read must see applied.
+    Index(u64),
+    /// Not the leader (any more), or it could not confirm it: ask the leader known then.
+    NotLeader,
+}
+
+/// A follower's relay: the queue of commands waiting to go to the leader, its counters, and
+/// the peer network for read indexes.
 #[derive(Clone)]
 pub struct Relay {
     sender: mpsc::Sender<Outgoing>,
     counters: Arc<RelayCounters>,
+    network: PeerNetwork,
 }
 
 /// A command waiting to be relayed, and who waits for its answer.
@@ -100,8 +116,12 @@ impl Relay {
     pub fn spawn(network: PeerNetwork) -> Relay {
         let (sender, receiver) = mpsc::channel(RELAY_QUEUE_MAX);
         let counters = Arc::new(RelayCounters::default());
-        tokio::spawn(send_messages(receiver, network, counters.clone()));
-        Relay { sender, counters }
+        tokio::spawn(send_messages(receiver, network.clone(), counters.clone()));
+        Relay {
+            sender,
+            counters,
+            network,
+        }
     }
 
     pub fn counters(&self) -> &RelayCounters {
@@ -226,11 +246,23 @@ async fn send_message(network: PeerNetwork, message: Vec<Outgoing>, _permit: Own
     }
 }
 
-/// The leader's side: `POST /raft/relay`, to be mounted on the peer listener.
+/// The leader's side: `POST /raft/relay` and `POST /raft/read-index`, to be mounted on the
+/// peer listener.
 pub fn routes(app: AppState) -> Router {
     Router::new()
         .route(RELAY_PATH, post(serve_relay))
+        .route(READ_INDEX_PATH, post(serve_read_index))
         .with_state(app)
+}
+
+/// Confirms leadership for a follower and answers the read index it must wait for.
+async fn serve_read_index(State(app): State<AppState>) -> HttpResponse {
+    let answer = match app.read_index_here().await {
+        Ok(index) => ReadIndex::Index(index),
+        Err(_) => ReadIndex::NotLeader,
+    };
+    let bytes = encode_value(&answer).expect("a read index always encodes");
+    ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
 }
 
 /// Admits and proposes every command of the message, concurrently (so they share batches with
@@ -349,6 +381,62 @@ impl AppState {
                         .await;
                 }
             }
+            if Instant::now() >= deadline {
+                return Err(ApiError::no_leader(None).naming_leader(None));
+            }
+        }
+    }
+
+    /// Runs `query` on this node's own applied state once it holds every write acknowledged
+    /// before the call: linearizable (G1) on any node. The leader reads after its read index;
+    /// a follower asks the leader for it over the peer port and waits until it has applied
+    /// that far (for what a follower serves itself, such as event streams). The bounds are
+    /// forwarding's: no leader within `leader_wait` is `NO_LEADER`.
+    pub async fn read_here<T>(
+        &self,
+        query: impl FnOnce(&Machine) -> T,
+    ) -> Result<(T, Clocks), ApiError> {
+        let deadline = Instant::now() + self.leader_wait();
+        loop {
+            let (id, peer_addr) = match wait_for_leader(self, None, deadline).await {
+                Some(Leader::Me) => return self.read(query).await,
+                Some(Leader::Other { id, member }) => (id, member.peer_addr),
+                None => return Err(ApiError::no_leader(None).naming_leader(None)),
+            };
+            let timeout = (self.election_timeout * 2).min(deadline - Instant::now());
+            let asked = self
+                .relay
+                .network
+                .post(&peer_addr, READ_INDEX_PATH, Vec::new(), timeout)
+                .await;
+            let answer =
+                asked.map(|bytes| decode_value::<ReadIndex>(&bytes, PEER_MESSAGE_BYTES_MAX));
+            match answer {
+                Ok(Ok(ReadIndex::Index(index))) => {
+                    let applied = self
+                        .raft
+                        .wait(Some(deadline.saturating_duration_since(Instant::now())))
+                        .applied_index_at_least(Some(index), "a follower's read index")
+                        .await;
+                    return match applied {
+                        Ok(_) => self.query(query),
+                        Err(_) => Err(ApiError::no_leader(Some(id))),
+                    };
+                }
+                Ok(Ok(ReadIndex::NotLeader)) => {}
+                Ok(Err(error)) => {
+                    tracing::warn!(leader_id = id, %error, "the leader's read index did not decode");
+                }
+                // A read changes nothing: whether or not the request arrived, ask again.
+                Err(error) => {
+                    tracing::debug!(
+                        leader_id = id,
+                        ?error,
+                        "no read index from the leader; asking again"
+                    );
+                }
+            }
+            tokio::time::sleep_until((Instant::now() + RECONNECT_PAUSE).min(deadline)).await;
             if Instant::now() >= deadline {
                 return Err(ApiError::no_leader(None).naming_leader(None));
             }

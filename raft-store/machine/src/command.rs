@@ -101,6 +101,22 @@ pub enum Command {
     Authorized { token: Name, command: Box<Command> },
 }
 
+impl Command {
+    /// Whether applying this may take a token away or change what it may do (a revocation,
+    /// new limits): the node then checks again what it serves under a token, such as open
+    /// event streams.
+    pub fn changes_access(&self) -> bool {
+        match self {
+            Command::RevokeToken { .. } | Command::SetLimits(_) => true,
+            Command::Authorized { command, .. } => command.changes_access(),
+            Command::Namespaced { .. }
+            | Command::Sweep { .. }
+            | Command::CreateToken(_)
+            | Command::BootstrapToken { .. } => false,
+        }
+    }
+}
+
 /// The `Idempotency-Key` of a request and a hash of everything that identifies the request
 /// (namespace, method, route, path parameters, body), computed at the edge.
 ///

@@ -10,7 +10,8 @@
 //! which replaces the state without events, wakes every watcher.
 //!
 //! An event stream watches for any event: it is woken after every entry that recorded one,
-//! not by entries without events or by heartbeats.
+//! not by entries without events or by heartbeats, and after every entry that revoked a token
+//! (or changed the limits), so that it checks at once whether its token may still read.
 //!
 //! A claim that waits (`wait_ms` on claim-next) watches its queue the same way: every task event
 //! naming the queue (enqueued, claimed, completed, failed, released, expired, dead) wakes it.
@@ -114,6 +115,13 @@ impl ChangeWatch {
             if let Some(notify) = watched.get(&Watched::Events) {
                 notify.notify_waiters();
             }
+        }
+    }
+
+    /// Wakes the event streams: a token may have been revoked.
+    pub(super) fn changed_access(&self) {
+        if let Some(notify) = self.lock().get(&Watched::Events) {
+            notify.notify_waiters();
         }
     }
 

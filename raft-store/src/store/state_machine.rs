@@ -21,7 +21,7 @@ use super::{
     encode, read_meta, run_blocking, storage_error, Applied, AppliedState, ChangeWatch, Database,
     Member, SharedState, StorageResult, StoreError, TypeConfig, Watching,
 };
-use crate::machine::{Machine, Name, Namespace, ResourcePath};
+use crate::machine::{Command, Machine, Name, Namespace, ResourcePath};
 
 const SNAPSHOT_META_KEY: &[u8] = b"meta";
 const SNAPSHOT_DATA_KEY: &[u8] = b"data";
@@ -193,6 +193,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                     let before = state.machine.revision();
                     let responses = state.machine.apply(&batch);
                     self.watch.changed(state.machine.events_since(before));
+                    if batch.commands.iter().any(Command::changes_access) {
+                        self.watch.changed_access();
+                    }
                     responses
                 }
                 EntryPayload::Membership(membership) => {
