@@ -659,3 +659,46 @@ async fn a_token_has_its_own_share_of_a_nodes_event_streams() {
     )
     .await;
 }
+
+#[tokio::test]
+async fn an_idempotency_key_answers_only_the_token_that_used_it() {
+    // agent-a3, knowing agent-a's key, replayed agent-a's session creation and got its
+    // session id back.
+    let cluster = secured(1).await;
+    let node = cluster.node(1);
+    let api = cluster.api();
+    let agent_a = token(&cluster, "agent-a", "agent", &["default"]).await;
+    let agent_a3 = token(&cluster, "agent-a3", "agent", &["default"]).await;
+    let key = "0c9b7f5e-7f1f-4a53-9f0e-5b5d1f1a2c3d";
+    let body = json!({ "holder": "agent-a", "ttl_ms": 30_000 });
+    let created: Value = api
+        .call(Method::POST, node, "/v1/sessions")
+        .token(Some(&agent_a))
+        .idempotency_key(key)
+        .json(&body)
+        .send()
+        .await
+        .expect_json(201);
+    let replayed = api
+        .call(Method::POST, node, "/v1/sessions")
+        .token(Some(&agent_a))
+        .idempotency_key(key)
+        .json(&body)
+        .send()
+        .await;
+    assert!(replayed.replayed(), "{replayed}");
+    assert_eq!(
+        replayed.parse::<Value>()["session_id"],
+        created["session_id"]
+    );
+    let other = api
+        .call(Method::POST, node, "/v1/sessions")
+        .token(Some(&agent_a3))
+        .idempotency_key(key)
+        .json(&body)
+        .send()
+        .await;
+    other.expect_problem(422, ErrorCode::IdempotencyKeyReused);
+    let session_id = created["session_id"].as_str().unwrap();
+    assert!(!other.to_string().contains(session_id), "{other}");
+}

@@ -13,6 +13,7 @@ use baton_raft_store::machine::{
     TaskSpec, TaskView, Txn, TxnOp,
 };
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 
 use super::{ApiAnswer, ApiError, AppState, Clocks};
 
@@ -361,9 +362,10 @@ impl AppState {
         result: impl FnOnce(Reply) -> Result<T, Box<Reply>>,
     ) -> Result<Committed<T>, ApiError> {
         let tag_wall_ms = mutation.tag.as_ref().map(|tag| tag.wall_ms);
+        let idempotency = mutation.tag.map(|tag| made_by(tag, mutation.by.as_ref()));
         let command = Command::Namespaced {
             namespace: mutation.namespace,
-            idempotency: mutation.tag,
+            idempotency,
             op,
         };
         let command = authorized(mutation.by, command);
@@ -428,4 +430,19 @@ fn authorized(by: Option<Name>, command: Command) -> Command {
         },
         None => command,
     }
+}
+
+/// `tag` with the token that makes the request in its fingerprint: a key's record answers only
+/// the token that used it, and any other token using the same key is refused as a different
+/// request (`IDEMPOTENCY_KEY_REUSED`) instead of getting its answer, session id included.
+/// Without access control (no token) the fingerprint is the edge's.
+fn made_by(mut tag: IdempotencyTag, by: Option<&Name>) -> IdempotencyTag {
+    if let Some(token) = by {
+        let mut hasher = Sha256::new();
+        hasher.update(tag.fingerprint);
+        hasher.update((token.as_str().len() as u64).to_le_bytes());
+        hasher.update(token.as_str().as_bytes());
+        tag.fingerprint = hasher.finalize().into();
+    }
+    tag
 }
