@@ -702,3 +702,69 @@ async fn an_idempotency_key_answers_only_the_token_that_used_it() {
     let session_id = created["session_id"].as_str().unwrap();
     assert!(!other.to_string().contains(session_id), "{other}");
 }
+
+#[tokio::test]
+async fn one_tenants_writes_neither_number_nor_push_out_anothers_events() {
+    // With events_kept_max 200, 250 writes in team-b pushed team-a's `after=0` out of the one
+    // window all namespaces shared, and team-a's revisions jumped with team-b's traffic.
+    let cluster = secured(1).await;
+    let node = cluster.node(1);
+    let api = cluster.api();
+    api.put(node, "/v1/limits", &json!({ "events_kept_max": 200 }))
+        .await
+        .expect_status(200);
+    let team_a = token(&cluster, "team-a", "agent", &["team-a"]).await;
+    let team_b = token(&cluster, "team-b", "agent", &["team-b"]).await;
+    let put = async |token: &str, namespace: &str, key: &str| -> Value {
+        api.call(Method::PUT, node, &format!("/v1/kv/{key}"))
+            .token(Some(token))
+            .namespace(namespace)
+            .json(&json!({ "value": 1 }))
+            .send()
+            .await
+            .expect_json(200)
+    };
+    assert_eq!(put(&team_a, "team-a", "a/0").await["revision"], 1);
+    for n in 0..250 {
+        put(&team_b, "team-b", &format!("b/{n}")).await;
+    }
+    assert_eq!(
+        put(&team_a, "team-a", "a/1").await["revision"],
+        2,
+        "team-b's writes moved team-a's revisions"
+    );
+    let page: Value = api
+        .call(Method::GET, node, "/v1/events?after=0")
+        .token(Some(&team_a))
+        .namespace("team-a")
+        .send()
+        .await
+        .expect_json(200);
+    let revisions: Vec<_> = page["events"]
+        .as_array()
+        .expect("events")
+        .iter()
+        .map(|event| event["revision"].as_u64().expect("a revision"))
+        .collect();
+    assert_eq!(revisions, [1, 2], "{page}");
+    // team-b's own window holds its most recent 200: its start has left it.
+    let gone = api
+        .call(Method::GET, node, "/v1/events?after=0")
+        .token(Some(&team_b))
+        .namespace("team-b")
+        .send()
+        .await
+        .expect_problem(404, ErrorCode::NotFound);
+    assert!(
+        gone.message.contains("resume from revision 250"),
+        "{gone:?}"
+    );
+    let status: Value = api
+        .call(Method::GET, node, "/v1/cluster")
+        .token(Some(&team_a))
+        .namespace("team-a")
+        .send()
+        .await
+        .expect_json(200);
+    assert_eq!(status["revision"], 2, "{status}");
+}

@@ -34,7 +34,9 @@ pub struct ClusterStatus {
     /// The cluster time of the answering node's applied state.
     #[serde(default)]
     pub cluster_time_ms: u64,
-    /// The revision of the last event in the answering node's applied state.
+    /// The revision of the request's namespace (`Baton-Namespace`) in the answering node's
+    /// applied state; 0 when the request's token may not use that namespace, and in the
+    /// answer to a member add or remove.
     #[serde(default)]
     pub revision: u64,
     /// Sessions in the applied state, every namespace, live or awaiting the sweep.

@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use baton_api::{AddMemberRequest, ClusterStatus, Digest, ErrorCode, Member as WireMember};
+use baton_raft_store::machine::{Namespace, Role};
 use baton_raft_store::store::Member;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::ChangeMembers;
@@ -14,13 +15,14 @@ use serde::Deserialize;
 use sha2::Sha256;
 
 use super::error::ApiError;
-use super::extract::{ApiJson, ApiPath};
+use super::extract::{ApiJson, ApiPath, Ns, Token};
 use super::{ApiAnswer, AppState};
 
 /// How far a node's applied index may trail its log and still call itself ready.
 const READY_LAG_MAX: u64 = 64;
 
-fn cluster_status(app: &AppState) -> ClusterStatus {
+/// The node's view, with the revision of `namespace` when it is `Some` (the caller may read it).
+fn cluster_status(app: &AppState, namespace: Option<&Namespace>) -> ClusterStatus {
     let metrics = app.raft.metrics();
     let metrics = metrics.borrow();
     let membership = metrics.membership_config.membership();
@@ -36,7 +38,10 @@ fn cluster_status(app: &AppState) -> ClusterStatus {
         .collect();
     let (cluster_time_ms, revision, (sessions, leases)) = app
         .machine
-        .read(|machine, _| (machine.time_ms(), machine.revision(), machine.counts()))
+        .read(|machine, _| {
+            let revision = namespace.map_or(0, |namespace| machine.revision(namespace));
+            (machine.time_ms(), revision, machine.counts())
+        })
         .unwrap_or_default();
     ClusterStatus {
         node_id: app.node_id,
@@ -57,12 +62,23 @@ fn cluster_status(app: &AppState) -> ClusterStatus {
     path = "/v1/cluster",
     tag = "cluster",
     summary = "How this node sees the cluster",
+    params(
+        ("Baton-Namespace" = Option<String>, Header, description = "The namespace whose revision is shown; `default` when absent")
+    ),
     responses(
         (status = 200, description = "This node's view", body = baton_api::ClusterStatus)
     )
 )]
-pub async fn status(State(app): State<AppState>) -> ApiAnswer {
-    ApiAnswer::local(StatusCode::OK, &cluster_status(&app))
+pub async fn status(
+    State(app): State<AppState>,
+    Ns(namespace): Ns,
+    Token(token): Token,
+) -> ApiAnswer {
+    // Each namespace's revision is its tenant's: a token shows only one it may use.
+    let readable = token
+        .is_none_or(|(caller, _)| caller.role == Role::Admin || caller.scope.allows(&namespace));
+    let namespace = readable.then_some(&namespace);
+    ApiAnswer::local(StatusCode::OK, &cluster_status(&app, namespace))
 }
 
 /// A membership change that openraft did not complete. Only the leader runs these (followers
@@ -127,7 +143,10 @@ pub async fn add_member(
             .await
             .map_err(membership_error)?;
     }
-    Ok(ApiAnswer::local(StatusCode::OK, &cluster_status(&app)))
+    Ok(ApiAnswer::local(
+        StatusCode::OK,
+        &cluster_status(&app, None),
+    ))
 }
 
 /// One process is never two members: an id that is already a member must come with the
@@ -195,7 +214,10 @@ pub async fn remove_member(
         .change_membership(change, false)
         .await
         .map_err(membership_error)?;
-    Ok(ApiAnswer::local(StatusCode::OK, &cluster_status(&app)))
+    Ok(ApiAnswer::local(
+        StatusCode::OK,
+        &cluster_status(&app, None),
+    ))
 }
 
 #[utoipa::path(

@@ -179,12 +179,13 @@ pub async fn events(
         })
         .transpose()?;
     let page_of = |machine: &Machine| {
-        let after = requested.unwrap_or_else(|| machine.oldest_event_revision().saturating_sub(1));
+        let after = requested
+            .unwrap_or_else(|| machine.oldest_event_revision(&namespace).saturating_sub(1));
         (
             machine
-                .events_after(after, limit)
+                .events_after(&namespace, after, limit)
                 .map(|events| (after, events)),
-            machine.revision(),
+            machine.revision(&namespace),
         )
     };
     // A page is answered by the leader (followers forward it); a stream by this node.
@@ -206,11 +207,7 @@ pub async fn events(
     }
     let next = events.last().map_or(after, |event| event.revision);
     let page = EventsPage {
-        events: events
-            .iter()
-            .filter(|event| event.namespace == namespace)
-            .map(convert::event)
-            .collect(),
+        events: events.iter().map(convert::event).collect(),
         next,
     };
     Ok(ApiAnswer::new(StatusCode::OK, &page, clocks.cluster_ms).into_response())
@@ -311,8 +308,8 @@ fn stream(
                     .and_then(|reader| reader.refused(machine, &follow.namespace));
                 (
                     refused,
-                    machine.events_after(follow.after, STREAM_STEP_MAX),
-                    machine.revision(),
+                    machine.events_after(&follow.namespace, follow.after, STREAM_STEP_MAX),
+                    machine.revision(&follow.namespace),
                 )
             });
             match read {
@@ -323,12 +320,7 @@ fn stream(
                 }
                 Ok((None, Some(events), _)) if !events.is_empty() => {
                     follow.after = events.last().map_or(follow.after, |event| event.revision);
-                    let namespace = follow.namespace.clone();
-                    follow.ready.extend(
-                        events
-                            .into_iter()
-                            .filter(|event| event.namespace == namespace),
-                    );
+                    follow.ready.extend(events);
                 }
                 Ok((None, Some(_), _)) => {
                     if tokio::time::timeout(LEADER_CHECK_INTERVAL, changed)

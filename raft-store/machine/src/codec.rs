@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::events::{EventLog, EventLogV1};
+use super::events::{EventLog, EventLogV1, SharedEventLog};
 use super::idempotency::IdempotencyTable;
 use super::legacy::{IdempotencyTableV3, LimitsV1, NamespaceStateV2, NamespaceStateV3};
 use super::{AuthState, Batch, Limits, Machine, Namespace, NamespaceState};
@@ -16,8 +16,11 @@ const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
 /// Version 2 added the access-control state (`auth`) at the end and the token to each event
 /// (`by`); version 3 gave tasks `on_dead` and a finishing time and the limits two more
 /// (legacy.rs); version 4 added the lines of waiting acquires to each namespace and a task
-/// view's `on_dead` to the replies recorded for idempotency. Versions 1 to 3 are still read.
-const SNAPSHOT_VERSION: u32 = 4;
+/// view's `on_dead` to the replies recorded for idempotency; version 5 keeps each namespace's
+/// events in a window of its own, numbered by its own revision (events.rs). Versions 1 to 4
+/// are still read.
+const SNAPSHOT_VERSION: u32 = 5;
+const SNAPSHOT_VERSION_SHARED_EVENTS: u32 = 4;
 const SNAPSHOT_VERSION_WITHOUT_LINES: u32 = 3;
 const SNAPSHOT_VERSION_WITHOUT_TXN: u32 = 2;
 const SNAPSHOT_VERSION_WITHOUT_AUTH: u32 = 1;
@@ -70,6 +73,18 @@ struct SnapshotOwned {
     auth: AuthState,
 }
 
+/// A version 4 snapshot: one event window for every namespace.
+#[derive(Deserialize)]
+struct SnapshotOwnedV4 {
+    limits: Limits,
+    time_ms: u64,
+    fence_counter: u64,
+    namespaces: BTreeMap<Namespace, NamespaceState>,
+    idempotency: IdempotencyTable,
+    events: SharedEventLog,
+    auth: AuthState,
+}
+
 /// A version 3 snapshot: namespaces without lines.
 #[derive(Deserialize)]
 struct SnapshotOwnedV3 {
@@ -78,7 +93,7 @@ struct SnapshotOwnedV3 {
     fence_counter: u64,
     namespaces: BTreeMap<Namespace, NamespaceStateV3>,
     idempotency: IdempotencyTableV3,
-    events: EventLog,
+    events: SharedEventLog,
     auth: AuthState,
 }
 
@@ -90,7 +105,7 @@ struct SnapshotOwnedV2 {
     fence_counter: u64,
     namespaces: BTreeMap<Namespace, NamespaceStateV2>,
     idempotency: IdempotencyTableV3,
-    events: EventLog,
+    events: SharedEventLog,
     auth: AuthState,
 }
 
@@ -194,50 +209,69 @@ impl Machine {
             return Err(CodecError::BadMagic);
         }
         let version = u32::from_le_bytes(bytes[4..8].try_into().expect("four bytes"));
-        let body: SnapshotOwned = match version {
+        let shared = |events: SharedEventLog, namespaces: &BTreeMap<Namespace, NamespaceState>| {
+            events.into_windows(namespaces.keys())
+        };
+        let mut body: SnapshotOwned = match version {
             SNAPSHOT_VERSION => decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?,
+            SNAPSHOT_VERSION_SHARED_EVENTS => {
+                let v4: SnapshotOwnedV4 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                SnapshotOwned {
+                    events: shared(v4.events, &v4.namespaces),
+                    limits: v4.limits,
+                    time_ms: v4.time_ms,
+                    fence_counter: v4.fence_counter,
+                    namespaces: v4.namespaces,
+                    idempotency: v4.idempotency,
+                    auth: v4.auth,
+                }
+            }
             SNAPSHOT_VERSION_WITHOUT_LINES => {
                 let v3: SnapshotOwnedV3 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                let namespaces = v3
+                    .namespaces
+                    .into_iter()
+                    .map(|(namespace, state)| (namespace, state.into()))
+                    .collect();
                 SnapshotOwned {
+                    events: shared(v3.events, &namespaces),
                     limits: v3.limits,
                     time_ms: v3.time_ms,
                     fence_counter: v3.fence_counter,
-                    namespaces: v3
-                        .namespaces
-                        .into_iter()
-                        .map(|(namespace, state)| (namespace, state.into()))
-                        .collect(),
+                    namespaces,
                     idempotency: v3.idempotency.into(),
-                    events: v3.events,
                     auth: v3.auth,
                 }
             }
             SNAPSHOT_VERSION_WITHOUT_TXN => {
                 let v2: SnapshotOwnedV2 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                let namespaces = upgrade_namespaces(v2.namespaces, v2.time_ms);
                 SnapshotOwned {
+                    events: shared(v2.events, &namespaces),
                     limits: v2.limits.into(),
                     time_ms: v2.time_ms,
                     fence_counter: v2.fence_counter,
-                    namespaces: upgrade_namespaces(v2.namespaces, v2.time_ms),
+                    namespaces,
                     idempotency: v2.idempotency.into(),
-                    events: v2.events,
                     auth: v2.auth,
                 }
             }
             SNAPSHOT_VERSION_WITHOUT_AUTH => {
                 let v1: SnapshotOwnedV1 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                let namespaces = upgrade_namespaces(v1.namespaces, v1.time_ms);
                 SnapshotOwned {
+                    events: shared(v1.events.into(), &namespaces),
                     limits: v1.limits.into(),
                     time_ms: v1.time_ms,
                     fence_counter: v1.fence_counter,
-                    namespaces: upgrade_namespaces(v1.namespaces, v1.time_ms),
+                    namespaces,
                     idempotency: v1.idempotency.into(),
-                    events: v1.events.into(),
                     auth: AuthState::default(),
                 }
             }
             _ => return Err(CodecError::UnsupportedVersion(version)),
         };
+        body.events.rebuild_index();
         let mut machine = Machine {
             limits: body.limits,
             time_ms: body.time_ms,
@@ -255,6 +289,7 @@ impl Machine {
             acting: None,
             compensations: Vec::new(),
             to_serve: Default::default(),
+            applied_events: Default::default(),
         };
         machine
             .rebuild_indexes()

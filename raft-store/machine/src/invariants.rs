@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{descendants, lease_deadline, LeaseMode, Machine};
+use super::{descendants, events, lease_deadline, LeaseMode, Machine};
 
 impl Machine {
     /// Checks every structural rule of the state. O(leases · depth · log n).
@@ -321,7 +321,7 @@ impl Machine {
                 }
             }
             for (key, entry) in &state.kv {
-                if entry.revision == 0 || entry.revision > self.events.last_revision() {
+                if entry.revision == 0 || entry.revision > self.events.last_revision(namespace) {
                     return Err(format!(
                         "value under {key} has revision {} past the last one",
                         entry.revision
@@ -376,24 +376,44 @@ impl Machine {
                 self.delayed.len()
             ));
         }
-        let window = self.events.window();
-        if window.len() > self.limits.events_kept_max {
-            return Err(format!(
-                "{} events kept, more than {}",
-                window.len(),
-                self.limits.events_kept_max
-            ));
+        let per_namespace_max = self.limits.events_kept_max.max(1);
+        for (namespace, window) in self.events.windows() {
+            if window.events.len() > per_namespace_max {
+                return Err(format!(
+                    "{} events kept in {namespace}, more than {per_namespace_max}",
+                    window.events.len()
+                ));
+            }
+            let contiguous = window
+                .events
+                .iter()
+                .zip(window.events.iter().skip(1))
+                .all(|(a, b)| b.revision == a.revision + 1);
+            let in_place = window
+                .events
+                .iter()
+                .all(|event| &event.namespace == namespace);
+            if !contiguous
+                || !in_place
+                || window
+                    .events
+                    .back()
+                    .is_some_and(|last| last.revision != window.last_revision)
+            {
+                return Err(format!(
+                    "the events of {namespace} have a gap, do not end at its last revision, or belong elsewhere"
+                ));
+            }
         }
-        let contiguous = window
-            .iter()
-            .zip(window.iter().skip(1))
-            .all(|(a, b)| b.revision == a.revision + 1);
-        if !contiguous
-            || window
-                .back()
-                .is_some_and(|last| last.revision != self.events.last_revision())
-        {
-            return Err("event revisions have a gap or do not end at the last revision".to_owned());
+        if !self.events.is_indexed() {
+            return Err("the event windows' size index is stale".to_owned());
+        }
+        let total_max = per_namespace_max.saturating_mul(events::EVENTS_KEPT_TOTAL_FACTOR);
+        if self.events.total() > total_max {
+            return Err(format!(
+                "{} events kept in all namespaces, more than {total_max}",
+                self.events.total()
+            ));
         }
         if self.idempotency.len() != self.idempotency.order_len()
             || !self.idempotency.is_ordered_by_time()

@@ -89,7 +89,23 @@ pub struct Machine {
     /// Lines that something freed in the command being applied may unblock (line.rs); empty
     /// between commands, so never part of the state.
     to_serve: BTreeSet<(Namespace, ResourcePath)>,
+    /// The events the entry being applied (or last applied) recorded, for the store's
+    /// watchers; cleared at the start of each entry, so never part of the state.
+    applied_events: AppliedEvents,
 }
+
+/// What the last applied entry recorded: a by-product of applying, not state, so any two are
+/// equal (two machines with the same state compare equal whatever they last applied).
+#[derive(Debug, Clone, Default)]
+struct AppliedEvents(Vec<Event>);
+
+impl PartialEq for AppliedEvents {
+    fn eq(&self, _other: &AppliedEvents) -> bool {
+        true
+    }
+}
+
+impl Eq for AppliedEvents {}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct NamespaceState {
@@ -195,11 +211,13 @@ impl Machine {
             acting: None,
             compensations: Vec::new(),
             to_serve: BTreeSet::new(),
+            applied_events: AppliedEvents::default(),
         }
     }
 
     /// Applies one log entry at `max(batch.stamp_ms, cluster time)` and answers each command.
     pub fn apply(&mut self, batch: &Batch) -> Vec<Response> {
+        self.applied_events.0.clear();
         let before_ms = self.time_ms;
         self.time_ms = self.time_ms.max(batch.stamp_ms);
         self.idempotency.prune(self.time_ms, &self.limits);
@@ -216,13 +234,16 @@ impl Machine {
     /// Records a state change at the applied cluster time, made by the acting token: its
     /// revision.
     fn record(&mut self, namespace: &Namespace, kind: EventKind) -> u64 {
-        self.events.push(
+        let event = self.events.push(
             self.time_ms,
             namespace,
             kind,
             self.acting.as_ref(),
             &self.limits,
-        )
+        );
+        let revision = event.revision;
+        self.applied_events.0.push(event);
+        revision
     }
 
     /// Cluster time of the applied state, in milliseconds.
@@ -235,9 +256,9 @@ impl Machine {
         self.fence_counter
     }
 
-    /// The revision of the last state change.
-    pub fn revision(&self) -> u64 {
-        self.events.last_revision()
+    /// The revision of `namespace`'s last state change (each namespace counts its own).
+    pub fn revision(&self, namespace: &Namespace) -> u64 {
+        self.events.last_revision(namespace)
     }
 
     pub fn limits(&self) -> &Limits {
@@ -455,22 +476,27 @@ impl Machine {
         }
     }
 
-    /// The revision of the oldest event still kept (one past the last when none is kept).
-    pub fn oldest_event_revision(&self) -> u64 {
-        self.events.oldest_revision()
+    /// The revision of `namespace`'s oldest event still kept (one past its last when none is).
+    pub fn oldest_event_revision(&self, namespace: &Namespace) -> u64 {
+        self.events.oldest_revision(namespace)
     }
 
-    /// The events recorded after `revision` that are still kept, oldest first, unpaged: for
-    /// the store to see what an entry it just applied changed.
-    pub fn events_since(&self, revision: u64) -> impl Iterator<Item = &Event> {
-        self.events.since(revision)
+    /// The events the last applied entry recorded, in every namespace, in order: for the
+    /// store to see what that entry changed.
+    pub fn applied_events(&self) -> &[Event] {
+        &self.applied_events.0
     }
 
-    /// The events after revision `after`, at most `limit`; `None` when `after` is older than the
-    /// kept window, so a reader must re-list instead of silently missing changes.
-    pub fn events_after(&self, after: u64, limit: usize) -> Option<Vec<Event>> {
+    /// `namespace`'s events after revision `after`, at most `limit`; `None` when `after` is
+    /// older than its kept window, so a reader must re-list instead of silently missing changes.
+    pub fn events_after(
+        &self,
+        namespace: &Namespace,
+        after: u64,
+        limit: usize,
+    ) -> Option<Vec<Event>> {
         self.events
-            .after(after, limit.clamp(1, self.limits.list_page_max))
+            .after(namespace, after, limit.clamp(1, self.limits.list_page_max))
     }
 
     fn apply_command(&mut self, command: &Command) -> Response {

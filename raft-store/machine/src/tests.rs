@@ -342,12 +342,14 @@ fn expiry_happens_exactly_at_the_deadline() {
         machine.lease(&namespace(), &path("r")).is_none(),
         "dead at the deadline, before any sweep"
     );
-    let before = machine.revision();
+    let before = machine.revision(&namespace());
     check_on(
         &mut machine,
         vec![(1_000, acquire(B, "r"), "granted fence=2 expires_in=9000")],
     );
-    let events = machine.events_after(before, 10).expect("in the window");
+    let events = machine
+        .events_after(&namespace(), before, 10)
+        .expect("in the window");
     let kinds: Vec<_> = events.iter().map(|event| &event.kind).collect();
     assert!(
         matches!(
@@ -685,7 +687,7 @@ fn sweep_removes_dead_things_in_bounded_batches() {
     assert_eq!(machine.counts(), (1, 1));
     assert!(machine.lease(&namespace(), &path("kept")).is_some());
     let expired = machine
-        .events_after(0, 1_000)
+        .events_after(&namespace(), 0, 1_000)
         .expect("window")
         .iter()
         .filter(|event| matches!(event.kind, EventKind::Expired { .. }))
@@ -769,12 +771,12 @@ fn idempotent_retries_replay_the_first_answer() {
         }),
         op: put("k", "1", None),
     };
-    assert_eq!(step(&mut machine, 100, other), "written rev=2");
+    assert_eq!(step(&mut machine, 100, other), "written rev=1");
     // After 24 h of cluster time the record is gone and the key is evaluated afresh.
     let day_ms = 24 * 60 * 60 * 1_000;
     assert_eq!(
         step(&mut machine, day_ms, tagged(key, 2, put("k", "2", None))),
-        "written rev=3"
+        "written rev=2"
     );
 }
 
@@ -988,7 +990,7 @@ fn events_resume_after_a_revision_and_refuse_one_outside_the_window() {
             command(put(&format!("k{index}"), "1", None)),
         );
     }
-    assert_eq!(machine.revision(), 5);
+    assert_eq!(machine.revision(&namespace()), 5);
     let revisions = |events: Vec<Event>| {
         events
             .iter()
@@ -996,18 +998,26 @@ fn events_resume_after_a_revision_and_refuse_one_outside_the_window() {
             .collect::<Vec<_>>()
     };
     assert_eq!(
-        machine.events_after(2, 10).map(revisions),
+        machine.events_after(&namespace(), 2, 10).map(revisions),
         Some(vec![3, 4, 5])
     );
-    assert_eq!(machine.events_after(3, 1).map(revisions), Some(vec![4]));
-    assert_eq!(machine.events_after(5, 10).map(revisions), Some(vec![]));
     assert_eq!(
-        machine.events_after(1, 10),
+        machine.events_after(&namespace(), 3, 1).map(revisions),
+        Some(vec![4])
+    );
+    assert_eq!(
+        machine.events_after(&namespace(), 5, 10).map(revisions),
+        Some(vec![])
+    );
+    assert_eq!(
+        machine.events_after(&namespace(), 1, 10),
         None,
         "revision 2 has left the window"
     );
     assert_eq!(
-        machine.events_after(u64::MAX, 10).map(revisions),
+        machine
+            .events_after(&namespace(), u64::MAX, 10)
+            .map(revisions),
         Some(vec![]),
         "the largest revision does not overflow"
     );
@@ -1106,10 +1116,10 @@ fn snapshots_round_trip_and_refuse_garbage() {
     assert_eq!(decoded.encode_snapshot().expect("encode"), bytes);
 
     let mut future = bytes.clone();
-    future[4] = 5;
+    future[4] = 6;
     assert!(matches!(
         Machine::decode_snapshot(&future),
-        Err(CodecError::UnsupportedVersion(5))
+        Err(CodecError::UnsupportedVersion(6))
     ));
     assert!(matches!(
         Machine::decode_snapshot(b"nope"),
@@ -1972,7 +1982,7 @@ fn a_grant_from_the_line_past_the_tokens_quota_leaves_the_line_instead() {
     assert_eq!(held_by_session(&machine, A), ["own", "p1"]);
     assert!(machine.waiters(&namespace(), &path("p2")).is_empty());
     let left = machine
-        .events_after(0, 100)
+        .events_after(&namespace(), 0, 100)
         .expect("all kept")
         .into_iter()
         .filter(|event| matches!(&event.kind, EventKind::LeftLine { resource, .. } if resource.as_str() == "p2"))
@@ -1992,7 +2002,7 @@ fn events_name_the_token_whose_request_made_them() {
     step(&mut machine, 0, command(create(B, "open", 1_000)));
     step(&mut machine, 0, command(acquire(B, "src/open.rs")));
     step(&mut machine, 2_000, Command::Sweep { max: 10 });
-    let events = machine.events_after(0, 10).expect("all kept");
+    let events = machine.events_after(&namespace(), 0, 10).expect("all kept");
     let by: Vec<(String, Option<&str>)> = events
         .iter()
         .map(|event| {
@@ -2012,6 +2022,136 @@ fn events_name_the_token_whose_request_made_them() {
             ("expired src/auth.rs".to_owned(), None),
             ("expired src/open.rs".to_owned(), None),
         ]
+    );
+}
+
+fn put_in(namespace: &str, key: &str) -> Command {
+    Command::Namespaced {
+        namespace: Namespace::new(namespace).unwrap(),
+        idempotency: None,
+        op: put(key, "1", None),
+    }
+}
+
+fn revisions_kept(machine: &Machine, namespace: &str) -> Vec<u64> {
+    let namespace = Namespace::new(namespace).unwrap();
+    let oldest = machine.oldest_event_revision(&namespace);
+    machine
+        .events_after(&namespace, oldest.saturating_sub(1), 1_000)
+        .expect("from the oldest kept")
+        .iter()
+        .map(|event| event.revision)
+        .collect()
+}
+
+#[test]
+fn each_namespace_counts_its_own_revisions_and_keeps_its_own_window() {
+    // Found in an attack pass: with one window for all, 250 writes in team-b pushed team-a's
+    // `after=0` out of it, and team-a's revisions showed how busy team-b was.
+    let mut machine = Machine::default();
+    let limits = Limits {
+        events_kept_max: 200,
+        ..Limits::default()
+    };
+    step(&mut machine, 0, Command::SetLimits(limits));
+    for index in 0..10 {
+        step(&mut machine, 0, put_in("team-a", &format!("a{index}")));
+    }
+    for index in 0..250 {
+        step(&mut machine, 0, put_in("team-b", &format!("b{index}")));
+    }
+    assert_eq!(
+        revisions_kept(&machine, "team-a"),
+        (1..=10).collect::<Vec<_>>()
+    );
+    assert_eq!(
+        revisions_kept(&machine, "team-b"),
+        (51..=250).collect::<Vec<_>>()
+    );
+    let team_a = Namespace::new("team-a").unwrap();
+    assert_eq!(machine.revision(&team_a), 10);
+    assert_eq!(
+        machine
+            .events_after(&team_a, 0, 1_000)
+            .map(|events| events.len()),
+        Some(10)
+    );
+    assert_eq!(
+        step(&mut machine, 0, put_in("team-a", "next")),
+        "written rev=11",
+        "a value's revision is its namespace's"
+    );
+    let team_b = Namespace::new("team-b").unwrap();
+    assert!(
+        machine.events_after(&team_b, 0, 10).is_none(),
+        "team-b fell out of its own window"
+    );
+    assert_eq!(machine.applied_events().len(), 1);
+}
+
+#[test]
+fn all_windows_together_keep_at_most_ten_times_a_window_and_the_largest_gives_first() {
+    let mut machine = Machine::default();
+    let limits = Limits {
+        events_kept_max: 5,
+        ..Limits::default()
+    };
+    step(&mut machine, 0, Command::SetLimits(limits));
+    step(&mut machine, 0, put_in("quiet", "k"));
+    for tenant in 0..12 {
+        for index in 0..5 {
+            step(
+                &mut machine,
+                0,
+                put_in(&format!("busy-{tenant:02}"), &format!("k{index}")),
+            );
+        }
+    }
+    let kept: usize = (0..12)
+        .map(|tenant| revisions_kept(&machine, &format!("busy-{tenant:02}")).len())
+        .sum::<usize>()
+        + revisions_kept(&machine, "quiet").len();
+    assert_eq!(kept, 50);
+    assert_eq!(
+        revisions_kept(&machine, "quiet"),
+        [1],
+        "the smallest window is left alone"
+    );
+    for tenant in 0..12 {
+        let kept = revisions_kept(&machine, &format!("busy-{tenant:02}"));
+        assert!((3..=5).contains(&kept.len()), "busy-{tenant:02}: {kept:?}");
+        assert_eq!(kept.last(), Some(&5));
+    }
+}
+
+/// A version 4 snapshot (one event window for all namespaces, one revision across them)
+/// decodes with each namespace's events numbered by its own revision, ending at the shared
+/// log's last one, so no revision a value or a reader holds from before passes its
+/// namespace's last. Written by the build before the change: team-b wrote 8 values, team-a
+/// wrote `k` twice (global revisions 2 and 7), 10 events in all.
+#[test]
+fn a_snapshot_with_one_event_window_for_all_namespaces_decodes_into_windows_of_their_own() {
+    let machine = Machine::decode_snapshot(include_bytes!("../tests/fixtures/snapshot-v4.bin"))
+        .expect("a version 4 snapshot decodes");
+    assert_eq!(revisions_kept(&machine, "team-a"), [9, 10]);
+    assert_eq!(
+        revisions_kept(&machine, "team-b"),
+        (3..=10).collect::<Vec<_>>()
+    );
+    let team_a = Namespace::new("team-a").unwrap();
+    assert_eq!(
+        machine.kv_get(&team_a, &path("k")).map(|kv| kv.revision),
+        Some(7)
+    );
+    let mut machine = machine;
+    assert_eq!(
+        step(&mut machine, 20, put_in("team-a", "k")),
+        "written rev=11"
+    );
+    let reencoded = machine.encode_snapshot().expect("encode");
+    assert_eq!(
+        Machine::decode_snapshot(&reencoded).expect("decode"),
+        machine
     );
 }
 
@@ -2455,7 +2595,7 @@ fn finished_tasks_are_removed_after_their_retention() {
         (1_000, fail("b", A, 2, false), "task b Dead attempt=1"),
     ];
     check_on(&mut machine, steps);
-    let revision = machine.revision();
+    let revision = machine.revision(&namespace());
     assert!(!machine.sweep_due());
     assert_eq!(
         step(&mut machine, 9_999, Command::Sweep { max: 100 }),
@@ -2490,12 +2630,14 @@ fn finished_tasks_are_removed_after_their_retention() {
     );
     assert_eq!(ids(&machine), ["c"]);
     // Their events stay.
-    let events = machine.events_after(0, 100).expect("in the window");
+    let events = machine
+        .events_after(&namespace(), 0, 100)
+        .expect("in the window");
     assert!(events
         .iter()
         .any(|event| matches!(&event.kind, EventKind::TaskCompleted { task_id, .. } if task_id.as_str() == "a")));
     // Removal is clean-up, not a change anyone waits for: no event.
-    assert_eq!(machine.revision(), revision);
+    assert_eq!(machine.revision(&namespace()), revision);
 }
 
 #[test]
@@ -2772,7 +2914,7 @@ fn shared_holds_expire_with_their_session_or_max_hold_and_are_swept() {
     );
     assert!(machine.lease(&namespace(), &path("pool")).is_none());
     let events: Vec<String> = machine
-        .events_after(0, 100)
+        .events_after(&namespace(), 0, 100)
         .expect("kept")
         .iter()
         .map(|event| format!("{:?}", event.kind))
@@ -2807,7 +2949,7 @@ fn leave(session: u128, resource: &str) -> Op {
 /// The lease events after `after`, as `granted a bob`, `queued a carol`, `expired a`, ...
 fn lease_events(machine: &Machine, after: u64) -> Vec<String> {
     machine
-        .events_after(after, 1_000)
+        .events_after(&namespace(), after, 1_000)
         .expect("within the window")
         .into_iter()
         .filter_map(|event| match event.kind {

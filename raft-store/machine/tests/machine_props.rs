@@ -205,16 +205,14 @@ fn generator_reaches_every_outcome() {
         for entry in &scenario.entries {
             let batch = entry.materialize(&machine, &claimers);
             let before_entry = machine.clone();
-            let revision = machine.revision();
             machine.apply(&Batch::tick(batch.stamp_ms));
             // What time alone did at the start of the entry: lapsed claims.
-            for name in event_names(&before_entry, &machine, revision) {
+            for name in event_names(&before_entry, &machine) {
                 *seen.entry(name).or_default() += 1;
             }
             let mut responses = Vec::new();
             for command in &batch.commands {
                 let before = machine.clone();
-                let revision = machine.revision();
                 let response = machine
                     .apply(&Batch {
                         stamp_ms: 0,
@@ -222,9 +220,8 @@ fn generator_reaches_every_outcome() {
                     })
                     .pop()
                     .expect("one response per command");
-                let mut names =
-                    outcome_names(&before, &claimers, &machine, revision, command, &response);
-                names.extend(event_names(&before, &machine, revision));
+                let mut names = outcome_names(&before, &claimers, &machine, command, &response);
+                names.extend(event_names(&before, &machine));
                 for name in names {
                     *seen.entry(name).or_default() += 1;
                 }
@@ -332,13 +329,12 @@ fn generator_reaches_every_outcome() {
 }
 
 /// The outcome of one command, as names to count: the generic reply or code, plus, for queue
-/// operations, the operation and the cause found in the state `before` it (`after` it, the
-/// events past `revision` are the command's).
+/// operations, the operation and the cause found in the state `before` it (`after` it, its
+/// applied events are the command's).
 fn outcome_names(
     before: &Machine,
     claimers: &common::Claimers,
     after: &Machine,
-    revision: u64,
     command: &Command,
     response: &Response,
 ) -> Vec<String> {
@@ -406,8 +402,7 @@ fn outcome_names(
     let cause = match (&response.outcome, op) {
         (Ok(Reply::SessionEnded { .. }), Op::EndSession { .. }) => {
             let lapsed = after
-                .events_after(revision, 1_000)
-                .unwrap_or_default()
+                .applied_events()
                 .iter()
                 .any(|event| matches!(event.kind, EventKind::TaskExpired { .. }));
             if lapsed {
@@ -459,7 +454,7 @@ fn outcome_names(
             }
             if claimed.task.ready_at_ms > 0 && claimed.task.enqueued_revision > 0 {
                 let enqueued_at = before
-                    .events_after(claimed.task.enqueued_revision - 1, 1)
+                    .events_after(namespace, claimed.task.enqueued_revision - 1, 1)
                     .and_then(|events| events.first().map(|event| event.time_ms));
                 if enqueued_at.is_some_and(|time_ms| claimed.task.ready_at_ms > time_ms) {
                     names.push("TaskClaimed after its delay".to_owned());
@@ -561,12 +556,11 @@ fn outcome_names(
     names
 }
 
-/// The time-driven transitions between `before` and `after` (events after `revision`): lapsed
-/// claims and their outcome, and tasks dead because a dependency died.
-fn event_names(before: &Machine, after: &Machine, revision: u64) -> Vec<String> {
+/// The time-driven transitions between `before` and `after` (the events of `after`'s last
+/// entry): lapsed claims and their outcome, and tasks dead because a dependency died.
+fn event_names(before: &Machine, after: &Machine) -> Vec<String> {
     let mut names = Vec::new();
-    let events = after.events_after(revision, 1_000).unwrap_or_default();
-    for event in events {
+    for event in after.applied_events() {
         match &event.kind {
             EventKind::TaskExpired { queue, task_id, .. } => {
                 names.push("event TaskExpired".to_owned());
@@ -907,7 +901,7 @@ fn decode_refuses_every_truncation_and_version_bump() {
         );
     }
     // A snapshot from another format version, or with a bad magic.
-    for version in [0u32, 5, u32::MAX] {
+    for version in [0u32, 6, u32::MAX] {
         let mut bumped = snapshot_bytes.clone();
         bumped[4..8].copy_from_slice(&version.to_le_bytes());
         assert!(

@@ -190,9 +190,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             let responses = match entry.payload {
                 EntryPayload::Blank => Vec::new(),
                 EntryPayload::Normal(batch) => {
-                    let before = state.machine.revision();
                     let responses = state.machine.apply(&batch);
-                    self.watch.changed(state.machine.events_since(before));
+                    self.watch.changed(state.machine.applied_events());
                     if batch.commands.iter().any(Command::changes_access) {
                         self.watch.changed_access();
                     }
