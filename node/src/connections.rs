@@ -36,7 +36,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-/// File descriptors left to the store (log segments, sled), the peers, stdio and the runtime
+/// File descriptors left to the store (log segments, the store's files), the peers, stdio and the runtime
 /// when the cap is derived from the open-file limit.
 const DESCRIPTORS_RESERVED: u64 = 128;
 /// The most connections a derived cap allows, however high the open-file limit.

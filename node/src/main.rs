@@ -1,5 +1,5 @@
-//! `batond`, the Baton server: one node of a replicated lease service (openraft over sled,
-//! the HTTP API of docs/api.md). `batond dev` runs a one-node cluster; `batond run` one
+//! `batond`, the Baton server: one node of a replicated lease service (openraft over its own
+//! log and state files, the HTTP API of docs/api.md). `batond dev` runs a one-node cluster; `batond run` one
 //! member of a larger one. See `config` for the flags.
 
 mod clock;

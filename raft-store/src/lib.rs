@@ -1,5 +1,5 @@
-//! Baton's replicated state: the openraft storage (log segment files and sled) around the pure lease state machine,
-//! which lives in its own crate (`baton-machine`, re-exported here as `machine`) so that the
-//! compiler keeps it free of I/O.
+//! Baton's replicated state: the openraft storage (log segment files and small state files)
+//! around the pure lease state machine, which lives in its own crate (`baton-machine`,
+//! re-exported here as `machine`) so that the compiler keeps it free of I/O.
 pub use baton_machine as machine;
 pub mod store;

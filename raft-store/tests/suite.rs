@@ -1,4 +1,4 @@
-//! The openraft storage on sled, tested from the outside: openraft's own storage suite, plus
+//! The openraft storage, tested from the outside: openraft's own storage suite, plus
 //! what the suite cannot see: durability across a reopen of the same data dir, rebuilding the
 //! machine from a snapshot and re-applying the committed log after it, and refusing corrupt
 //! bytes with an error instead of a panic.
@@ -376,34 +376,24 @@ async fn a_record_holding_another_index_is_an_error() {
 }
 
 /// A data dir of store format 1 kept its log in a sled tree; opening it copies the entries into
-/// segment files, records format 2 and drops the tree.
+/// segment files and the vote into its own file, records format 3 and retires sled (stamped
+/// with format 3, so that an earlier build refuses the dir, its trees emptied).
 #[tokio::test]
 async fn a_format_1_log_in_sled_is_copied_into_segments() {
     let dir = TempDir::new().unwrap();
     let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 1))
         .chain((2..=5).map(|index| blank_entry(1, index)))
         .collect();
-    let standard = bincode::config::standard();
     {
         let db = sled::open(dir.path()).unwrap();
         let meta = db.open_tree("meta").unwrap();
-        meta.insert(
-            "format",
-            bincode::serde::encode_to_vec(1u32, standard).unwrap(),
-        )
-        .unwrap();
-        meta.insert(
-            "vote",
-            bincode::serde::encode_to_vec(Vote::<u64>::new_committed(1, 1), standard).unwrap(),
-        )
-        .unwrap();
+        meta.insert("format", bincode_of(&1u32)).unwrap();
+        meta.insert("vote", bincode_of(&Vote::<u64>::new_committed(1, 1)))
+            .unwrap();
         let logs = db.open_tree("log").unwrap();
         for entry in &entries {
-            logs.insert(
-                entry.log_id.index.to_be_bytes(),
-                bincode::serde::encode_to_vec(entry, standard).unwrap(),
-            )
-            .unwrap();
+            logs.insert(entry.log_id.index.to_be_bytes(), bincode_of(entry))
+                .unwrap();
         }
         db.flush().unwrap();
     }
@@ -422,23 +412,13 @@ async fn a_format_1_log_in_sled_is_copied_into_segments() {
     {
         let db = retry_while_locked(|| sled::open(dir.path())).await.unwrap();
         assert!(!db.tree_names().iter().any(|name| name.as_ref() == b"log"));
-        let format = db
-            .open_tree("meta")
-            .unwrap()
-            .get("format")
-            .unwrap()
-            .unwrap();
-        let (format, _): (u32, usize) =
-            bincode::serde::decode_from_slice(&format, standard).unwrap();
-        assert_eq!(format, 2);
-        // A tree a crash left after format 2 was recorded (the copy was complete): it is
-        // dropped, never copied over the newer segments.
+        assert_eq!(sled_format(&db), 3);
+        let meta = db.open_tree("meta").unwrap();
+        assert!(meta.get("vote").unwrap().is_none(), "sled kept the vote");
+        // A tree left in sled after the copy is never read again.
         let leftover = db.open_tree("log").unwrap();
         leftover
-            .insert(
-                1u64.to_be_bytes(),
-                bincode::serde::encode_to_vec(&entries[0], standard).unwrap(),
-            )
+            .insert(1u64.to_be_bytes(), bincode_of(&entries[0]))
             .unwrap();
         db.flush().unwrap();
     }
@@ -451,6 +431,87 @@ async fn a_format_1_log_in_sled_is_copied_into_segments() {
         .map(|entry| entry.log_id.index)
         .collect();
     assert_eq!(indexes, (1..=6).collect::<Vec<_>>());
+}
+
+/// A data dir of store format 2 kept the vote, the purge point, the committed log id and the
+/// snapshot in sled; opening it copies each into its own file, and the store goes on from them.
+#[tokio::test]
+async fn a_format_2_dir_moves_its_vote_purge_point_and_snapshot_out_of_sled() {
+    let dir = TempDir::new().unwrap();
+    let machine = baton_raft_store::machine::Machine::default();
+    let snapshot = SnapshotMeta::<u64, Member> {
+        last_log_id: Some(log_id(2, 7)),
+        last_membership: Default::default(),
+        snapshot_id: "2-7-4".to_owned(),
+    };
+    {
+        let db = sled::open(dir.path()).unwrap();
+        let meta = db.open_tree("meta").unwrap();
+        meta.insert("format", bincode_of(&2u32)).unwrap();
+        meta.insert("vote", bincode_of(&Vote::<u64>::new(3, 2)))
+            .unwrap();
+        meta.insert("last_purged", bincode_of(&log_id(2, 7)))
+            .unwrap();
+        meta.insert("committed", bincode_of(&log_id(2, 7))).unwrap();
+        let snapshots = db.open_tree("snapshot").unwrap();
+        snapshots.insert("meta", bincode_of(&snapshot)).unwrap();
+        snapshots
+            .insert("data", machine.encode_snapshot().unwrap())
+            .unwrap();
+        snapshots.insert("counter", bincode_of(&4u64)).unwrap();
+        db.flush().unwrap();
+    }
+    for reopen in 0..2_u64 {
+        let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
+        assert_eq!(
+            log_store.read_vote().await.unwrap(),
+            Some(Vote::new(3, 2)),
+            "reopen {reopen}"
+        );
+        let state = log_store.get_log_state().await.unwrap();
+        assert_eq!(state.last_purged_log_id, Some(log_id(2, 7)));
+        assert_eq!(
+            log_store.read_committed().await.unwrap(),
+            Some(log_id(2, 7))
+        );
+        // Then from the snapshot built on the first open, whose id took the next counter.
+        let (applied, _) = state_machine.applied_state().await.unwrap();
+        assert_eq!(applied, Some(log_id(2, 7 + reopen)));
+        let current = state_machine.get_current_snapshot().await.unwrap().unwrap();
+        let expected_id = ["2-7-4", "2-8-5"][reopen as usize];
+        assert_eq!(current.meta.snapshot_id, expected_id);
+        if reopen == 0 {
+            assert_eq!(current.meta, snapshot);
+        }
+        state_machine
+            .apply(vec![normal_entry(
+                2,
+                8 + reopen,
+                create_session_batch(1_000, 1 + u128::from(reopen)),
+            )])
+            .await
+            .unwrap();
+        let built = state_machine
+            .get_snapshot_builder()
+            .await
+            .build_snapshot()
+            .await
+            .unwrap();
+        assert_eq!(
+            built.meta.snapshot_id,
+            format!("2-{}-{}", 8 + reopen, 5 + reopen)
+        );
+    }
+    let db = retry_while_locked(|| sled::open(dir.path())).await.unwrap();
+    assert_eq!(
+        sled_format(&db),
+        3,
+        "an earlier build would read a stale vote"
+    );
+    assert!(!db
+        .tree_names()
+        .iter()
+        .any(|name| name.as_ref() == b"snapshot"));
 }
 
 #[tokio::test]
@@ -470,22 +531,28 @@ async fn corrupt_vote_or_snapshot_is_an_error_not_a_panic() {
             .await
             .unwrap();
     }
-    overwrite(dir.path(), "meta", b"vote", b"\x01").await;
+    let vote = dir.path().join("vote");
+    let bytes = std::fs::read(&vote).unwrap();
+    std::fs::write(&vote, &bytes[..bytes.len() - 1]).unwrap();
     {
         let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
-        assert!(log_store.read_vote().await.is_err());
+        let error = log_store.read_vote().await.unwrap_err().to_string();
+        assert!(error.contains(&vote.display().to_string()), "{error}");
     }
-    overwrite(
-        dir.path(),
-        "snapshot",
-        b"data",
-        b"BTNM\x01\x00\x00\x00garbage",
-    )
-    .await;
-    assert!(
-        open(dir.path()).await.is_err(),
-        "a corrupt snapshot refuses to open"
-    );
+    let snapshot = dir.path().join("snapshot");
+    let bytes = std::fs::read(&snapshot).unwrap();
+    for damaged in [
+        &bytes[..bytes.len() / 2],
+        &bytes[..3],
+        b"BTNF\x01\x00garbage",
+    ] {
+        std::fs::write(&snapshot, damaged).unwrap();
+        let error = open(dir.path()).await.map(drop).unwrap_err().to_string();
+        assert!(
+            error.contains(&snapshot.display().to_string()),
+            "a damaged snapshot refuses to open, naming its file: {error}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -655,11 +722,22 @@ fn record_offsets(bytes: &[u8]) -> Vec<(usize, usize)> {
     records
 }
 
-/// Writes `value` under `key` in `tree` with sled directly, behind the store's back.
-async fn overwrite(dir: &Path, tree: &str, key: &[u8], value: &[u8]) {
-    let db = retry_while_locked(|| sled::open(dir)).await.unwrap();
-    db.open_tree(tree).unwrap().insert(key, value).unwrap();
-    db.flush().unwrap();
+/// What an earlier build wrote into sled: the bincode of `value`.
+fn bincode_of(value: &impl serde::Serialize) -> Vec<u8> {
+    bincode::serde::encode_to_vec(value, bincode::config::standard()).unwrap()
+}
+
+/// The store format a sled database records.
+fn sled_format(db: &sled::Db) -> u32 {
+    let format = db
+        .open_tree("meta")
+        .unwrap()
+        .get("format")
+        .unwrap()
+        .unwrap();
+    let (format, _): (u32, usize) =
+        bincode::serde::decode_from_slice(&format, bincode::config::standard()).unwrap();
+    format
 }
 
 async fn retry_while_locked<T, E: Display>(mut open: impl FnMut() -> Result<T, E>) -> Result<T, E> {

@@ -3,7 +3,7 @@
 //!
 //! Entries live in the segment files of `segments.rs`, one record per entry, whose payload is
 //! the bincode of the whole `openraft::Entry`. The vote, the committed log id and the last
-//! purged log id live in sled's `meta` tree. Nothing here looks inside a `Batch`.
+//! purged log id live in files of their own (`files.rs`). Nothing here looks inside a `Batch`.
 //!
 //! The entries appended last are also kept decoded (`Recent`): each is read again right after
 //! its append, by every replication stream and by the state machine, and serving those reads
@@ -22,13 +22,10 @@ use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReade
 
 use super::segments::{index_span, SegmentLog};
 use super::{
-    decode, encode, read_meta, run_blocking, storage_error, Database, SnapshotProgress,
-    StorageResult, StoreError, TypeConfig,
+    decode, encode, run_blocking, storage_error, Database, SnapshotProgress, StorageResult,
+    StoreError, TypeConfig, COMMITTED_FILE, PURGED_FILE, VOTE_FILE,
 };
 
-const VOTE_KEY: &[u8] = b"vote";
-const COMMITTED_KEY: &[u8] = b"committed";
-const LAST_PURGED_KEY: &[u8] = b"last_purged";
 /// How long a purge waits for a snapshot install to become durable before the node stops.
 const PURGE_WAIT_MAX: Duration = Duration::from_secs(120);
 /// A segment file that has reached this size gets no more entries. A purge removes whole
@@ -43,7 +40,7 @@ const RECENT_BYTES_MAX: usize = 8 << 20;
 
 /// The durable Raft log and vote of one node.
 ///
-/// Cloning is cheap and gives another handle on the same segments and sled trees; openraft
+/// Cloning is cheap and gives another handle on the same segments and files; openraft
 /// uses clones as log readers for replication, concurrently with the one writer.
 #[derive(Debug, Clone)]
 pub struct LogStore {
@@ -160,7 +157,8 @@ impl RaftLogReader<TypeConfig> for LogStore {
 ///   then reports the entries flushed through the callback: an entry acknowledged to the leader
 ///   is on disk. After the callback it may write zeros ahead of the records
 ///   (`SegmentLog::preallocate`), so that later appends change no file size.
-/// - `save_vote` fsyncs sled before returning. `truncate` and `purge` fsync too.
+/// - `save_vote` replaces the vote file and syncs it and the data dir before returning.
+///   `truncate` and `purge` sync too.
 /// - No holes: `truncate` removes a suffix, later segments first; `purge` durably records the
 ///   last purged log id before it removes whole segments of the prefix, and `open` finishes an
 ///   interrupted purge.
@@ -169,7 +167,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
 ///   state-machine worker is still persisting that snapshot, so `purge` waits for the install
 ///   to be durable; a purge past every durable snapshot is honoured by the readers (openraft
 ///   never reads below its purge point) but leaves the entries on disk, and `open` forgets it.
-/// - On any I/O, sled or decoding error the method returns a `StorageError` (and `append` also
+/// - On any I/O or decoding error the method returns a `StorageError` (and `append` also
 ///   reports the error through its callback): openraft then stops the node. Nothing is retried
 ///   or ignored here.
 impl RaftLogStorage<TypeConfig> for LogStore {
@@ -193,44 +191,39 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.clone()
     }
 
-    /// Durable before returning: the vote is fsynced.
+    /// Durable before returning: the vote file is replaced and synced with its directory.
     async fn save_vote(&mut self, vote: &Vote<u64>) -> StorageResult<()> {
-        let result = async {
-            self.database.meta.insert(VOTE_KEY, encode(vote, "vote")?)?;
-            self.database.flush().await
-        };
-        result
+        let files = self.database.files.clone();
+        let vote = *vote;
+        run_blocking(move || files.replace(VOTE_FILE, &vote))
             .await
             .map_err(|error| storage_error(ErrorSubject::Vote, ErrorVerb::Write, error))
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<u64>>> {
-        read_meta(&self.database.meta, VOTE_KEY, "vote")
+        self.database
+            .files
+            .read(VOTE_FILE)
             .map_err(|error| storage_error(ErrorSubject::Vote, ErrorVerb::Read, error))
     }
 
     /// Records the committed log id so that, after a restart, openraft re-applies the committed
-    /// entries after the last snapshot before serving. Not fsynced on its own: it reaches disk
-    /// with sled's next flush (a vote, a purge, a snapshot or sled's periodic flush). Losing the
-    /// latest value in a crash only means re-applying less at startup and learning the rest
-    /// from the leader; a saved value never points past the flushed log, because every append
-    /// fsyncs before openraft can commit it.
+    /// entries after the last snapshot before serving. Written in place and never synced: a
+    /// crash may lose it or tear it, and it then reads as absent. That only means re-applying
+    /// less at startup and learning the rest from the leader; a saved value never points past
+    /// the flushed log, because every append fsyncs before openraft can commit it.
     async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> StorageResult<()> {
-        let write = || -> Result<(), StoreError> {
-            match committed {
-                Some(log_id) => self
-                    .database
-                    .meta
-                    .insert(COMMITTED_KEY, encode(&log_id, "committed log id")?)?,
-                None => self.database.meta.remove(COMMITTED_KEY)?,
-            };
-            Ok(())
-        };
-        write().map_err(|error| storage_error(ErrorSubject::Store, ErrorVerb::Write, error))
+        self.database
+            .files
+            .write_unsynced(COMMITTED_FILE, &committed)
+            .map_err(|error| storage_error(ErrorSubject::Store, ErrorVerb::Write, error))
     }
 
     async fn read_committed(&mut self) -> StorageResult<Option<LogId<u64>>> {
-        read_meta(&self.database.meta, COMMITTED_KEY, "committed log id")
+        self.database
+            .files
+            .read_unsynced::<Option<LogId<u64>>>(COMMITTED_FILE)
+            .map(Option::flatten)
             .map_err(|error| storage_error(ErrorSubject::Store, ErrorVerb::Read, error))
     }
 
@@ -302,10 +295,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             {
                 return Ok(());
             }
-            self.database
-                .meta
-                .insert(LAST_PURGED_KEY, encode(&log_id, "last purged log id")?)?;
-            self.database.flush().await?;
+            let files = self.database.files.clone();
+            run_blocking(move || files.replace(PURGED_FILE, &log_id)).await?;
             let Some(durable) = progress.durable else {
                 return Ok(());
             };
@@ -323,7 +314,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 }
 
 impl LogStore {
-    /// Opens the segments in `dir` beside the shared database (the state machine has opened it
+    /// Opens the segments in `dir` beside the store's files (the state machine has opened them
     /// first and knows the durable snapshot) and settles the purge point: a recorded purge past
     /// the durable snapshot never removed anything the snapshot does not cover (see `purge`),
     /// so it is forgotten and the entries after the snapshot are the log again; a purge that a
@@ -349,13 +340,9 @@ impl LogStore {
                     "the log was purged past the durable snapshot (a crash during a snapshot install); keeping the entries after the snapshot"
                 );
                 match kept_purge {
-                    Some(log_id) => store
-                        .database
-                        .meta
-                        .insert(LAST_PURGED_KEY, encode(&log_id, "last purged log id")?)?,
-                    None => store.database.meta.remove(LAST_PURGED_KEY)?,
+                    Some(log_id) => store.database.files.replace(PURGED_FILE, &log_id)?,
+                    None => store.database.files.remove(PURGED_FILE)?,
                 };
-                store.database.db.flush()?;
             }
             if let Some(log_id) = kept_purge {
                 store.segments.remove_through(log_id.index)?;
@@ -415,7 +402,7 @@ impl LogStore {
     }
 
     fn last_purged(&self) -> Result<Option<LogId<u64>>, StoreError> {
-        read_meta(&self.database.meta, LAST_PURGED_KEY, "last purged log id")
+        self.database.files.read(PURGED_FILE)
     }
 
     /// Whether an append starting at `index` begins the log afresh after the purge point (a

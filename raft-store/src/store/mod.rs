@@ -2,24 +2,30 @@
 //! lease state machine with its persisted snapshots (`StateMachineStore`).
 //!
 //! Per node, in the data dir: the log's entries in segment files under `raft-log/`
-//! (`segments.rs`: written and fdatasynced by the appending thread), and one sled database
-//! with two trees, `meta` (vote, committed log id, last purged log id, format version) and
-//! `snapshot` (the last snapshot's meta and bytes). Store format 1 kept the entries in a sled
-//! `log` tree; `open` copies them into segments once. The machine itself is not persisted on
-//! every apply: a restart rebuilds it from the last snapshot, and openraft re-applies the
-//! committed log after it (the committed log id is saved for exactly that).
+//! (`segments.rs`: written and fdatasynced by the appending thread), and small files of our own
+//! (`files.rs`): `format`, `vote`, `purged` and `snapshot`, each replaced whole and synced with
+//! its directory before the write returns, and `committed`, written in place and never synced.
+//! Store formats 1 and 2 kept those in sled (format 1 the log's entries too), whose flush does
+//! not survive a power loss; `open` copies them out once (`legacy.rs`). The machine itself is
+//! not persisted on every apply: a restart rebuilds it from the last snapshot, and openraft
+//! re-applies the committed log after it (the committed log id is saved for exactly that).
 //!
-//! Every byte read back from disk is decoded with a size limit; garbage is an error, never a
-//! panic. Every sled or decoding error becomes an openraft `StorageError`, which stops the node.
-//! Nothing here interprets commands: that is `machine`'s job, and sled types never leave this
-//! module tree.
+//! Every byte read back from disk is checked and decoded with a size limit; garbage is an
+//! error naming the file, never a panic. Every I/O or decoding error becomes an openraft
+//! `StorageError`, which stops the node. Nothing here interprets commands: that is `machine`'s
+//! job.
 
 mod change_watch;
+mod files;
+mod legacy;
 mod log;
+#[cfg(test)]
+mod power_tests;
 mod segments;
 mod state_machine;
 
 use std::fmt;
+use std::fs;
 use std::io::Cursor;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
@@ -32,7 +38,10 @@ use tokio::sync::watch;
 use crate::machine::{decode_value, encode_value, Batch, CodecError, Machine, Response};
 
 pub use self::change_watch::{ChangeWatch, Watching};
+use self::files::Files;
+pub use self::files::{Disk, RealDisk};
 pub use self::log::LogStore;
+use self::state_machine::SnapshotWritten;
 pub use self::state_machine::{MachineHandle, SnapshotBuilder, StateMachineStore};
 
 openraft::declare_raft_types!(
@@ -85,7 +94,9 @@ pub enum StoreError {
     Encode { what: String, reason: String },
     #[error("machine snapshot: {0}")]
     Machine(#[from] CodecError),
-    #[error("the data dir holds store format {found}; this build reads formats {LEGACY_STORE_FORMAT} and {STORE_FORMAT}")]
+    #[error(
+        "the data dir holds store format {found}; this build reads formats 1 to {STORE_FORMAT}"
+    )]
     UnsupportedFormat { found: u32 },
     #[error("refused a write that breaks the storage contract: {0}")]
     Refused(String),
@@ -97,98 +108,87 @@ pub enum StoreError {
     Io(String),
 }
 
-/// Opens (or creates) the store in `dir`: one sled database shared by the log and the state
-/// machine. The machine is rebuilt from the last persisted snapshot, or starts empty; openraft
-/// then re-applies the committed log entries after the snapshot when the node starts.
+/// Opens (or creates) the store in `dir`. The machine is rebuilt from the last persisted
+/// snapshot, or starts empty; openraft then re-applies the committed log entries after the
+/// snapshot when the node starts. A data dir of an earlier store format is brought to this one
+/// first (`legacy::upgrade`).
 ///
 /// A purge never removes an entry that no durable snapshot covers, so a crash in the middle of
 /// a snapshot install leaves every committed entry after the durable snapshot in the log;
 /// `open` drops a recorded purge point past that snapshot and removes the entries the durable
 /// snapshot covers, so the log starts right after the purge point with no hole.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
-    let db = sled::Config::new().path(dir).open()?;
-    let meta = db.open_tree(META_TREE)?;
-    let found_format = check_format(&meta)?;
+    open_on(dir, Arc::new(RealDisk))
+}
+
+/// `open`, with the small files on `disk` (the log's segments are always real files).
+fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineStore), StoreError> {
+    if !dir.exists() {
+        fs::create_dir_all(dir)
+            .and_then(|()| match dir.parent() {
+                Some(parent) => fs::File::open(parent)?.sync_all(),
+                None => Ok(()),
+            })
+            .map_err(|error| StoreError::Io(format!("create {}: {error}", dir.display())))?;
+    }
+    let files = Files::open(dir, disk)?;
+    let found_format = files.read::<u32>(FORMAT_FILE)?;
+    if let Some(found) = found_format.filter(|found| *found != STORE_FORMAT) {
+        return Err(StoreError::UnsupportedFormat { found });
+    }
+    let sled = legacy::Sled::find(dir)?;
+    if found_format.is_none() {
+        if let Some(sled) = &sled {
+            sled.copy_state(&files)?;
+        }
+    }
     let database = Database {
-        meta,
-        snapshots: db.open_tree(SNAPSHOT_TREE)?,
-        db,
-        snapshot_write: Arc::new(Mutex::new(())),
+        files,
+        snapshot_write: Arc::default(),
         snapshot_progress: Arc::new(watch::Sender::new(SnapshotProgress::default())),
     };
     // The state machine first: it finds the durable snapshot, which bounds what the log may
     // have purged.
     let state_machine = StateMachineStore::open(database.clone())?;
     let log_store = LogStore::open(database.clone(), &dir.join(LOG_DIR))?;
-    upgrade(&database, &log_store, found_format)?;
-    Ok((log_store, state_machine))
-}
-
-/// Brings a data dir to `STORE_FORMAT`. From format 1: the sled `log` tree's entries are copied
-/// into segments (fsynced), the format is recorded (so an earlier build refuses the dir rather
-/// than see an empty log), and only then is the tree dropped. A crash before the format is
-/// recorded leaves format 1 and the tree, which the next open copies again whole; after it, the
-/// copy is complete and a tree still there is only dropped, never copied over newer segments.
-fn upgrade(
-    database: &Database,
-    log_store: &LogStore,
-    found_format: Option<u32>,
-) -> Result<(), StoreError> {
-    let has_sled_log = database
-        .db
-        .tree_names()
-        .iter()
-        .any(|name| name.as_ref() == LEGACY_LOG_TREE.as_bytes());
-    if has_sled_log && found_format == Some(LEGACY_STORE_FORMAT) {
-        let logs = database.db.open_tree(LEGACY_LOG_TREE)?;
-        if !logs.is_empty() {
-            tracing::info!(
-                entries = logs.len(),
-                "copying the log from sled into segment files"
-            );
-            log_store.import_sled_log(&logs)?;
+    if found_format.is_none() {
+        if let Some(sled) = &sled {
+            sled.copy_log(&log_store)?;
         }
+        database.files.replace(FORMAT_FILE, &STORE_FORMAT)?;
     }
-    if found_format != Some(STORE_FORMAT) {
-        database
-            .meta
-            .insert(FORMAT_KEY, encode(&STORE_FORMAT, "store format")?)?;
-        database.db.flush()?;
+    if let Some(sled) = sled {
+        sled.retire()?;
     }
-    if has_sled_log {
-        database.db.drop_tree(LEGACY_LOG_TREE)?;
-        database.db.flush()?;
-    }
-    Ok(())
+    Ok((log_store, state_machine))
 }
 
 // ---- helpers shared by the log and the state machine ----
 
-/// Version of the on-disk layout (files, tree names, keys, value encodings). Bumped on any
-/// change. 2: the log in segment files; 1: the log in sled (read once, by `upgrade`).
-const STORE_FORMAT: u32 = 2;
-const LEGACY_STORE_FORMAT: u32 = 1;
+/// Version of the on-disk layout (file names, value encodings). Bumped on any change.
+/// 3: the small files of `files.rs`; 2: those in sled, the log in segment files; 1: the log in
+/// sled too (2 and 1 are read once, by `legacy`).
+const STORE_FORMAT: u32 = 3;
 /// Larger than any log entry, vote or snapshot meta the limits allow; guards against absurd
 /// length prefixes in corrupt bytes.
 const VALUE_BYTES_MAX: usize = 1 << 30;
 
-/// Where format 1 kept the log's entries.
-const LEGACY_LOG_TREE: &str = "log";
 /// The directory of the log's segment files, inside the data dir.
 const LOG_DIR: &str = "raft-log";
-const META_TREE: &str = "meta";
-const SNAPSHOT_TREE: &str = "snapshot";
-const FORMAT_KEY: &[u8] = b"format";
+/// The small files, inside the data dir.
+const FORMAT_FILE: &str = "format";
+const VOTE_FILE: &str = "vote";
+const PURGED_FILE: &str = "purged";
+const COMMITTED_FILE: &str = "committed";
+const SNAPSHOT_FILE: &str = "snapshot";
 
-/// The sled handles both halves of the store share. Cloning is cheap (sled handles are `Arc`s).
+/// What both halves of the store share. Cloning is cheap.
 #[derive(Debug, Clone)]
 struct Database {
-    db: sled::Db,
-    meta: sled::Tree,
-    snapshots: sled::Tree,
+    files: Files,
     /// Serializes snapshot writes (a background build against an install), so an older snapshot
-    /// never overwrites a newer one.
-    snapshot_write: Arc<Mutex<()>>,
+    /// never overwrites a newer one, and says what the snapshot file holds.
+    snapshot_write: Arc<Mutex<SnapshotWritten>>,
     /// What the durable snapshot covers and whether one is being received: the state machine
     /// writes it, the log's `purge` waits on it.
     snapshot_progress: Arc<watch::Sender<SnapshotProgress>>,
@@ -214,28 +214,7 @@ impl SnapshotProgress {
     }
 }
 
-impl Database {
-    /// Fsyncs everything written so far, in every tree, off the async runtime's threads.
-    async fn flush(&self) -> Result<(), StoreError> {
-        let db = self.db.clone();
-        run_blocking(move || db.flush().map(|_| ()).map_err(StoreError::from)).await
-    }
-}
-
-/// The format the data dir was written in (`None` for a new one); refuses a format this build
-/// cannot read.
-fn check_format(meta: &sled::Tree) -> Result<Option<u32>, StoreError> {
-    let Some(bytes) = meta.get(FORMAT_KEY)? else {
-        return Ok(None);
-    };
-    let found = decode::<u32>(&bytes, "store format")?;
-    if found != STORE_FORMAT && found != LEGACY_STORE_FORMAT {
-        return Err(StoreError::UnsupportedFormat { found });
-    }
-    Ok(Some(found))
-}
-
-/// Runs blocking sled work (fsync, large values) on tokio's blocking pool.
+/// Runs blocking store work (fsync, large files) on tokio's blocking pool.
 async fn run_blocking<T, F>(work: F) -> Result<T, StoreError>
 where
     T: Send + 'static,
@@ -269,14 +248,6 @@ fn storage_error(
     error: StoreError,
 ) -> StorageError<u64> {
     StorageIOError::new(subject, verb, AnyError::new(&error)).into()
-}
-
-fn read_meta<T: DeserializeOwned>(
-    meta: &sled::Tree,
-    key: &[u8],
-    what: &str,
-) -> Result<Option<T>, StoreError> {
-    meta.get(key)?.map(|bytes| decode(&bytes, what)).transpose()
 }
 
 /// The state the machine is in, and the log position it is at. Shared between the openraft

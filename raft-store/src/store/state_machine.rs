@@ -5,7 +5,7 @@
 //! The `Machine` lives in memory behind one `RwLock`, together with the log id of the last
 //! applied entry and the last applied membership, so a reader always sees a machine and the
 //! log position it is at, never one without the other. Only snapshots are persisted (the
-//! `snapshot` tree: meta, bytes, and a counter for unique ids). A restart rebuilds the machine
+//! `snapshot` file: a counter for unique ids, the meta, and the machine's bytes). A restart rebuilds the machine
 //! from the last snapshot and openraft re-applies the committed log after it: every entry is in
 //! the rebuilt state exactly once. Deciding what a command does belongs to `machine`, never here.
 
@@ -17,15 +17,12 @@ use openraft::{
     RaftSnapshotBuilder, StorageError, StoredMembership, Violation,
 };
 
+use super::files::Files;
 use super::{
-    encode, read_meta, run_blocking, storage_error, Applied, AppliedState, ChangeWatch, Database,
-    Member, SharedState, StorageResult, StoreError, TypeConfig, Watching,
+    decode, encode, run_blocking, storage_error, Applied, AppliedState, ChangeWatch, Database,
+    Member, SharedState, StorageResult, StoreError, TypeConfig, Watching, SNAPSHOT_FILE,
 };
 use crate::machine::{Command, Machine, Name, Namespace, ResourcePath};
-
-const SNAPSHOT_META_KEY: &[u8] = b"meta";
-const SNAPSHOT_DATA_KEY: &[u8] = b"data";
-const SNAPSHOT_COUNTER_KEY: &[u8] = b"counter";
 
 /// The in-memory lease state machine and its persisted snapshots, for openraft.
 #[derive(Debug)]
@@ -63,8 +60,18 @@ impl StateMachineStore {
 
     /// Rebuilds the machine from the last persisted snapshot, or starts empty.
     pub(super) fn open(database: Database) -> Result<StateMachineStore, StoreError> {
-        let state = match read_persisted_snapshot(&database)? {
-            Some((meta, data)) => AppliedState {
+        let persisted = read_snapshot_file(&database.files)?;
+        if let Some((counter, meta, _)) = &persisted {
+            *database
+                .snapshot_write
+                .lock()
+                .map_err(|_| StoreError::Poisoned)? = SnapshotWritten {
+                counter: *counter,
+                last_log_id: meta.last_log_id,
+            };
+        }
+        let state = match persisted {
+            Some((_, meta, data)) => AppliedState {
                 machine: Machine::decode_snapshot(&data)?,
                 last_applied: meta.last_log_id,
                 last_membership: meta.last_membership,
@@ -148,7 +155,7 @@ impl MachineHandle {
 ///   snapshot never replaces a persisted one that covers more of the log.
 /// - Snapshot bytes are `Machine::encode_snapshot`; the applied log id and membership travel in
 ///   openraft's `SnapshotMeta`. Bytes that do not decode are a `StorageError`, never a panic.
-/// - Any sled, encoding or decoding error, or a poisoned lock, is a `StorageError`: openraft
+/// - Any I/O, encoding or decoding error, or a poisoned lock, is a `StorageError`: openraft
 ///   stops the node.
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = SnapshotBuilder;
@@ -346,63 +353,81 @@ enum SnapshotOrigin {
     Installed,
 }
 
-/// Writes meta and bytes in one atomic sled batch and fsyncs, under the snapshot-write lock.
-/// Returns the meta as persisted (with its id, for a built snapshot). Blocking.
+/// Replaces the snapshot file with one holding the meta and the bytes, durably, under the
+/// snapshot-write lock. Returns the meta as persisted (with its id, for a built snapshot).
+/// Blocking.
 fn persist_snapshot(
     database: &Database,
     mut meta: SnapshotMeta<u64, Member>,
     data: &[u8],
     origin: SnapshotOrigin,
 ) -> Result<SnapshotMeta<u64, Member>, StoreError> {
-    let _write = database
+    let mut written = database
         .snapshot_write
         .lock()
         .map_err(|_| StoreError::Poisoned)?;
-    let mut batch = sled::Batch::default();
+    let mut counter = written.counter;
     if origin == SnapshotOrigin::Built {
-        let counter = read_meta::<u64>(
-            &database.snapshots,
-            SNAPSHOT_COUNTER_KEY,
-            "snapshot counter",
-        )?
-        .unwrap_or(0)
-        .saturating_add(1);
+        counter = counter.saturating_add(1);
         meta.snapshot_id = snapshot_id(meta.last_log_id, counter);
-        let persisted: Option<SnapshotMeta<u64, Member>> =
-            read_meta(&database.snapshots, SNAPSHOT_META_KEY, "snapshot meta")?;
-        if persisted.is_some_and(|persisted| persisted.last_log_id > meta.last_log_id) {
+        if written.last_log_id > meta.last_log_id {
             return Ok(meta);
         }
-        batch.insert(SNAPSHOT_COUNTER_KEY, encode(&counter, "snapshot counter")?);
     }
-    batch.insert(SNAPSHOT_META_KEY, encode(&meta, "snapshot meta")?);
-    batch.insert(SNAPSHOT_DATA_KEY, data);
-    database.snapshots.apply_batch(batch)?;
-    database.db.flush()?;
+    let header = encode(&(counter, &meta), "snapshot meta")?;
+    write_snapshot_file(&database.files, &header, data)?;
+    *written = SnapshotWritten {
+        counter,
+        last_log_id: meta.last_log_id,
+    };
     Ok(meta)
+}
+
+/// The snapshot file's payload: the length of the header (the counter and the meta), the
+/// header, then the machine's bytes.
+pub(super) fn write_snapshot_file(
+    files: &Files,
+    header: &[u8],
+    data: &[u8],
+) -> Result<(), StoreError> {
+    let length = u32::try_from(header.len())
+        .map_err(|_| StoreError::Refused("a snapshot meta over 4 GiB".to_owned()))?
+        .to_le_bytes();
+    files.replace_parts(SNAPSHOT_FILE, &[&length, header, data])
 }
 
 /// A persisted snapshot: its meta and the machine's bytes.
 type PersistedSnapshot = (SnapshotMeta<u64, Member>, Vec<u8>);
+/// The snapshot file: the counter of its id, its meta and the machine's bytes.
+type SnapshotFile = (u64, SnapshotMeta<u64, Member>, Vec<u8>);
+
+/// The snapshot file split into its counter, meta and bytes.
+fn read_snapshot_file(files: &Files) -> Result<Option<SnapshotFile>, StoreError> {
+    let Some(mut payload) = files.read_payload(SNAPSHOT_FILE)? else {
+        return Ok(None);
+    };
+    let length = payload
+        .first_chunk::<4>()
+        .map(|length| u32::from_le_bytes(*length) as usize)
+        .filter(|length| 4 + length <= payload.len())
+        .ok_or_else(|| files.corrupt(SNAPSHOT_FILE, "the meta's length runs past the end"))?;
+    let (counter, meta): (u64, SnapshotMeta<u64, Member>) =
+        decode(&payload[4..4 + length], "snapshot meta")?;
+    payload.drain(..4 + length);
+    Ok(Some((counter, meta, payload)))
+}
 
 /// The persisted snapshot's meta and bytes, if there is one. Blocking.
 fn read_persisted_snapshot(database: &Database) -> Result<Option<PersistedSnapshot>, StoreError> {
-    let meta: Option<SnapshotMeta<u64, Member>> =
-        read_meta(&database.snapshots, SNAPSHOT_META_KEY, "snapshot meta")?;
-    let data = database.snapshots.get(SNAPSHOT_DATA_KEY)?;
-    match (meta, data) {
-        (Some(meta), Some(data)) => Ok(Some((meta, data.to_vec()))),
-        (None, None) => Ok(None),
-        (Some(_), None) => Err(snapshot_half("meta without bytes")),
-        (None, Some(_)) => Err(snapshot_half("bytes without meta")),
-    }
+    Ok(read_snapshot_file(&database.files)?.map(|(_, meta, data)| (meta, data)))
 }
 
-fn snapshot_half(reason: &str) -> StoreError {
-    StoreError::Corrupt {
-        what: "snapshot".to_owned(),
-        reason: reason.to_owned(),
-    }
+/// What the snapshot file holds: the counter of its id and the last log id it covers. Kept
+/// under the snapshot-write lock, so that a write never reads the file back.
+#[derive(Debug, Default)]
+pub(super) struct SnapshotWritten {
+    counter: u64,
+    last_log_id: Option<LogId<u64>>,
 }
 
 fn snapshot_id(last_log_id: Option<LogId<u64>>, counter: u64) -> String {

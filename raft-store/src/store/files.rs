@@ -1,0 +1,565 @@
+//! The store's own small files: the vote, the last purged log id, the committed log id, the
+//! store format and the snapshot, each one file in the data dir. They replaced sled (store
+//! format 3) because sled's flush does not reach stable storage on a power loss (on Linux it
+//! calls `sync_file_range`, which forces neither the file's metadata nor the device's cache).
+//!
+//! A durable file is replaced whole: the new bytes go to `NAME.tmp`, which is fdatasynced,
+//! renamed over `NAME`, and the directory fsynced, before the write returns. A power cut
+//! anywhere in that leaves the old file or the new one, never a mix, and a file that is read
+//! back was synced whole: one whose checksum fails is corruption, and the store refuses to open
+//! naming it. The committed log id is the one exception: it is written in place and never
+//! synced (losing it only means re-applying less at startup, see `LogStore::save_committed`),
+//! so a torn or missing one reads as absent.
+//!
+//! Every file operation goes through [`Disk`], so that a test can record them and cut power
+//! between any two (`tests::power_cut_at_every_step_keeps_every_acknowledged_write`). The log's
+//! segment files do not go through it yet (`segments.rs`).
+
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use super::{decode, encode, StoreError};
+
+/// What every file of ours starts with.
+const MAGIC: &[u8; 4] = b"BTNF";
+/// Magic, payload length, checksum.
+const HEADER_BYTES: usize = 12;
+/// The suffix of a file being written, before it is renamed into place.
+const TMP_SUFFIX: &str = ".tmp";
+
+/// The file operations the store's small files need. Paths are absolute (under the data dir).
+pub trait Disk: fmt::Debug + Send + Sync + 'static {
+    /// The whole content of `path`, or `None` if there is no such file.
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
+    /// Creates `path`, or truncates it, and writes `parts` one after another. Not durable.
+    fn write(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()>;
+    /// Makes `path`'s content durable (`fdatasync`).
+    fn sync(&self, path: &Path) -> io::Result<()>;
+    /// Renames `from` over `to` (the same directory). Durable once the directory is synced.
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
+    /// Removes the file `path`; absent is fine. Durable once the directory is synced.
+    fn remove(&self, path: &Path) -> io::Result<()>;
+    /// Makes `dir`'s entries (files created, renamed, removed) durable (`fsync`).
+    fn sync_dir(&self, dir: &Path) -> io::Result<()>;
+    /// The names of the entries of `dir`.
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+}
+
+/// The real file system.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RealDisk;
+
+impl Disk for RealDisk {
+    fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+        match fs::read(path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
+
+    fn write(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+        let mut file = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        for part in parts {
+            file.write_all(part)?;
+        }
+        Ok(())
+    }
+
+    fn sync(&self, path: &Path) -> io::Result<()> {
+        File::open(path)?.sync_data()
+    }
+
+    fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+        fs::rename(from, to)
+    }
+
+    fn remove(&self, path: &Path) -> io::Result<()> {
+        match fs::remove_file(path) {
+            Err(error) if error.kind() != io::ErrorKind::NotFound => Err(error),
+            _ => Ok(()),
+        }
+    }
+
+    fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+        File::open(dir)?.sync_all()
+    }
+
+    fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+        fs::read_dir(dir)?
+            .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
+            .collect()
+    }
+}
+
+/// The store's small files in one data dir.
+#[derive(Debug, Clone)]
+pub(super) struct Files {
+    dir: PathBuf,
+    disk: Arc<dyn Disk>,
+}
+
+impl Files {
+    /// The files in `dir`, which exists. Forgets files a crash left half written.
+    pub(super) fn open(dir: &Path, disk: Arc<dyn Disk>) -> Result<Files, StoreError> {
+        let files = Files {
+            dir: dir.to_owned(),
+            disk,
+        };
+        for name in files.list()? {
+            if name.ends_with(TMP_SUFFIX) {
+                files
+                    .disk
+                    .remove(&files.path(&name))
+                    .map_err(|error| files.io("remove", &name, error))?;
+            }
+        }
+        Ok(files)
+    }
+
+    /// The names in the data dir.
+    pub(super) fn list(&self) -> Result<Vec<String>, StoreError> {
+        self.disk
+            .list(&self.dir)
+            .map_err(|error| self.io("list", "the data dir", error))
+    }
+
+    /// The value in the durable file `name`, if there is one; a file that does not check out
+    /// is corruption, named in the error.
+    pub(super) fn read<T: DeserializeOwned>(&self, name: &str) -> Result<Option<T>, StoreError> {
+        let Some(bytes) = self.read_bytes(name)? else {
+            return Ok(None);
+        };
+        let payload = unseal(&bytes).map_err(|reason| self.corrupt(name, reason))?;
+        decode(payload, &self.describe(name)).map(Some)
+    }
+
+    /// Replaces the durable file `name` with `value`: durable when this returns.
+    pub(super) fn replace<T: Serialize>(&self, name: &str, value: &T) -> Result<(), StoreError> {
+        let payload = encode(value, &self.describe(name))?;
+        self.replace_parts(name, &[&payload])
+    }
+
+    /// Removes the durable file `name`: durable when this returns.
+    pub(super) fn remove(&self, name: &str) -> Result<(), StoreError> {
+        self.disk
+            .remove(&self.path(name))
+            .map_err(|error| self.io("remove", name, error))?;
+        self.sync_dir()
+    }
+
+    /// Replaces the file `name` with `value` in place, without syncing it: it may be lost or
+    /// torn by a power cut, and `read_unsynced` then finds nothing.
+    pub(super) fn write_unsynced<T: Serialize>(
+        &self,
+        name: &str,
+        value: &T,
+    ) -> Result<(), StoreError> {
+        let payload = encode(value, &self.describe(name))?;
+        let header = header(&[&payload]);
+        self.disk
+            .write(&self.path(name), &[&header, &payload])
+            .map_err(|error| self.io("write", name, error))
+    }
+
+    /// The value of a file written by `write_unsynced`; torn, cut short or missing reads as
+    /// `None`.
+    pub(super) fn read_unsynced<T: DeserializeOwned>(
+        &self,
+        name: &str,
+    ) -> Result<Option<T>, StoreError> {
+        let Some(bytes) = self.read_bytes(name)? else {
+            return Ok(None);
+        };
+        match unseal(&bytes).and_then(|payload| {
+            decode(payload, &self.describe(name)).map_err(|error| error.to_string())
+        }) {
+            Ok(value) => Ok(Some(value)),
+            Err(reason) => {
+                tracing::warn!(file = %self.path(name).display(), %reason, "an unsynced file was torn by a crash; reading it as absent");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Replaces the durable file `name` with `parts` one after another, sealed as one payload.
+    pub(super) fn replace_parts(&self, name: &str, parts: &[&[u8]]) -> Result<(), StoreError> {
+        let header = header(parts);
+        let mut sealed = Vec::with_capacity(parts.len() + 1);
+        sealed.push(&header[..]);
+        sealed.extend_from_slice(parts);
+        let tmp = format!("{name}{TMP_SUFFIX}");
+        let tmp_path = self.path(&tmp);
+        self.disk
+            .write(&tmp_path, &sealed)
+            .and_then(|()| self.disk.sync(&tmp_path))
+            .map_err(|error| self.io("write", &tmp, error))?;
+        self.disk
+            .rename(&tmp_path, &self.path(name))
+            .map_err(|error| self.io("rename into place", name, error))?;
+        self.sync_dir()
+    }
+
+    /// The payload of the durable file `name` (whole, checked), if there is one.
+    pub(super) fn read_payload(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        let Some(mut bytes) = self.read_bytes(name)? else {
+            return Ok(None);
+        };
+        let length = unseal(&bytes)
+            .map_err(|reason| self.corrupt(name, reason))?
+            .len();
+        bytes.drain(..HEADER_BYTES);
+        debug_assert_eq!(bytes.len(), length);
+        Ok(Some(bytes))
+    }
+
+    /// The error for a durable file whose content does not check out.
+    pub(super) fn corrupt(&self, name: &str, reason: impl fmt::Display) -> StoreError {
+        StoreError::Corrupt {
+            what: self.describe(name),
+            reason: format!("{reason}; the file was synced whole, so this is damage on disk (restore the node from a backup or re-add it empty)"),
+        }
+    }
+
+    fn read_bytes(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.disk
+            .read(&self.path(name))
+            .map_err(|error| self.io("read", name, error))
+    }
+
+    fn sync_dir(&self) -> Result<(), StoreError> {
+        self.disk
+            .sync_dir(&self.dir)
+            .map_err(|error| self.io("fsync", "the data dir", error))
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    fn describe(&self, name: &str) -> String {
+        self.path(name).display().to_string()
+    }
+
+    fn io(&self, verb: &str, name: &str, error: io::Error) -> StoreError {
+        StoreError::Io(format!("{verb} {}: {error}", self.describe(name)))
+    }
+}
+
+/// Magic, the payload's length and its checksum.
+fn header(parts: &[&[u8]]) -> [u8; HEADER_BYTES] {
+    let mut hasher = crc32fast::Hasher::new();
+    let mut length = 0_usize;
+    for part in parts {
+        hasher.update(part);
+        length += part.len();
+    }
+    let mut header = [0; HEADER_BYTES];
+    header[..4].copy_from_slice(MAGIC);
+    header[4..8].copy_from_slice(&u32::try_from(length).unwrap_or(u32::MAX).to_le_bytes());
+    header[8..].copy_from_slice(&hasher.finalize().to_le_bytes());
+    header
+}
+
+/// The payload of sealed bytes, or why they do not check out.
+fn unseal(bytes: &[u8]) -> Result<&[u8], String> {
+    let Some((header, payload)) = bytes.split_at_checked(HEADER_BYTES) else {
+        return Err(format!("{} bytes, shorter than a header", bytes.len()));
+    };
+    if &header[..4] != MAGIC {
+        return Err("not a Baton store file (bad magic)".to_owned());
+    }
+    let length = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize;
+    if payload.len() != length {
+        return Err(format!(
+            "{} bytes of payload where the header says {length}",
+            payload.len()
+        ));
+    }
+    let checksum = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
+    if crc32fast::hash(payload) != checksum {
+        return Err("checksum mismatch".to_owned());
+    }
+    Ok(payload)
+}
+
+#[cfg(test)]
+pub(crate) mod sim {
+    //! A disk that keeps what is durable apart from what is only written, and can cut power.
+
+    use std::collections::BTreeMap;
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// One file's bytes: as last synced, and as written since.
+    #[derive(Debug, Clone, Default)]
+    struct Inode {
+        durable: Option<Vec<u8>>,
+        current: Vec<u8>,
+    }
+
+    #[derive(Debug, Clone, Default)]
+    struct State {
+        inodes: Vec<Inode>,
+        /// Names as processes see them, and as last synced with their directory.
+        names: BTreeMap<PathBuf, usize>,
+        durable_names: BTreeMap<PathBuf, usize>,
+        /// Operations done so far.
+        steps: usize,
+    }
+
+    /// A simulated disk: files are durable only once synced, and names only once their
+    /// directory is synced (the rules of a lazy file system). Directories always exist.
+    #[derive(Debug, Default)]
+    pub struct SimDisk {
+        state: Mutex<State>,
+        /// Fail every operation after this many (a power cut in the middle of a store call).
+        fail_after: Mutex<Option<usize>>,
+    }
+
+    impl SimDisk {
+        /// How many operations were done.
+        pub fn steps(&self) -> usize {
+            self.state.lock().unwrap().steps
+        }
+
+        /// From now on, every operation after the first `steps` fails, as if power was cut.
+        pub fn fail_after(&self, steps: usize) {
+            *self.fail_after.lock().unwrap() = Some(steps);
+        }
+
+        /// Cuts power: what was not synced is lost, except that `keep` says, per unsynced
+        /// file and per unsynced name, in order, whether it happened to reach the disk anyway.
+        pub fn cut(&self, mut keep: impl FnMut() -> bool) {
+            let mut state = self.state.lock().unwrap();
+            let State {
+                inodes,
+                names,
+                durable_names,
+                ..
+            } = &mut *state;
+            for inode in inodes.iter_mut() {
+                if inode.durable.as_ref() != Some(&inode.current) && keep() {
+                    inode.durable = Some(inode.current.clone());
+                }
+                inode.current = inode.durable.clone().unwrap_or_default();
+            }
+            let mut after = durable_names.clone();
+            let changed: Vec<PathBuf> = names
+                .keys()
+                .chain(durable_names.keys())
+                .filter(|path| names.get(*path) != durable_names.get(*path))
+                .cloned()
+                .collect();
+            for path in changed {
+                if keep() {
+                    match names.get(&path) {
+                        Some(inode) => after.insert(path, *inode),
+                        None => after.remove(&path),
+                    };
+                }
+            }
+            *names = after.clone();
+            *durable_names = after;
+            *self.fail_after.lock().unwrap() = None;
+        }
+
+        fn step(&self) -> io::Result<std::sync::MutexGuard<'_, State>> {
+            let mut state = self.state.lock().unwrap();
+            if self
+                .fail_after
+                .lock()
+                .unwrap()
+                .is_some_and(|after| state.steps >= after)
+            {
+                return Err(io::Error::other("power cut"));
+            }
+            state.steps += 1;
+            Ok(state)
+        }
+    }
+
+    impl Disk for SimDisk {
+        fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>> {
+            let state = self.step()?;
+            Ok(state
+                .names
+                .get(path)
+                .map(|inode| state.inodes[*inode].current.clone()))
+        }
+
+        fn write(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+            let mut state = self.step()?;
+            let inode = match state.names.get(path) {
+                Some(inode) => *inode,
+                None => {
+                    state.inodes.push(Inode::default());
+                    let inode = state.inodes.len() - 1;
+                    state.names.insert(path.to_owned(), inode);
+                    inode
+                }
+            };
+            state.inodes[inode].current = parts.concat();
+            Ok(())
+        }
+
+        fn sync(&self, path: &Path) -> io::Result<()> {
+            let mut state = self.step()?;
+            let inode = *state.names.get(path).ok_or(io::ErrorKind::NotFound)?;
+            let inode = &mut state.inodes[inode];
+            inode.durable = Some(inode.current.clone());
+            Ok(())
+        }
+
+        fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
+            let mut state = self.step()?;
+            let inode = state.names.remove(from).ok_or(io::ErrorKind::NotFound)?;
+            state.names.insert(to.to_owned(), inode);
+            Ok(())
+        }
+
+        fn remove(&self, path: &Path) -> io::Result<()> {
+            self.step()?.names.remove(path);
+            Ok(())
+        }
+
+        fn sync_dir(&self, dir: &Path) -> io::Result<()> {
+            let mut state = self.step()?;
+            let State {
+                names,
+                durable_names,
+                ..
+            } = &mut *state;
+            durable_names.retain(|path, _| path.parent() != Some(dir));
+            for (path, inode) in names.iter() {
+                if path.parent() == Some(dir) {
+                    durable_names.insert(path.clone(), *inode);
+                }
+            }
+            Ok(())
+        }
+
+        fn list(&self, dir: &Path) -> io::Result<Vec<String>> {
+            let state = self.step()?;
+            Ok(state
+                .names
+                .keys()
+                .filter(|path| path.parent() == Some(dir))
+                .filter_map(|path| path.file_name())
+                .map(|name| name.to_string_lossy().into_owned())
+                .collect())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sim::SimDisk;
+    use super::*;
+
+    fn files(disk: &Arc<SimDisk>) -> Files {
+        Files::open(Path::new("/data"), disk.clone()).unwrap()
+    }
+
+    #[test]
+    fn a_replaced_file_reads_back_and_survives_a_power_cut() {
+        let disk = Arc::new(SimDisk::default());
+        files(&disk).replace("vote", &7_u64).unwrap();
+        assert_eq!(files(&disk).read::<u64>("vote").unwrap(), Some(7));
+        disk.cut(|| false);
+        assert_eq!(files(&disk).read::<u64>("vote").unwrap(), Some(7));
+    }
+
+    #[test]
+    fn an_unsynced_file_may_be_lost_or_torn_and_reads_as_absent() {
+        let disk = Arc::new(SimDisk::default());
+        files(&disk).write_unsynced("committed", &3_u64).unwrap();
+        assert_eq!(
+            files(&disk).read_unsynced::<u64>("committed").unwrap(),
+            Some(3)
+        );
+        disk.cut(|| false);
+        assert_eq!(
+            files(&disk).read_unsynced::<u64>("committed").unwrap(),
+            None
+        );
+        // Torn: only part of the bytes reached the disk.
+        let real = tempfile::tempdir().unwrap();
+        let on_disk = Files::open(real.path(), Arc::new(RealDisk)).unwrap();
+        on_disk.write_unsynced("committed", &u64::MAX).unwrap();
+        let path = real.path().join("committed");
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() - 2]).unwrap();
+        assert_eq!(on_disk.read_unsynced::<u64>("committed").unwrap(), None);
+    }
+
+    #[test]
+    fn a_damaged_durable_file_is_an_error_that_names_it() {
+        let real = tempfile::tempdir().unwrap();
+        let on_disk = Files::open(real.path(), Arc::new(RealDisk)).unwrap();
+        on_disk.replace("vote", &(1_u64, 2_u64)).unwrap();
+        let path = real.path().join("vote");
+        let mut bytes = fs::read(&path).unwrap();
+        for (damage, expected) in [
+            (bytes.len() - 1, "payload where the header says"),
+            (5, "shorter than a header"),
+        ] {
+            fs::write(&path, &bytes[..damage]).unwrap();
+            let error = on_disk.read::<(u64, u64)>("vote").unwrap_err().to_string();
+            assert!(error.contains(&path.display().to_string()), "{error}");
+            assert!(error.contains(expected), "{error}");
+        }
+        let last = bytes.len() - 1;
+        bytes[last] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let error = on_disk.read::<(u64, u64)>("vote").unwrap_err().to_string();
+        assert!(error.contains("checksum mismatch"), "{error}");
+    }
+
+    #[test]
+    fn a_power_cut_in_a_replace_leaves_the_old_file_or_the_new_one() {
+        let steps = {
+            let disk = Arc::new(SimDisk::default());
+            let files = files(&disk);
+            let before = disk.steps();
+            files.replace("vote", &2_u64).unwrap();
+            disk.steps() - before
+        };
+        for cut_at in 0..=steps {
+            for keep_all in [false, true] {
+                let disk = Arc::new(SimDisk::default());
+                let before = files(&disk);
+                before.replace("vote", &1_u64).unwrap();
+                disk.fail_after(disk.steps() + cut_at);
+                let finished = before.replace("vote", &2_u64).is_ok();
+                disk.cut(|| keep_all);
+                let after = files(&disk);
+                let read = after.read::<u64>("vote").unwrap();
+                if finished {
+                    assert_eq!(read, Some(2), "acknowledged, then lost (cut at {cut_at})");
+                } else {
+                    assert!(matches!(read, Some(1 | 2)), "{read:?} (cut at {cut_at})");
+                }
+                assert!(
+                    !after
+                        .list()
+                        .unwrap()
+                        .iter()
+                        .any(|name| name.ends_with(TMP_SUFFIX)),
+                    "a half-written file outlived the reopen"
+                );
+            }
+        }
+    }
+}

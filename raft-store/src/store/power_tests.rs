@@ -1,0 +1,163 @@
+//! Power cuts at every step of a workload, on the simulated disk of `files::sim`: the store's
+//! small files live on it (durable only once synced, names only once their directory is), the
+//! log's segments on a real temporary dir. For every operation a workload's run does, one run
+//! stops there (every file operation after it fails), power is cut (with none, all, or a
+//! random part of the unsynced writes reaching the disk anyway), and the store reopens. It
+//! must open, and hold every write it acknowledged: the vote (never older than the last one
+//! saved, so a node never votes twice in a term), the purge point and the snapshot.
+
+use std::sync::Arc;
+
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
+use openraft::{
+    CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder, Vote,
+};
+
+use super::files::sim::SimDisk;
+use super::{open_on, TypeConfig};
+
+/// What the store acknowledged before the cut.
+#[derive(Debug, Default, Clone, Copy)]
+struct Acknowledged {
+    vote: Option<Vote<u64>>,
+    purged: Option<LogId<u64>>,
+    snapshot: Option<LogId<u64>>,
+}
+
+fn log_id(term: u64, index: u64) -> LogId<u64> {
+    LogId::new(CommittedLeaderId::new(term, 1), index)
+}
+
+fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(term, index),
+        payload: EntryPayload::Blank,
+    }
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Random(u64);
+
+impl Random {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn coin(&mut self) -> bool {
+        self.next() & 1 == 1
+    }
+}
+
+/// Votes, appends, commits, snapshots and purges, in rounds; records each acknowledgement.
+/// Stops at the first error (the cut).
+async fn workload(dir: &std::path::Path, disk: &Arc<SimDisk>, acked: &mut Acknowledged) {
+    let Ok((mut log, mut machine)) = open_on(dir, disk.clone()) else {
+        return;
+    };
+    let mut index = 0;
+    for term in 1..=4_u64 {
+        let vote = Vote::new(term, term % 3 + 1);
+        if log.save_vote(&vote).await.is_err() {
+            return;
+        }
+        acked.vote = Some(vote);
+        let entries: Vec<_> = (index + 1..=index + 3).map(|i| blank(term, i)).collect();
+        index += 3;
+        if log.blocking_append(entries.clone()).await.is_err() {
+            return;
+        }
+        if log.save_committed(Some(log_id(term, index))).await.is_err() {
+            return;
+        }
+        if machine.apply(entries).await.is_err() {
+            return;
+        }
+        let Ok(snapshot) = machine.get_snapshot_builder().await.build_snapshot().await else {
+            return;
+        };
+        acked.snapshot = snapshot.meta.last_log_id;
+        if term % 2 == 0 {
+            let upto = log_id(term, index - 1);
+            if log.purge(upto).await.is_err() {
+                return;
+            }
+            acked.purged = Some(upto);
+        }
+        let committed = Vote::new_committed(term, term % 3 + 1);
+        if log.save_vote(&committed).await.is_err() {
+            return;
+        }
+        acked.vote = Some(committed);
+    }
+}
+
+#[tokio::test]
+async fn power_cut_at_every_step_keeps_every_acknowledged_write() {
+    let steps = {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = Arc::new(SimDisk::default());
+        let mut acked = Acknowledged::default();
+        workload(dir.path(), &disk, &mut acked).await;
+        assert!(acked.vote.is_some() && acked.purged.is_some() && acked.snapshot.is_some());
+        disk.steps()
+    };
+    let mut random = Random(0x5eed_f00d_ba70);
+    let mut cuts = 0;
+    for cut_at in 0..=steps {
+        for keep in ["none", "all", "some"] {
+            let dir = tempfile::tempdir().unwrap();
+            let disk = Arc::new(SimDisk::default());
+            disk.fail_after(cut_at);
+            let mut acked = Acknowledged::default();
+            workload(dir.path(), &disk, &mut acked).await;
+            let seed = random.next();
+            let mut coins = Random(seed | 1);
+            disk.cut(|| match keep {
+                "none" => false,
+                "all" => true,
+                _ => coins.coin(),
+            });
+            let context = format!("cut after {cut_at} of {steps} steps, {keep} unsynced kept (seed {seed}), acknowledged {acked:?}");
+            let (mut log, mut machine) = open_on(dir.path(), disk.clone())
+                .unwrap_or_else(|error| panic!("does not reopen: {error}; {context}"));
+            let vote = log.read_vote().await.unwrap();
+            assert!(
+                vote >= acked.vote,
+                "the vote went back to {vote:?}; {context}"
+            );
+            let state = log.get_log_state().await.unwrap();
+            assert!(
+                state.last_purged_log_id >= acked.purged,
+                "the purge point went back to {:?}; {context}",
+                state.last_purged_log_id
+            );
+            let (applied, _) = machine.applied_state().await.unwrap();
+            assert!(
+                applied >= acked.snapshot,
+                "the snapshot went back to {applied:?}; {context}"
+            );
+            let current = machine.get_current_snapshot().await.unwrap();
+            assert_eq!(
+                current.and_then(|snapshot| snapshot.meta.last_log_id),
+                applied,
+                "{context}"
+            );
+            // Whatever was purged, the log goes on right after it.
+            if let Some(last) = state.last_log_id {
+                let first = state
+                    .last_purged_log_id
+                    .map_or(1, |purged| purged.index + 1);
+                let entries = log.try_get_log_entries(first..=last.index).await.unwrap();
+                assert_eq!(entries.len() as u64, last.index + 1 - first, "{context}");
+            }
+            cuts += 1;
+        }
+    }
+    assert!(
+        cuts > 100,
+        "only {cuts} cuts: the workload is too small to say much"
+    );
+}
