@@ -39,6 +39,9 @@ pub trait Disk: fmt::Debug + Send + Sync + 'static {
     fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
     /// Creates `path`, or truncates it, and writes `parts` one after another. Not durable.
     fn write(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()>;
+    /// Writes `bytes` at the start of `path` (created if absent), leaving any bytes after them
+    /// and the file's size as they were. Not durable.
+    fn overwrite(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
     /// Makes `path`'s content durable (`fdatasync`).
     fn sync(&self, path: &Path) -> io::Result<()>;
     /// Renames `from` over `to` (the same directory). Durable once the directory is synced.
@@ -74,6 +77,16 @@ impl Disk for RealDisk {
             file.write_all(part)?;
         }
         Ok(())
+    }
+
+    fn overwrite(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
+        OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)?
+            .write_all_at(bytes, 0)
     }
 
     fn sync(&self, path: &Path) -> io::Result<()> {
@@ -158,17 +171,19 @@ impl Files {
         self.sync_dir()
     }
 
-    /// Replaces the file `name` with `value` in place, without syncing it: it may be lost or
-    /// torn by a power cut, and `read_unsynced` then finds nothing.
+    /// Writes `value` over the start of the file `name`, without syncing it: a power cut may
+    /// lose it or tear it, and `read_unsynced` then finds nothing. In place, never truncating:
+    /// one positioned write, no change of the file's blocks after the first.
     pub(super) fn write_unsynced<T: Serialize>(
         &self,
         name: &str,
         value: &T,
     ) -> Result<(), StoreError> {
         let payload = encode(value, &self.describe(name))?;
-        let header = header(&[&payload]);
+        let mut sealed = header(&[&payload]).to_vec();
+        sealed.extend_from_slice(&payload);
         self.disk
-            .write(&self.path(name), &[&header, &payload])
+            .overwrite(&self.path(name), &sealed)
             .map_err(|error| self.io("write", name, error))
     }
 
@@ -178,9 +193,14 @@ impl Files {
         &self,
         name: &str,
     ) -> Result<Option<T>, StoreError> {
-        let Some(bytes) = self.read_bytes(name)? else {
+        let Some(mut bytes) = self.read_bytes(name)? else {
             return Ok(None);
         };
+        // What a longer earlier value left after this one.
+        if let Some(length) = bytes.get(4..8) {
+            let length = u32::from_le_bytes(length.try_into().expect("4 bytes")) as usize;
+            bytes.truncate(HEADER_BYTES.saturating_add(length));
+        }
         match unseal(&bytes).and_then(|payload| {
             decode(payload, &self.describe(name)).map_err(|error| error.to_string())
         }) {
@@ -414,6 +434,25 @@ pub(crate) mod sim {
             Ok(())
         }
 
+        fn overwrite(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+            let mut state = self.step()?;
+            let inode = match state.names.get(path) {
+                Some(inode) => *inode,
+                None => {
+                    state.inodes.push(Inode::default());
+                    let inode = state.inodes.len() - 1;
+                    state.names.insert(path.to_owned(), inode);
+                    inode
+                }
+            };
+            let current = &mut state.inodes[inode].current;
+            if current.len() < bytes.len() {
+                current.resize(bytes.len(), 0);
+            }
+            current[..bytes.len()].copy_from_slice(bytes);
+            Ok(())
+        }
+
         fn sync(&self, path: &Path) -> io::Result<()> {
             let mut state = self.step()?;
             let inode = *state.names.get(path).ok_or(io::ErrorKind::NotFound)?;
@@ -493,6 +532,13 @@ mod tests {
         assert_eq!(
             files(&disk).read_unsynced::<u64>("committed").unwrap(),
             None
+        );
+        // A shorter value over a longer one reads as itself.
+        files(&disk).write_unsynced("committed", &u64::MAX).unwrap();
+        files(&disk).write_unsynced("committed", &1_u64).unwrap();
+        assert_eq!(
+            files(&disk).read_unsynced::<u64>("committed").unwrap(),
+            Some(1)
         );
         // Torn: only part of the bytes reached the disk.
         let real = tempfile::tempdir().unwrap();
