@@ -536,6 +536,11 @@ impl Cluster {
         self.node(id).process.log_contains(from, needle)
     }
 
+    /// Node `id`'s log file (every start's stdout and stderr).
+    pub fn log_path(&self, id: u64) -> &std::path::Path {
+        self.node(id).process.log_path()
+    }
+
     /// The size of node `id`'s log file: where the next start's lines begin.
     pub fn log_len(&self, id: u64) -> u64 {
         self.node(id).process.log_len()

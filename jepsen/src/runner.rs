@@ -287,6 +287,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     final_reads(&cluster, &history, args.workload).await;
     sample_digests(&cluster, &history).await;
     sample_pipelines(&cluster, &history).await;
+    record_votes(&cluster, &history);
     // A node that died during the final reads would leave them short without saying why.
     if let Some(crash) = cluster.crashed() {
         history.nemesis("crashed", crash.to_json());
@@ -637,6 +638,28 @@ async fn sample_digests(cluster: &Cluster, history: &History) {
             "digest",
             Value::Null,
             json!({"node": id, "samples": samples}),
+            None,
+            None,
+            Some(id),
+        );
+    }
+}
+
+/// Every vote each node saved, from its log (every start of it), as one `final` event per
+/// node (`votes`: `[{term, voted_for, committed}]` in the order saved), for the `votes` checker.
+fn record_votes(cluster: &Cluster, history: &History) {
+    for id in cluster.ids() {
+        let log = std::fs::read_to_string(cluster.log_path(id)).unwrap_or_default();
+        let votes: Vec<Value> = log
+            .lines()
+            .filter_map(checkers::votes::parse_line)
+            .collect();
+        history.add(
+            Process::Named(FINAL.to_owned()),
+            OpType::Info,
+            checkers::votes::FINAL_VOTES,
+            Value::Null,
+            json!({"node": id, "votes": votes}),
             None,
             None,
             Some(id),

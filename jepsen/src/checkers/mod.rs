@@ -21,6 +21,7 @@ pub mod refused_writes;
 pub mod stale_writes;
 pub mod tasks;
 pub mod txn_atomic;
+pub mod votes;
 
 use std::time::{Duration, Instant};
 
@@ -155,6 +156,7 @@ pub fn check_all(
     run("idempotency", true, &|| idempotency::check(history));
     run("digest", true, &|| digest::check(history));
     run("recovery", true, &|| recovery::check(history));
+    run("votes", true, &|| votes::check(history));
     match workload {
         Workload::Lease | Workload::UnfencedLock | Workload::Semaphore => {
             run("holds", !beyond, &|| holds::check(history));

@@ -197,7 +197,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let vote = *vote;
         run_blocking(move || files.replace(VOTE_FILE, &vote))
             .await
-            .map_err(|error| storage_error(ErrorSubject::Vote, ErrorVerb::Write, error))
+            .map_err(|error| storage_error(ErrorSubject::Vote, ErrorVerb::Write, error))?;
+        // The harness's `votes` checker reads these lines: one node never votes for two
+        // candidates in a term, and no two nodes see two leaders of one term.
+        tracing::info!(
+            term = vote.leader_id.term,
+            voted_for = vote.leader_id.node_id,
+            committed = vote.committed,
+            "vote saved"
+        );
+        Ok(())
     }
 
     async fn read_vote(&mut self) -> StorageResult<Option<Vote<u64>>> {
