@@ -3,7 +3,7 @@
 //! undoes everything at the end.
 //!
 //! Faults: `kill` (SIGKILL and restart, sometimes of the leader, sometimes faster than the
-//! election timeout), `pause` (SIGSTOP/SIGCONT of a node, and for workloads that honour it,
+//! election timeout), `kill-all` (every node SIGKILLed at once, then all restarted), `pause` (SIGSTOP/SIGCONT of a node, and for workloads that honour it,
 //! clients stalled inside their critical section), `partition` (isolate a node, isolate the
 //! leader, a bridge, a one-way cut), `clock` (node rates within the 1% rate error, wall
 //! offsets of any size, guard clocks within the rate error), `clock-beyond` (rates and jumps
@@ -25,7 +25,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 
-use crate::cluster::{Cluster, LogKill, NodeFailure, NodeFault, Readiness};
+use crate::cluster::{Cluster, LogKill, NodeFailure, NodeFault, Readiness, RESTART_READY_TIMEOUT};
 use crate::history::History;
 use crate::net::cut_between;
 use crate::workloads::{ClientPause, GuardClock};
@@ -35,6 +35,8 @@ use crate::workloads::{ClientPause, GuardClock};
 pub enum Fault {
     /// SIGKILL and restart.
     Kill,
+    /// SIGKILL every node at once, then restart them all.
+    KillAll,
     /// SIGSTOP and SIGCONT (and client stalls).
     Pause,
     /// Network partitions through the network backend (namespaces or proxy mesh).
@@ -52,6 +54,7 @@ impl Fault {
     pub fn parse(name: &str) -> anyhow::Result<Option<Fault>> {
         Ok(Some(match name {
             "kill" => Fault::Kill,
+            "kill-all" => Fault::KillAll,
             "pause" => Fault::Pause,
             "partition" => Fault::Partition,
             "clock" => Fault::Clock,
@@ -59,7 +62,7 @@ impl Fault {
             "membership" => Fault::Membership,
             "none" | "" => return Ok(None),
             other => anyhow::bail!(
-                "unknown nemesis {other:?}: kill, pause, partition, clock, clock-beyond, membership, none"
+                "unknown nemesis {other:?}: kill, kill-all, pause, partition, clock, clock-beyond, membership, none"
             ),
         }))
     }
@@ -68,6 +71,7 @@ impl Fault {
     pub fn name(self) -> &'static str {
         match self {
             Fault::Kill => "kill",
+            Fault::KillAll => "kill-all",
             Fault::Pause => "pause",
             Fault::Partition => "partition",
             Fault::Clock => "clock",
@@ -151,6 +155,7 @@ impl Nemesis {
             let fault = self.faults[rng.random_range(0..self.faults.len())];
             let name = match fault {
                 Fault::Kill => self.kill(&mut rng).await?,
+                Fault::KillAll => self.kill_all(&mut rng).await?,
                 Fault::Pause => self.pause(&mut rng).await,
                 Fault::Partition => self.partition(&mut rng).await,
                 Fault::Clock => self.clock(&mut rng, false).await,
@@ -270,6 +275,36 @@ impl Nemesis {
             json!({"node": node, "restarted": restarted.is_ok()}),
         );
         restarted.map(|()| "kill".to_owned())
+    }
+
+    /// SIGKILLs every node at once (paused ones too), keeps them down a moment, then starts
+    /// them all before waiting for any (one alone cannot become ready without a quorum). Every
+    /// one must come back: acknowledged writes are on disk, whatever the crash cut short.
+    async fn kill_all(&self, rng: &mut StdRng) -> Result<String, NodeFailure> {
+        let down = Duration::from_millis(rng.random_range(50..1_500));
+        self.start("kill-all", json!({"down_ms": down.as_millis() as u64}));
+        let ids = self.cluster.ids();
+        for id in &ids {
+            self.cluster.kill(*id);
+        }
+        for id in &ids {
+            self.cluster.resume(*id);
+        }
+        tokio::time::sleep(down).await;
+        let mut restarted = ids.iter().try_for_each(|id| self.cluster.start_again(*id));
+        if restarted.is_ok() {
+            for id in &ids {
+                restarted = self
+                    .cluster
+                    .wait_restarted(*id, self.readiness(), RESTART_READY_TIMEOUT)
+                    .await;
+                if restarted.is_err() {
+                    break;
+                }
+            }
+        }
+        self.stop("kill-all", json!({"restarted": restarted.is_ok()}));
+        restarted.map(|()| "kill-all".to_owned())
     }
 
     /// Kills a follower, keeps it down until the others have committed more than twice what

@@ -27,7 +27,8 @@ pub struct TestArgs {
     /// lease, semaphore, fenced-kv, unfenced-lock, queue or line.
     #[arg(long, value_enum)]
     workload: Workload,
-    /// Faults, comma-separated: kill, pause, partition, clock, clock-beyond, membership, none.
+    /// Faults, comma-separated: kill, kill-all, pause, partition, clock, clock-beyond, membership,
+    /// none.
     #[arg(long, value_delimiter = ',', default_value = "none")]
     nemesis: Vec<String>,
     /// Seconds of workload (1..=3600); healing and checking come on top.
