@@ -209,6 +209,23 @@ impl Client {
         self.mutate(Method::POST, path, Some(request)).await
     }
 
+    /// [`Client::claim_raw`] with a caller-chosen idempotency key: sent again with the same
+    /// key after an unknown outcome, it answers what the first one did, if it was applied.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::claim_raw`], plus [`Error::IdempotencyKeyReused`].
+    pub async fn claim_raw_with_key(
+        &self,
+        queue: &str,
+        request: &ClaimRequest,
+        idempotency_key: &str,
+    ) -> Result<Answer<Option<ClaimResponse>>> {
+        let path = format!("/v1/queues/{}/claim", encode_name(queue)?);
+        self.mutate_with_key(Method::POST, path, request, idempotency_key)
+            .await
+    }
+
     /// Claims the best ready task of `queue` with a new session created in the same write
     /// (this client's holder, `ttl`), kept alive in the background while the [`TaskClaim`]
     /// lives and ended when it is dropped. `None` when no task is ready (no session is made).
