@@ -196,6 +196,105 @@ async fn task_work_stops_the_command_and_exits_4_when_the_claim_is_lost() {
     assert_eq!(task.reason, None, "{task:?}");
 }
 
+/// docs/agents.md: a lost claim stops the command within a second, not at the next renewal
+/// (a third of `--ttl`, 20 s here): the worker watches its claim on the event stream.
+#[tokio::test]
+async fn task_work_stops_its_command_within_a_second_of_the_claim_ending_on_the_server() {
+    const STOPPED_WITHIN: Duration = Duration::from_secs(1);
+    let cluster = Cluster::start(1).await;
+    let producer = client(&cluster);
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    // Each way a claim ends on the server while its worker is connected: the session ended
+    // (an operator, or anyone holding BATON_SESSION), the task released with the claim's fence.
+    for how in ["the session ended", "the task released"] {
+        let queue = if how == "the session ended" {
+            "ended"
+        } else {
+            "released"
+        };
+        enqueue(&producer, queue, "job", json!({}), 3).await;
+        let started = directory.path().join(queue);
+        let script = format!(
+            "echo $$ $BATON_SESSION $BATON_FENCE > {started}.tmp && mv {started}.tmp {started}; \
+             exec sleep 60",
+            started = started.display()
+        );
+        let work = command(
+            &url(&cluster),
+            &[
+                "task", "work", queue, "--ttl", "60s", "--grace", "2s", "--", "sh", "-c", &script,
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn baton task work");
+        let (pid, session, fence): (u32, String, u64) = poll_until(
+            Duration::from_secs(20),
+            "the command to start",
+            async || {
+                let text = std::fs::read_to_string(&started).ok()?;
+                let mut words = text.split_whitespace();
+                let pid = words.next()?.parse().ok()?;
+                let session = words.next()?.to_owned();
+                let fence = words.next()?.parse().ok()?;
+                Some((pid, session, fence))
+            },
+        )
+        .await;
+        let _reaper = KillOnDrop(pid);
+
+        let reply = match how {
+            "the session ended" => {
+                cluster
+                    .api()
+                    .call(
+                        Method::DELETE,
+                        cluster.node(1),
+                        &format!("/v1/sessions/{session}"),
+                    )
+                    .send()
+                    .await
+            }
+            _ => {
+                cluster
+                    .api()
+                    .post(
+                        cluster.node(1),
+                        &format!("/v1/queues/{queue}/tasks/job/release"),
+                        &json!({"session_id": session, "fence": fence}),
+                    )
+                    .await
+            }
+        };
+        reply.expect_status(200);
+        poll_until(
+            STOPPED_WITHIN,
+            &format!("{how}: the command to be stopped"),
+            async || (!process_exists(pid)).then_some(()),
+        )
+        .await;
+        let output = tokio::time::timeout(Duration::from_secs(15), work.wait_with_output())
+            .await
+            .expect("baton task work exits once its command is stopped")
+            .expect("wait for baton task work");
+        let outcome = Outcome {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        };
+        outcome.expect_code(4);
+        assert!(
+            outcome.error_line().starts_with("error[LEASE_LOST]: ")
+                && outcome.error_line().contains("job"),
+            "{how}: {outcome:#?}"
+        );
+        let [task] = <[Task; 1]>::try_from(tasks(&producer, queue).await).expect("one");
+        assert_eq!(task.state, TaskState::Ready, "{how}: {task:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_sigkilled_worker_takes_its_command_and_its_children_along() {
     let cluster = Cluster::start(1).await;
