@@ -503,15 +503,11 @@ impl Client {
         request: &AcquireRequest,
         idempotency_key: &str,
     ) -> Result<Answer<Grant>> {
-        let body = serde_json::to_vec(request).map_err(|error| invalid(error.to_string()))?;
-        self.execute(
-            Operation {
-                method: Method::POST,
-                path: "/v1/leases".to_owned(),
-                body: Some(body),
-                idempotency_key: Some(idempotency_key.to_owned()),
-            },
-            self.default_budget(),
+        self.mutate_with_key(
+            Method::POST,
+            "/v1/leases".to_owned(),
+            request,
+            idempotency_key,
         )
         .await
     }
@@ -901,6 +897,28 @@ impl Client {
                 path,
                 body,
                 idempotency_key: Some(idempotency_key()),
+            },
+            self.default_budget(),
+        )
+        .await
+    }
+
+    /// A mutation with a caller-chosen idempotency key, so that the caller can send it again
+    /// later and learn what the first one did (G8 replays its first answer).
+    pub(crate) async fn mutate_with_key<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: String,
+        body: &B,
+        idempotency_key: &str,
+    ) -> Result<Answer<T>> {
+        let body = serde_json::to_vec(body).map_err(|error| invalid(error.to_string()))?;
+        self.execute(
+            Operation {
+                method,
+                path,
+                body: Some(body),
+                idempotency_key: Some(idempotency_key.to_owned()),
             },
             self.default_budget(),
         )

@@ -13,15 +13,17 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::Value;
 
 use crate::api::{
-    ClaimRequest, ClaimResponse, CompleteRequest, EnqueueRequest, FailRequest, ListTasksQuery,
-    QueueInfo, SessionId, Task, TaskList, TaskReleaseRequest,
+    ClaimRequest, ClaimResponse, CompleteRequest, EnqueueRequest, Event, EventKind, FailRequest,
+    ListTasksQuery, QueueInfo, SessionId, Task, TaskList, TaskReleaseRequest,
 };
 use crate::client::{encode, encode_name, millis, Answer, Client, TTL_DEFAULT};
 use crate::error::{Error, Result};
+use crate::events::EventStream;
 use crate::session::{LostReason, Session, Shared};
 
 /// The note a dropped, unsettled [`TaskClaim`] leaves on its task when it releases it.
@@ -207,6 +209,23 @@ impl Client {
     ) -> Result<Answer<Option<ClaimResponse>>> {
         let path = format!("/v1/queues/{}/claim", encode_name(queue)?);
         self.mutate(Method::POST, path, Some(request)).await
+    }
+
+    /// [`Client::claim_raw`] with a caller-chosen idempotency key: sent again with the same
+    /// key after an unknown outcome, it answers what the first one did, if it was applied.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::claim_raw`], plus [`Error::IdempotencyKeyReused`].
+    pub async fn claim_raw_with_key(
+        &self,
+        queue: &str,
+        request: &ClaimRequest,
+        idempotency_key: &str,
+    ) -> Result<Answer<Option<ClaimResponse>>> {
+        let path = format!("/v1/queues/{}/claim", encode_name(queue)?);
+        self.mutate_with_key(Method::POST, path, request, idempotency_key)
+            .await
     }
 
     /// Claims the best ready task of `queue` with a new session created in the same write
@@ -520,6 +539,73 @@ impl TaskClaim {
     /// Resolves the moment the claim stops being valid. Cancel-safe.
     pub async fn lost(&self) -> LostReason {
         self.session.lost(None).await
+    }
+
+    /// [`TaskClaim::lost`], or the moment `events` shows that the claim ended on the server:
+    /// its session ended or lapsed (`task_expired`), or the task was completed, failed or
+    /// released with this claim's fence by someone else. That is within moments of the
+    /// server, where [`TaskClaim::lost`] alone hears of an ended session at the next renewal
+    /// (a third of the TTL). A session that ended is then lost for good.
+    ///
+    /// `events` must follow this client's namespace from a revision before the claim; the
+    /// events of other tasks and claims are skipped. If the stream ends (after the client's
+    /// retry budget without a node), only [`TaskClaim::lost`] is awaited. Cancel-safe.
+    pub async fn lost_or_ended(&self, events: &mut EventStream) -> LostReason {
+        let mut following = true;
+        loop {
+            tokio::select! {
+                reason = self.lost() => return reason,
+                event = events.next(), if following => match event {
+                    Some(Ok(event)) => {
+                        if let Some(reason) = self.ended_by(&event) {
+                            return reason;
+                        }
+                    }
+                    Some(Err(error)) => {
+                        tracing::debug!(%error, "the event stream ended; the claim is watched by its renewals only");
+                        following = false;
+                    }
+                    None => following = false,
+                }
+            }
+        }
+    }
+
+    /// Whether `event` ends this claim, and why; an ended session is marked lost.
+    fn ended_by(&self, event: &Event) -> Option<LostReason> {
+        let (change, what) = match &event.kind {
+            EventKind::TaskExpired(change) => (change, None),
+            EventKind::TaskCompleted(change) => (change, Some("completed")),
+            EventKind::TaskFailed(change) => (change, Some("failed")),
+            EventKind::TaskReleased(change) => (change, Some("released")),
+            _ => return None,
+        };
+        let ours = change.queue == self.queue
+            && change.task_id == self.claim.task.id
+            && change.fence == Some(self.claim.fence);
+        if !ours {
+            return None;
+        }
+        let task = format!("{}/{}", self.queue, self.claim.task.id);
+        let reason = match what {
+            None => {
+                let reason = LostReason::Gone {
+                    message: format!(
+                        "the claim on task {task} lapsed with its session (event {})",
+                        event.revision
+                    ),
+                };
+                self.session.mark_lost(reason.clone());
+                reason
+            }
+            Some(what) => LostReason::Gone {
+                message: format!(
+                    "task {task} was {what} with this claim's fence elsewhere (event {})",
+                    event.revision
+                ),
+            },
+        };
+        Some(reason)
     }
 
     /// Completes the task with the claim's fence and session, keeping `result` on it. Sent

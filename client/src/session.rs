@@ -14,6 +14,8 @@
 //! nothing in this file.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::{pin, Pin};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -279,7 +281,14 @@ impl Session {
             });
         }
         let request = acquire_request(resource, &options, Owner::Session(&self.shared.id));
-        let answer = acquire_waiting(&self.shared.client, &request, options.wait).await;
+        let answer = acquire_waiting(
+            &self.shared.client,
+            &request,
+            options.wait,
+            std::future::pending(),
+        )
+        .await
+        .map(granted);
         let answer = match answer {
             Err(Error::Lost { message }) => {
                 self.shared.mark_lost(LostReason::Gone {
@@ -722,7 +731,28 @@ impl Client {
         request: &AcquireRequest,
         wait: Option<Duration>,
     ) -> Result<Answer<Grant>> {
-        acquire_waiting(self, request, wait).await
+        acquire_waiting(self, request, wait, std::future::pending())
+            .await
+            .map(granted)
+    }
+
+    /// [`Client::acquire_raw_waiting`] that gives up when `stop` resolves (a cancelled tool
+    /// call): the session then leaves the line, or lets go of a grant that raced the stop (a
+    /// session this acquire created is ended), and the answer is `Ok(None)`. A request already
+    /// sent is never abandoned: its answer is awaited first (a waiter that left its line is
+    /// answered at once), so nothing it did is left behind unseen.
+    ///
+    /// # Errors
+    ///
+    /// As [`Client::acquire_raw_waiting`]. After a stop, an error means leaving the line or
+    /// letting go failed: what the acquire took may still be held.
+    pub async fn acquire_raw_waiting_or_stop(
+        &self,
+        request: &AcquireRequest,
+        wait: Option<Duration>,
+        stop: impl Future<Output = ()>,
+    ) -> Result<Option<Answer<Grant>>> {
+        acquire_waiting(self, request, wait, stop).await
     }
 
     /// Acquires `resource` with a new session created in the same write (holder and TTL from
@@ -808,13 +838,29 @@ enum InLine {
 /// the session's TTL (and `WAIT_MS_MAX`), and renews the session between rounds. When `wait`
 /// runs out the session leaves the line (a session this wait created is ended), and one last
 /// plain acquire either takes the resource or reports who holds it.
+///
+/// When `stop` resolves, the session leaves the line at once (so the next waiter is served),
+/// the round in flight is still awaited, and whatever it left (a place in the line, a grant
+/// that raced the stop, a session this acquire created) is let go before `Ok(None)`. `stop` is
+/// looked at only while a round waits in the line and between requests: a plain acquire runs
+/// to its answer, then lets go of its grant if `stop` resolved meanwhile.
 pub(crate) async fn acquire_waiting(
     client: &Client,
     request: &AcquireRequest,
     wait: Option<Duration>,
-) -> Result<Answer<Grant>> {
+    stop: impl Future<Output = ()>,
+) -> Result<Option<Answer<Grant>>> {
+    let mut stop = pin!(stop);
+    let mut stopped = false;
     let Some(wait) = wait else {
-        return client.acquire_raw(request).await;
+        let answer = client.acquire_raw(request).await?;
+        if has_stopped(stop.as_mut(), &mut stopped) {
+            let created = request.session_id.is_none();
+            let grant = &answer.value;
+            let_go(client, Some(&grant.session_id), created, &request.resource).await?;
+            return Ok(None);
+        }
+        return Ok(Some(answer));
     };
     let deadline = Instant::now() + wait;
     let ttl_ms = match (&request.session_id, request.ttl_ms) {
@@ -824,47 +870,144 @@ pub(crate) async fn acquire_waiting(
     };
     let round_max = Duration::from_millis((ttl_ms / 3).clamp(1, WAIT_MS_MAX));
     let mut waiting = request.clone();
-    let mut created: Option<SessionId> = None;
+    // Whether the session in `waiting` was created by this wait (then it is ended, not only
+    // taken out of the line).
+    let mut created = false;
     loop {
+        if has_stopped(stop.as_mut(), &mut stopped) {
+            let_go(
+                client,
+                waiting.session_id.as_ref(),
+                created,
+                &request.resource,
+            )
+            .await?;
+            return Ok(None);
+        }
         let left = deadline.saturating_duration_since(Instant::now());
         let round = left.min(round_max);
         waiting.wait_ms = Some(millis(round));
-        let answer: Answer<InLine> = client
-            .mutate_held(Method::POST, "/v1/leases".to_owned(), &waiting, round)
+        let answer = {
+            let send = client.mutate_held::<_, InLine>(
+                Method::POST,
+                "/v1/leases".to_owned(),
+                &waiting,
+                round,
+            );
+            let mut send = pin!(send);
+            tokio::select! {
+                answer = &mut send => answer,
+                () = stop.as_mut() => {
+                    stopped = true;
+                    // Out of the line now, so the next waiter is served at once; the server
+                    // then answers this round LEASE_LOST, which is awaited here.
+                    if let Some(session_id) = &waiting.session_id {
+                        if let Err(error) = client.release(session_id, &request.resource).await {
+                            tracing::debug!(%error, "leaving the line early failed; retried below");
+                        }
+                    }
+                    send.await
+                }
+            }
+        };
+        if stopped {
+            if let Ok(answer) = &answer {
+                let (session_id, made) = match &answer.value {
+                    InLine::Granted(grant) => {
+                        (grant.session_id.clone(), waiting.session_id.is_none())
+                    }
+                    InLine::Queued(queued) => (queued.session_id.clone(), queued.session_created),
+                };
+                created |= made;
+                waiting.session_id = Some(session_id);
+            }
+            let known = waiting.session_id.is_some();
+            let_go(
+                client,
+                waiting.session_id.as_ref(),
+                created,
+                &request.resource,
+            )
             .await?;
+            return match answer {
+                // Out of the line and holding nothing, whatever the round did.
+                Ok(_) | Err(Error::Lost { .. }) => Ok(None),
+                Err(_) if known => Ok(None),
+                // A session this round was to create, of unknown id: it may hold the grant.
+                Err(error) => Err(error),
+            };
+        }
+        let answer = answer?;
         let queued = match answer.value {
             InLine::Granted(grant) => {
-                return Ok(Answer {
+                return Ok(Some(Answer {
                     value: grant,
                     sent_at: answer.sent_at,
                     replayed: answer.replayed,
                     leader: answer.leader,
                     cluster_time_ms: answer.cluster_time_ms,
-                })
+                }))
             }
             InLine::Queued(queued) => queued,
         };
-        if queued.session_created {
-            created = Some(queued.session_id.clone());
-        }
+        created |= queued.session_created;
         // Later rounds keep the same place: the same session asks again.
         waiting.session_id = Some(queued.session_id.clone());
         waiting.holder = None;
         waiting.ttl_ms = None;
         if Instant::now() >= deadline {
             // Out of the line, or a grant that raced the deadline let go, before the last try.
-            match &created {
-                Some(session_id) => {
-                    client.end_session(session_id).await?;
-                }
-                None => {
-                    client.release(&queued.session_id, &queued.resource).await?;
-                }
+            if created {
+                client.end_session(&queued.session_id).await?;
+            } else {
+                client.release(&queued.session_id, &queued.resource).await?;
             }
-            return client.acquire_raw(request).await;
+            let answer = client.acquire_raw(request).await?;
+            if has_stopped(stop.as_mut(), &mut stopped) {
+                let grant = &answer.value;
+                let made = request.session_id.is_none();
+                let_go(client, Some(&grant.session_id), made, &request.resource).await?;
+                return Ok(None);
+            }
+            return Ok(Some(answer));
         }
         client.keepalive(&queued.session_id).await?;
     }
+}
+
+/// Whether `stop` has resolved, looking at it once (and never again once it has).
+fn has_stopped(stop: Pin<&mut impl Future<Output = ()>>, stopped: &mut bool) -> bool {
+    if !*stopped && futures_util::FutureExt::now_or_never(stop).is_some() {
+        *stopped = true;
+    }
+    *stopped
+}
+
+/// Takes `session_id` out of `resource`'s line or releases its grant there, or ends the
+/// session when this acquire `created` it. Already gone counts as done.
+async fn let_go(
+    client: &Client,
+    session_id: Option<&SessionId>,
+    created: bool,
+    resource: &str,
+) -> Result<()> {
+    let Some(session_id) = session_id else {
+        return Ok(());
+    };
+    let done = if created {
+        client.end_session(session_id).await.map(drop)
+    } else {
+        client.release(session_id, resource).await.map(drop)
+    };
+    match done {
+        Ok(()) | Err(Error::NotFound { .. } | Error::Lost { .. }) => Ok(()),
+        Err(error) => Err(error),
+    }
+}
+
+/// The answer of a wait that cannot stop: a grant (or an error, returned before).
+fn granted(answer: Option<Answer<Grant>>) -> Answer<Grant> {
+    answer.expect("an acquire whose stop never resolves ends in a grant or an error")
 }
 
 /// [`Client::acquire`]: the lease and its own session in one write.
@@ -881,7 +1024,8 @@ pub(crate) async fn acquire_with_new_session(
             ttl: options.ttl,
         },
     );
-    let answer = acquire_waiting(client, &request, options.wait).await?;
+    let answer =
+        granted(acquire_waiting(client, &request, options.wait, std::future::pending()).await?);
     let grant = &answer.value;
     let shared = Shared::start(
         client.clone(),

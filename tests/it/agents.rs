@@ -196,6 +196,105 @@ async fn task_work_stops_the_command_and_exits_4_when_the_claim_is_lost() {
     assert_eq!(task.reason, None, "{task:?}");
 }
 
+/// docs/agents.md: a lost claim stops the command within a second, not at the next renewal
+/// (a third of `--ttl`, 20 s here): the worker watches its claim on the event stream.
+#[tokio::test]
+async fn task_work_stops_its_command_within_a_second_of_the_claim_ending_on_the_server() {
+    const STOPPED_WITHIN: Duration = Duration::from_secs(1);
+    let cluster = Cluster::start(1).await;
+    let producer = client(&cluster);
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    // Each way a claim ends on the server while its worker is connected: the session ended
+    // (an operator, or anyone holding BATON_SESSION), the task released with the claim's fence.
+    for how in ["the session ended", "the task released"] {
+        let queue = if how == "the session ended" {
+            "ended"
+        } else {
+            "released"
+        };
+        enqueue(&producer, queue, "job", json!({}), 3).await;
+        let started = directory.path().join(queue);
+        let script = format!(
+            "echo $$ $BATON_SESSION $BATON_FENCE > {started}.tmp && mv {started}.tmp {started}; \
+             exec sleep 60",
+            started = started.display()
+        );
+        let work = command(
+            &url(&cluster),
+            &[
+                "task", "work", queue, "--ttl", "60s", "--grace", "2s", "--", "sh", "-c", &script,
+            ],
+        )
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn baton task work");
+        let (pid, session, fence): (u32, String, u64) = poll_until(
+            Duration::from_secs(20),
+            "the command to start",
+            async || {
+                let text = std::fs::read_to_string(&started).ok()?;
+                let mut words = text.split_whitespace();
+                let pid = words.next()?.parse().ok()?;
+                let session = words.next()?.to_owned();
+                let fence = words.next()?.parse().ok()?;
+                Some((pid, session, fence))
+            },
+        )
+        .await;
+        let _reaper = KillOnDrop(pid);
+
+        let reply = match how {
+            "the session ended" => {
+                cluster
+                    .api()
+                    .call(
+                        Method::DELETE,
+                        cluster.node(1),
+                        &format!("/v1/sessions/{session}"),
+                    )
+                    .send()
+                    .await
+            }
+            _ => {
+                cluster
+                    .api()
+                    .post(
+                        cluster.node(1),
+                        &format!("/v1/queues/{queue}/tasks/job/release"),
+                        &json!({"session_id": session, "fence": fence}),
+                    )
+                    .await
+            }
+        };
+        reply.expect_status(200);
+        poll_until(
+            STOPPED_WITHIN,
+            &format!("{how}: the command to be stopped"),
+            async || (!process_exists(pid)).then_some(()),
+        )
+        .await;
+        let output = tokio::time::timeout(Duration::from_secs(15), work.wait_with_output())
+            .await
+            .expect("baton task work exits once its command is stopped")
+            .expect("wait for baton task work");
+        let outcome = Outcome {
+            code: output.status.code(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        };
+        outcome.expect_code(4);
+        assert!(
+            outcome.error_line().starts_with("error[LEASE_LOST]: ")
+                && outcome.error_line().contains("job"),
+            "{how}: {outcome:#?}"
+        );
+        let [task] = <[Task; 1]>::try_from(tasks(&producer, queue).await).expect("one");
+        assert_eq!(task.state, TaskState::Ready, "{how}: {task:?}");
+    }
+}
+
 #[tokio::test]
 async fn a_sigkilled_worker_takes_its_command_and_its_children_along() {
     let cluster = Cluster::start(1).await;
@@ -738,4 +837,253 @@ async fn the_documented_fan_out_supervisor_works_the_whole_queue() {
         .await
         .iter()
         .all(|task| task.state == TaskState::Done));
+}
+
+// ---------------------------------------------------------------------------------------------
+// `baton run` and `baton task work` failing closed (docs/agents.md, "Failing closed: baton run
+// and task work"): a failure before the claim never starts the command
+// ---------------------------------------------------------------------------------------------
+
+/// `baton ARGS... -- sh -c 'touch MARKER'` with extra environment: its outcome, after checking
+/// that the command never ran.
+async fn never_starts(
+    endpoints: &str,
+    args: &[&str],
+    environment: &[(&str, &str)],
+    marker: &Path,
+) -> Outcome {
+    let script = format!("touch {}", marker.display());
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--", "sh", "-c", &script]);
+    let mut command = command(endpoints, &all);
+    command.envs(environment.iter().copied());
+    let output = tokio::time::timeout(
+        COMMAND_TIMEOUT,
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("baton {args:?} did not finish within {COMMAND_TIMEOUT:?}"))
+    .expect("run baton");
+    let outcome = Outcome {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    };
+    assert!(
+        !marker.exists(),
+        "{args:?}: the command ran although nothing was claimed: {outcome:#?}"
+    );
+    outcome
+}
+
+#[tokio::test]
+async fn run_and_task_work_never_start_the_command_on_a_bad_flag_a_refusal_or_no_answer() {
+    let cluster = Cluster::start(3).await;
+    let producer = client(&cluster);
+    let directory = tempfile::tempdir().expect("a temporary directory");
+    let marker = directory.path().join("ran");
+    let leader = cluster.leader().await.id;
+    let follower = cluster
+        .nodes()
+        .iter()
+        .find(|node| node.id != leader)
+        .expect("a follower")
+        .api_url();
+    let endpoints = follower.clone();
+    for queue in ["refused", "paused", "leaderless"] {
+        enqueue(&producer, queue, "job", json!({}), 3).await;
+    }
+    cluster
+        .api()
+        .post(
+            cluster.node(leader),
+            "/v1/leases",
+            &json!({"resource": "held/resource", "holder": "someone-else", "ttl_ms": 120_000}),
+        )
+        .await
+        .expect_status(201);
+
+    // (row, baton's arguments, exit code, what the error line starts with)
+    let closed = format!("http://127.0.0.1:{}", baton_tests::free_port());
+    for (row, endpoints, args, code, error) in [
+        (
+            "bad flag",
+            &endpoints,
+            &["run", "x", "--ttl", "banana"][..],
+            2,
+            "error: invalid value 'banana' for '--ttl",
+        ),
+        (
+            "bad flag",
+            &endpoints,
+            &["task", "work", "refused", "--ttl", "banana"][..],
+            2,
+            "error: invalid value 'banana' for '--ttl",
+        ),
+        (
+            "bad state",
+            &endpoints,
+            &["run", "held/resource"][..],
+            4,
+            "error[LEASE_HELD]: ",
+        ),
+        (
+            "bad state",
+            &endpoints,
+            &["task", "work", "empty"][..],
+            3,
+            "error[EMPTY]: ",
+        ),
+        (
+            "4xx",
+            &endpoints,
+            &["run", "x", "--ttl", "10ms"][..],
+            2,
+            "error[INVALID_ARGUMENT]: ",
+        ),
+        (
+            "4xx",
+            &endpoints,
+            &["task", "work", "refused", "--ttl", "10ms"][..],
+            2,
+            "error[INVALID_ARGUMENT]: ",
+        ),
+        (
+            "unreachable",
+            &closed,
+            &["run", "x", "--timeout", "3s"][..],
+            1,
+            "error[",
+        ),
+        (
+            "unreachable",
+            &closed,
+            &["task", "work", "refused", "--timeout", "3s"][..],
+            1,
+            "error[",
+        ),
+    ] {
+        let outcome = never_starts(endpoints, args, &[], &marker).await;
+        outcome.expect_code(code);
+        // clap's usage error ends with a hint line; Baton's refusals are the last line.
+        let said = match row {
+            "bad flag" => outcome.stderr.starts_with(error),
+            _ => outcome.error_line().starts_with(error),
+        };
+        assert!(said, "{row} {args:?}: {outcome:#?}");
+    }
+    let [task] = <[Task; 1]>::try_from(tasks(&producer, "refused").await).expect("one");
+    assert_eq!(task.state, TaskState::Ready, "refused: {task:?}");
+
+    // Timeout: the node answers nothing (SIGSTOP) until --timeout.
+    let paused = cluster
+        .nodes()
+        .iter()
+        .find(|node| node.api_url() == follower)
+        .expect("the follower");
+    paused.pause();
+    for args in [
+        &["run", "paused/resource", "--timeout", "2s"][..],
+        &["task", "work", "paused", "--timeout", "2s"][..],
+    ] {
+        let outcome = never_starts(&follower, args, &[], &marker).await;
+        outcome.expect_code(1);
+        assert!(
+            outcome.error_line().starts_with("error["),
+            "timeout {args:?}: {outcome:#?}"
+        );
+    }
+    paused.resume();
+
+    // 5xx: a node that has lost its cluster answers NO_LEADER (503) until --timeout.
+    for node in cluster.nodes() {
+        if node.api_url() != follower {
+            node.kill();
+        }
+    }
+    for args in [
+        &["run", "leaderless/resource", "--timeout", "3s"][..],
+        &["task", "work", "leaderless", "--timeout", "3s"][..],
+    ] {
+        let outcome = never_starts(&follower, args, &[], &marker).await;
+        outcome.expect_code(1);
+        assert!(
+            outcome.error_line().starts_with("error["),
+            "5xx {args:?}: {outcome:#?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn run_and_task_work_never_start_the_command_on_a_tls_or_token_failure() {
+    const BOOTSTRAP: &str = "bootstrap-secret-for-work-tests-01";
+    let dir = tempfile::tempdir().expect("a directory for certificates");
+    let certs = baton_tests::TestCerts::generate(dir.path(), "cluster", &[]);
+    let cluster = Cluster::start_with(baton_tests::ClusterConfig {
+        bootstrap_token: Some(BOOTSTRAP.to_owned()),
+        tls: Some(certs.clone()),
+        ..baton_tests::ClusterConfig::new(1)
+    })
+    .await;
+    let endpoints = url(&cluster);
+    let producer = Client::builder([endpoints.as_str()])
+        .token(BOOTSTRAP)
+        .ca_certificates(certs.ca_pem())
+        .holder("producer")
+        .build()
+        .expect("a client");
+    enqueue(&producer, "secured", "job", json!({}), 3).await;
+    let ca = certs.ca.to_string_lossy().into_owned();
+    let marker = dir.path().join("ran");
+
+    for (row, environment, code, error) in [
+        // No CA for the node's certificate: the TLS handshake fails, nothing is sent.
+        (
+            "TLS",
+            vec![("BATON_TOKEN", BOOTSTRAP)],
+            1,
+            "error[UNAVAILABLE]: ",
+        ),
+        (
+            "auth",
+            vec![
+                ("BATON_TOKEN", "not-a-token-of-this-cluster"),
+                ("BATON_CA_FILE", ca.as_str()),
+            ],
+            1,
+            "error[UNAUTHENTICATED]: ",
+        ),
+        (
+            "auth",
+            vec![("BATON_CA_FILE", ca.as_str())],
+            1,
+            "error[UNAUTHENTICATED]: ",
+        ),
+    ] {
+        for args in [
+            &["run", "secured/resource", "--timeout", "3s"][..],
+            &["task", "work", "secured", "--timeout", "3s"][..],
+        ] {
+            let outcome = never_starts(&endpoints, args, &environment, &marker).await;
+            outcome.expect_code(code);
+            assert!(
+                outcome.error_line().starts_with(error),
+                "{row} {args:?}: {outcome:#?}"
+            );
+        }
+    }
+    let [task] = <[Task; 1]>::try_from(tasks(&producer, "secured").await).expect("one");
+    assert_eq!(task.state, TaskState::Ready, "{task:?}");
+    assert!(lease_free(&producer, "secured/resource").await);
+}
+
+async fn lease_free(client: &Client, resource: &str) -> bool {
+    matches!(
+        client.get_lease(resource).await,
+        Err(baton_client::Error::NotFound { .. })
+    )
 }

@@ -7,7 +7,9 @@
 //!
 //! Each task is claimed with a session of its own (`--ttl`), ended once the task is settled.
 //! A lost claim stops CMD as `baton run` does (SIGTERM, SIGKILL after `--grace`) and exits 4;
-//! the task returns to the queue for someone else. A signal sent to `baton task work` is
+//! the task returns to the queue for someone else. The worker follows the event stream from
+//! its start, so a claim that ends on the server (its session ended, the task settled with its
+//! fence elsewhere) stops CMD within moments, not at the next renewal. A signal sent to `baton task work` is
 //! passed on to CMD; once CMD has exited, its task is released without counting an attempt
 //! (the worker was interrupted; the task did not fail), or completed if CMD exited 0 anyway,
 //! and the worker exits with CMD's status. Between tasks a signal ends the worker at once
@@ -45,10 +47,9 @@ pub async fn work(client: &Client, args: WorkArgs) -> Result<u8, Failure> {
             format!("cannot catch signals: {error}"),
         )
     })?;
-    let mut waiter = match args.follow {
-        true => Some(TaskWaiter::start(client, &args.queue).await?),
-        false => None,
-    };
+    // Followed from before the first claim: it tells of a claim ended on the server while CMD
+    // runs and, with `--follow`, of new tasks.
+    let mut waiter = TaskWaiter::start(client, &args.queue).await?;
     let mut settled: u64 = 0;
     loop {
         // Never cancelled: a claim made on the server must reach a `TaskClaim` to be settled.
@@ -63,7 +64,7 @@ pub async fn work(client: &Client, args: WorkArgs) -> Result<u8, Failure> {
             return Ok(interrupted(signal));
         }
         let Some(claim) = claimed else {
-            if let Some(waiter) = &mut waiter {
+            if args.follow {
                 tokio::select! {
                     waited = waiter.wait(client) => waited?,
                     signal = signals.next() => return Ok(interrupted(signal)),
@@ -83,7 +84,7 @@ pub async fn work(client: &Client, args: WorkArgs) -> Result<u8, Failure> {
             );
             return Ok(EXIT_OK);
         };
-        if let Some(code) = work_one(claim, &args).await? {
+        if let Some(code) = work_one(claim, &args, &mut waiter.events).await? {
             return Ok(code);
         }
         settled += 1;
@@ -102,7 +103,11 @@ fn interrupted(signal: Signal) -> u8 {
 /// Runs CMD for one claimed task and settles it. `Some(code)` when the worker must stop with
 /// that exit code (it was interrupted: a CMD that exits 0 anyway completes its task, any other
 /// status releases it).
-async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failure> {
+async fn work_one(
+    claim: TaskClaim,
+    args: &WorkArgs,
+    events: &mut EventStream,
+) -> Result<Option<u8>, Failure> {
     let task = claim.task().clone();
     let label = format!("{}/{}", args.queue, task.id);
     note!(
@@ -130,7 +135,7 @@ async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failu
     };
     let what = format!("the claim on task {label}");
     let ended = child
-        .watch(claim.lost(), args.grace, &what)
+        .watch(claim.lost_or_ended(events), args.grace, &what)
         .await
         .map_err(|error| {
             Failure::new(
@@ -203,7 +208,8 @@ async fn work_one(claim: TaskClaim, args: &WorkArgs) -> Result<Option<u8>, Failu
     }
 }
 
-/// Waits for a task of one queue on the event stream (`--follow`).
+/// The event stream of the worker's namespace: watched for the end of a claim while CMD runs,
+/// and for a task of the queue to become ready (`--follow`).
 struct TaskWaiter {
     queue: String,
     events: EventStream,

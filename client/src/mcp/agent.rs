@@ -6,9 +6,14 @@
 //!
 //! Every tool answers an [`Outcome`]: one line for the model plus a JSON object. A denial or a
 //! refusal is a normal outcome; Baton unreachable is an error outcome (`isError`) that says so,
-//! and the server keeps serving. Bad arguments, ours or the server's, are MCP errors naming
-//! the argument. What must never live here: MCP transport details (`mod.rs`), and a session id
-//! in any text, log or structured result.
+//! and the server keeps serving. Bad arguments, ours or the server's, are error outcomes naming
+//! the argument (SEP-1303).
+//!
+//! Nothing is ever held that the model was not told of. A claim or task claim that a cancelled
+//! call took is given back ([`Agent::give_back`]); one whose answer was lost (outcome unknown),
+//! or a wait cut short by an outage, is given back in the background as soon as Baton answers,
+//! and a new claim of that path waits for it. What must never live here: MCP transport details
+//! (`mod.rs`, `transport.rs`), and a session id in any text, log or structured result.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,12 +21,12 @@ use std::time::Duration;
 
 use baton_client::api::{
     AcquireRequest, ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, FenceRef, HeldBy,
-    KvPutRequest, LeaseMode, ListLeasesQuery, TaskState,
+    KvPutRequest, LeaseMode, ListLeasesQuery, TaskReleaseRequest, TaskState,
 };
-use baton_client::{Client, Error, Session};
-use rmcp::ErrorData as McpError;
+use baton_client::{idempotency_key, Client, Error, Session};
 use serde_json::{json, Value};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::tools::{
     invalid_argument, AddTaskArgs, ClaimArgs, CompleteArgs, FailArgs, ListArgs, Mode, QueueArgs,
@@ -34,14 +39,23 @@ const LIST_LIMIT: u32 = 200;
 const LIST_NAMED_MAX: usize = 20;
 /// How much of a JSON value a text line shows.
 const VALUE_TEXT_MAX: usize = 300;
+/// The pauses between two tries of a give-back while Baton does not answer.
+const GIVE_BACK_PAUSE_FIRST: Duration = Duration::from_millis(250);
+const GIVE_BACK_PAUSE_MAX: Duration = Duration::from_secs(2);
+/// How long a claim waits for the give-back of an earlier claim of the same path.
+const GIVE_BACK_WAIT_MAX: Duration = Duration::from_secs(10);
+/// How many notes (give-backs) wait for the next result; older ones are dropped.
+const NOTES_MAX: usize = 32;
 
-/// The answer of one tool call: a line for the model, a JSON object, and whether it is an
-/// error (Baton unreachable, outcome unknown).
+/// The answer of one tool call: a line for the model, a JSON object, whether it is an error
+/// (bad arguments, Baton unreachable, outcome unknown), and what the call took, to be given
+/// back if the call turns out cancelled.
 #[derive(Debug, Clone)]
 pub struct Outcome {
     pub text: String,
     pub structured: Value,
     pub is_error: bool,
+    pub taken: Option<Taken>,
 }
 
 impl Outcome {
@@ -50,6 +64,7 @@ impl Outcome {
             text: text.into(),
             structured,
             is_error: false,
+            taken: None,
         }
     }
 
@@ -58,7 +73,82 @@ impl Outcome {
             text: text.into(),
             structured,
             is_error: true,
+            taken: None,
         }
+    }
+
+    /// Bad arguments: an error result naming the argument (SEP-1303), nothing changed.
+    pub fn invalid(message: String) -> Outcome {
+        let structured = json!({"error": {"code": "INVALID_ARGUMENT", "message": message}});
+        Outcome::error(
+            format!("invalid arguments, nothing was done: {message}"),
+            structured,
+        )
+    }
+
+    /// The answer to a call the client cancelled (it is not sent: the client stopped waiting).
+    pub fn cancelled() -> Outcome {
+        Outcome::ok("cancelled", json!({"cancelled": true}))
+    }
+}
+
+/// What a tool call took: given back if the call is cancelled.
+#[derive(Debug, Clone)]
+pub enum Taken {
+    Claim {
+        session: Arc<Session>,
+        resource: String,
+        fence: u64,
+    },
+    Task {
+        session: Arc<Session>,
+        queue: String,
+        id: String,
+        fence: u64,
+    },
+}
+
+/// What a background give-back still has to do.
+#[derive(Debug)]
+enum GiveBack {
+    /// Release the session's lease on `resource`, or take it out of the line.
+    Release { resource: String },
+    /// Send a claim whose answer was lost again with the same key, to learn what it did
+    /// (Baton replays its first answer), then release what it took.
+    Replay {
+        request: AcquireRequest,
+        key: String,
+    },
+    /// The same for a task claim.
+    ReplayTask {
+        queue: String,
+        request: ClaimRequest,
+        key: String,
+    },
+    /// Release a task claim.
+    ReleaseTask {
+        queue: String,
+        id: String,
+        fence: u64,
+    },
+}
+
+/// The give-backs running in the background (by the path they free), and the notes for the
+/// model that give-backs leave, said in the next result.
+#[derive(Debug, Default)]
+struct GiveBacks {
+    /// Path → (the give-back's number, cancelled when it ends).
+    pending: BTreeMap<String, (u64, CancellationToken)>,
+    numbered: u64,
+    notes: Vec<String>,
+}
+
+impl GiveBacks {
+    fn note(&mut self, note: String) {
+        if self.notes.len() >= NOTES_MAX {
+            self.notes.remove(0);
+        }
+        self.notes.push(note);
     }
 }
 
@@ -71,6 +161,7 @@ pub struct Agent {
     /// Held while a session is being made, so two concurrent claims make one; holds `true`
     /// once the server shuts down, so a call still running then makes no new session.
     session_gate: tokio::sync::Mutex<bool>,
+    give_backs: Arc<Mutex<GiveBacks>>,
 }
 
 #[derive(Debug, Default)]
@@ -137,6 +228,7 @@ impl Agent {
             ttl,
             state: Mutex::new(State::default()),
             session_gate: tokio::sync::Mutex::new(false),
+            give_backs: Arc::default(),
         }
     }
 
@@ -160,9 +252,19 @@ impl Agent {
         }
     }
 
-    /// Appends the announcement of a lost session, if any, to an outcome.
+    /// Appends the announcement of a lost session, if any, and the notes give-backs left
+    /// since the last result, to an outcome.
     pub fn announce(&self, mut outcome: Outcome) -> Outcome {
         self.observe();
+        let notes = std::mem::take(&mut lock(&self.give_backs).notes);
+        if !notes.is_empty() {
+            for note in &notes {
+                outcome.text = format!("{} [NOTE: {note}]", outcome.text);
+            }
+            if let Value::Object(object) = &mut outcome.structured {
+                object.insert("notes".to_owned(), json!(notes));
+            }
+        }
         let lost = self.lock().lost.clone();
         if let Some(loss) = lost {
             outcome.text = format!("{} [NOTE: {}]", outcome.text, loss.sentence());
@@ -177,20 +279,22 @@ impl Agent {
     // Claims
     // -----------------------------------------------------------------------------------------
 
-    pub async fn claim(&self, args: ClaimArgs) -> Result<Outcome, McpError> {
-        let wait = Duration::from_secs(args.wait_seconds.unwrap_or(0));
+    /// `claim`. `stop` is the call's cancellation: a wait in the line stops at once, and
+    /// leaves the line.
+    pub async fn claim(&self, args: ClaimArgs, stop: &CancellationToken) -> Outcome {
         if args
             .wait_seconds
             .is_some_and(|seconds| seconds > WAIT_SECONDS_MAX)
         {
-            return Err(invalid_argument(
+            return Outcome::invalid(invalid_argument(
                 "claim",
                 &format!("argument `wait_seconds`: at most {WAIT_SECONDS_MAX}"),
             ));
         }
+        let wait = Duration::from_secs(args.wait_seconds.unwrap_or(0));
         self.observe();
         if let Some(claim) = self.lock().claims.get(&args.resource).cloned() {
-            return Ok(Outcome::ok(
+            return Outcome::ok(
                 format!(
                     "you already hold {} (fence {}, {})",
                     args.resource,
@@ -199,7 +303,20 @@ impl Agent {
                 ),
                 json!({"granted": true, "already_held": true, "resource": args.resource,
                        "fence": claim.fence, "mode": claim.mode}),
-            ));
+            );
+        }
+        if let Err(outcome) = self.given_back_first(&args.resource).await {
+            return outcome;
+        }
+        if self.lock().session.is_none() {
+            // Baton judges the path with a read before a session is made for it, so that a
+            // path it refuses makes nothing.
+            match self.client.get_lease(&args.resource).await {
+                Ok(_) | Err(Error::NotFound { .. }) => {}
+                Err(error) => {
+                    return failure(unread(error), "claim", "resource", "the claim", false)
+                }
+            }
         }
         let mode = match args.mode {
             Some(Mode::Subtree) => LeaseMode::Subtree,
@@ -229,11 +346,25 @@ impl Agent {
                 reason: args.reason.clone(),
                 wait_ms: None,
             };
-            // A wait is spent in the resource's line: first come first served.
+            // A wait is spent in the resource's line: first come first served. A plain claim
+            // carries a key of ours, so that a lost answer can be asked again.
             let left = deadline.saturating_duration_since(Instant::now());
             let waiting = (!left.is_zero()).then_some(left);
-            match self.client.acquire_raw_waiting(&request, waiting).await {
-                Ok(answer) => {
+            let key = idempotency_key();
+            let answer = match waiting {
+                None => self
+                    .client
+                    .acquire_raw_with_key(&request, &key)
+                    .await
+                    .map(Some),
+                Some(_) => {
+                    self.client
+                        .acquire_raw_waiting_or_stop(&request, waiting, stop.cancelled())
+                        .await
+                }
+            };
+            match answer {
+                Ok(Some(answer)) => {
                     let grant = answer.value;
                     self.lock().claims.insert(
                         grant.resource.clone(),
@@ -257,12 +388,26 @@ impl Agent {
                         ));
                         structured["new_session_after_loss"] = loss.to_json();
                     }
-                    return Ok(Outcome::ok(text, structured));
+                    let mut outcome = Outcome::ok(text, structured);
+                    outcome.taken = Some(Taken::Claim {
+                        session,
+                        resource: grant.resource,
+                        fence: grant.fence,
+                    });
+                    return outcome;
+                }
+                Ok(None) => {
+                    // Stopped: the wait left the line and let go of a grant that raced it.
+                    lock(&self.give_backs).note(format!(
+                        "your claim on {} was cancelled; you do not hold it",
+                        args.resource
+                    ));
+                    return Outcome::cancelled();
                 }
                 Err(Error::Held { held_by, .. }) => {
                     if let Some(outcome) = self.held_by_us(&session, &args.resource, &held_by).await
                     {
-                        return Ok(outcome);
+                        return outcome;
                     }
                     let waited = if wait.is_zero() {
                         String::new()
@@ -279,16 +424,155 @@ impl Agent {
                         text.push_str(&format!(" (note: {})", loss.sentence()));
                         structured["new_session_after_loss"] = loss.to_json();
                     }
-                    return Ok(Outcome::ok(text, structured));
+                    return Outcome::ok(text, structured);
                 }
                 Err(Error::Lost { message } | Error::NotFound { message })
                     if sessions_tried < 2 =>
                 {
                     self.session_gone(&session, &message);
                 }
-                Err(error) => return failure(error, "claim", "resource", "the claim"),
+                Err(error) => {
+                    // What the claim may have left behind: a grant whose answer was lost, a
+                    // place in the line of a wait cut short. Given back once Baton answers.
+                    let left_behind = match (&error, waiting) {
+                        (Error::Indeterminate { .. }, None) => {
+                            Some(GiveBack::Replay { request, key })
+                        }
+                        (Error::Indeterminate { .. } | Error::Unavailable { .. }, Some(_)) => {
+                            Some(GiveBack::Release {
+                                resource: args.resource.clone(),
+                            })
+                        }
+                        _ => None,
+                    };
+                    let given_back = left_behind.is_some();
+                    if let Some(left_behind) = left_behind {
+                        self.give_back_later(session, left_behind);
+                    }
+                    return failure(error, "claim", "resource", "the claim", given_back);
+                }
             }
         }
+    }
+
+    /// Waits for the give-back of an earlier claim of `resource` (one whose outcome was
+    /// unknown), so that it cannot take back what a new claim gets; refuses the claim if the
+    /// give-back does not end soon.
+    async fn given_back_first(&self, resource: &str) -> Result<(), Outcome> {
+        let pending = lock(&self.give_backs).pending.get(resource).cloned();
+        let Some((_, done)) = pending else {
+            return Ok(());
+        };
+        if tokio::time::timeout(GIVE_BACK_WAIT_MAX, done.cancelled())
+            .await
+            .is_ok()
+        {
+            return Ok(());
+        }
+        Err(Outcome::error(
+            format!(
+                "an earlier claim of yours on {resource}, whose outcome is unknown, is still \
+                 being given back (Baton does not answer): the claim did not happen; try again \
+                 shortly, or escalate"
+            ),
+            json!({"granted": false, "resource": resource, "giving_back": true}),
+        ))
+    }
+
+    /// Gives back what a cancelled call took: the claim or task claim is released (the model
+    /// never heard of it), and the next result says so. If Baton does not answer, the
+    /// release goes on in the background.
+    pub async fn give_back(&self, taken: Taken) {
+        match taken {
+            Taken::Claim {
+                session,
+                resource,
+                fence,
+            } => {
+                {
+                    let mut state = self.lock();
+                    if state
+                        .claims
+                        .get(&resource)
+                        .is_some_and(|claim| claim.fence == fence)
+                    {
+                        state.claims.remove(&resource);
+                    }
+                }
+                let what = format!("your cancelled claim on {resource} (fence {fence})");
+                match self.client.release(session.id(), &resource).await {
+                    Ok(_) | Err(Error::NotFound { .. } | Error::Lost { .. }) => {
+                        lock(&self.give_backs).note(format!(
+                            "{what} was given back; claim it again if you need it"
+                        ));
+                    }
+                    Err(error) => {
+                        lock(&self.give_backs).note(format!(
+                            "{what} is being given back ({error}); do not act on it"
+                        ));
+                        self.give_back_later(session, GiveBack::Release { resource });
+                    }
+                }
+            }
+            Taken::Task {
+                session,
+                queue,
+                id,
+                fence,
+            } => {
+                self.lock().tasks.remove(&(queue.clone(), id.clone()));
+                let what = format!("your cancelled claim on task {id} of {queue}");
+                match release_task(&self.client, &session, &queue, &id, fence).await {
+                    Ok(()) => lock(&self.give_backs).note(format!(
+                        "{what} was given back: it is ready for anyone again"
+                    )),
+                    Err(error) => {
+                        lock(&self.give_backs).note(format!(
+                            "{what} is being given back ({error}); do not work on it"
+                        ));
+                        self.give_back_later(session, GiveBack::ReleaseTask { queue, id, fence });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `what` in the background until Baton answers it, or the session is lost (then
+    /// Baton frees what it held when its TTL runs out). A claim of the same path meanwhile
+    /// waits for it ([`Agent::given_back_first`]).
+    fn give_back_later(&self, session: Arc<Session>, what: GiveBack) {
+        let done = CancellationToken::new();
+        let number = {
+            let mut give_backs = lock(&self.give_backs);
+            give_backs.numbered += 1;
+            let number = give_backs.numbered;
+            if let GiveBack::Release { resource }
+            | GiveBack::Replay {
+                request: AcquireRequest { resource, .. },
+                ..
+            } = &what
+            {
+                give_backs
+                    .pending
+                    .insert(resource.clone(), (number, done.clone()));
+            }
+            number
+        };
+        let client = self.client.clone();
+        let give_backs = Arc::clone(&self.give_backs);
+        tokio::spawn(async move {
+            let _done = done.drop_guard();
+            let freed = give_back_until_answered(&client, &session, what).await;
+            let mut give_backs = lock(&give_backs);
+            give_backs
+                .pending
+                .retain(|_, (pending, _)| *pending != number);
+            if let Some(freed) = freed {
+                give_backs.note(format!(
+                    "{freed}, whose outcome was unknown, was given back"
+                ));
+            }
+        });
     }
 
     /// A denial by this agent's own session: `resource` is covered by one of its claims, or
@@ -342,33 +626,33 @@ impl Agent {
         ))
     }
 
-    pub async fn release(&self, args: ResourceArgs) -> Result<Outcome, McpError> {
+    pub async fn release(&self, args: ResourceArgs) -> Outcome {
         let resource = args.resource;
         let (session, claim) = match self.held(&resource) {
             Fenced::Live(session, _) => {
                 let claim = self.lock().claims.get(&resource).cloned();
                 (session, claim)
             }
-            Fenced::Refused(outcome) => return Ok(outcome),
+            Fenced::Refused(outcome) => return outcome,
         };
         match self.client.release(session.id(), &resource).await {
             Ok(_) => {
                 self.lock().claims.remove(&resource);
-                Ok(Outcome::ok(
+                Outcome::ok(
                     format!("released {resource}; others may claim it now"),
                     json!({"released": true, "resource": resource,
                            "fence": claim.map(|claim| claim.fence)}),
-                ))
+                )
             }
             Err(Error::NotFound { message } | Error::Lost { message }) => {
                 self.lock().claims.remove(&resource);
                 self.verify_session(&session).await;
-                Ok(Outcome::ok(
+                Outcome::ok(
                     format!("{resource} was no longer yours to release: {message}"),
                     json!({"released": false, "resource": resource, "reason": message}),
-                ))
+                )
             }
-            Err(error) => failure(error, "release", "resource", "the release"),
+            Err(error) => failure(error, "release", "resource", "the release", false),
         }
     }
 
@@ -417,7 +701,7 @@ impl Agent {
         )
     }
 
-    pub async fn who_holds(&self, args: ResourceArgs) -> Result<Outcome, McpError> {
+    pub async fn who_holds(&self, args: ResourceArgs) -> Outcome {
         let resource = args.resource;
         match self.client.get_lease(&resource).await {
             Ok(lease) => {
@@ -440,24 +724,24 @@ impl Agent {
                 } else {
                     lease.holder.clone()
                 };
-                Ok(Outcome::ok(
+                Outcome::ok(
                     format!(
                         "{resource} is held by {who}{through} (fence {}) for {} more",
                         lease.fence,
                         format_duration(Duration::from_millis(lease.expires_in_ms))
                     ),
                     json!({"resource": resource, "held": true, "yours": yours, "lease": lease}),
-                ))
+                )
             }
-            Err(Error::NotFound { .. }) => Ok(Outcome::ok(
+            Err(Error::NotFound { .. }) => Outcome::ok(
                 format!("nobody holds {resource}"),
                 json!({"resource": resource, "held": false}),
-            )),
-            Err(error) => failure(error, "who_holds", "resource", "the lookup"),
+            ),
+            Err(error) => failure(error, "who_holds", "resource", "the lookup", false),
         }
     }
 
-    pub async fn list_claims(&self, args: ListArgs) -> Result<Outcome, McpError> {
+    pub async fn list_claims(&self, args: ListArgs) -> Outcome {
         let query = ListLeasesQuery {
             prefix: args.prefix.clone(),
             limit: Some(LIST_LIMIT),
@@ -465,7 +749,7 @@ impl Agent {
         };
         let list = match self.client.list_leases(&query).await {
             Ok(list) => list,
-            Err(error) => return failure(error, "list_claims", "prefix", "the listing"),
+            Err(error) => return failure(error, "list_claims", "prefix", "the listing", false),
         };
         let under = args
             .prefix
@@ -495,17 +779,17 @@ impl Agent {
                 named.join(", ")
             )
         };
-        Ok(Outcome::ok(
+        Outcome::ok(
             text,
             json!({"claims": list.leases, "truncated": list.next_cursor.is_some()}),
-        ))
+        )
     }
 
     // -----------------------------------------------------------------------------------------
     // The fenced store
     // -----------------------------------------------------------------------------------------
 
-    pub async fn write_value(&self, args: WriteArgs) -> Result<Outcome, McpError> {
+    pub async fn write_value(&self, args: WriteArgs) -> Outcome {
         let key = args.key;
         let Some(resource) = args.claim else {
             let request = KvPutRequest {
@@ -514,20 +798,20 @@ impl Agent {
                 session_id: None,
             };
             return match self.client.kv_put_request(&key, &request).await {
-                Ok(put) => Ok(Outcome::ok(
+                Ok(put) => Outcome::ok(
                     format!("wrote {key} (revision {}), unfenced", put.revision),
                     json!({"written": true, "key": key, "revision": put.revision}),
-                )),
+                ),
                 Err(error) => {
                     let argument = value_or("key", &error);
-                    failure(error, "write_value", argument, "the write")
+                    failure(error, "write_value", argument, "the write", false)
                 }
             };
         };
         let (session, fence) = match self.held(&resource) {
             Fenced::Live(session, fence) => (session, fence),
             Fenced::Refused(outcome) => {
-                return Ok(refused_write(&key, &resource, &outcome.text));
+                return refused_write(&key, &resource, &outcome.text);
             }
         };
         let request = KvPutRequest {
@@ -539,32 +823,32 @@ impl Agent {
             session_id: Some(session.id().clone()),
         };
         match self.client.kv_put_request(&key, &request).await {
-            Ok(put) => Ok(Outcome::ok(
+            Ok(put) => Outcome::ok(
                 format!(
                     "wrote {key} (revision {}), fenced by your claim on {resource} (fence {fence})",
                     put.revision
                 ),
                 json!({"written": true, "key": key, "revision": put.revision,
                        "fence": {"resource": resource, "token": fence}}),
-            )),
+            ),
             Err(Error::StaleFence { message, .. } | Error::Lost { message }) => {
                 self.claim_gone(&session, &resource).await;
-                Ok(refused_write(
+                refused_write(
                     &key,
                     &resource,
                     &format!(
                         "your claim on {resource} (fence {fence}) is no longer live: {message}"
                     ),
-                ))
+                )
             }
             Err(error) => {
                 let argument = value_or("key", &error);
-                failure(error, "write_value", argument, "the write")
+                failure(error, "write_value", argument, "the write", false)
             }
         }
     }
 
-    pub async fn read_value(&self, args: ReadArgs) -> Result<Outcome, McpError> {
+    pub async fn read_value(&self, args: ReadArgs) -> Outcome {
         let key = args.key;
         match self.client.kv_get(&key).await {
             Ok(entry) => {
@@ -574,7 +858,7 @@ impl Agent {
                         fence.token, fence.resource
                     )
                 });
-                Ok(Outcome::ok(
+                Outcome::ok(
                     format!(
                         "{key} = {} (revision {}{written})",
                         short(&entry.value),
@@ -582,13 +866,13 @@ impl Agent {
                     ),
                     json!({"found": true, "key": key, "value": entry.value,
                            "revision": entry.revision, "fence": entry.fence}),
-                ))
+                )
             }
-            Err(Error::NotFound { .. }) => Ok(Outcome::ok(
+            Err(Error::NotFound { .. }) => Outcome::ok(
                 format!("{key} has no value"),
                 json!({"found": false, "key": key}),
-            )),
-            Err(error) => failure(error, "read_value", "key", "the read"),
+            ),
+            Err(error) => failure(error, "read_value", "key", "the read", false),
         }
     }
 
@@ -596,7 +880,7 @@ impl Agent {
     // Work queues
     // -----------------------------------------------------------------------------------------
 
-    pub async fn add_task(&self, args: AddTaskArgs) -> Result<Outcome, McpError> {
+    pub async fn add_task(&self, args: AddTaskArgs) -> Outcome {
         let request = EnqueueRequest {
             id: None,
             payload: args.payload,
@@ -613,13 +897,13 @@ impl Agent {
                 } else {
                     format!(", after {}", task.depends_on.join(", "))
                 };
-                Ok(Outcome::ok(
+                Outcome::ok(
                     format!(
                         "added task {} to {} (priority {}{waits})",
                         task.id, task.queue, task.priority
                     ),
                     json!({"added": true, "task": task}),
-                ))
+                )
             }
             Err(error) => {
                 let argument = match &error {
@@ -627,13 +911,22 @@ impl Agent {
                     error if error.message().contains("depend") => "depends_on",
                     _ => "queue",
                 };
-                failure(error, "add_task", argument, "adding the task")
+                failure(error, "add_task", argument, "adding the task", false)
             }
         }
     }
 
-    pub async fn next_task(&self, args: QueueArgs) -> Result<Outcome, McpError> {
+    pub async fn next_task(&self, args: QueueArgs) -> Outcome {
         let queue = args.queue;
+        if self.lock().session.is_none() {
+            // As for a claim: a queue name Baton refuses makes no session.
+            match self.client.queue_info(&queue).await {
+                Ok(_) | Err(Error::NotFound { .. }) => {}
+                Err(error) => {
+                    return failure(unread(error), "next_task", "queue", "the claim", false)
+                }
+            }
+        }
         let mut sessions_tried = 0;
         let mut fresh_after: Option<Loss> = None;
         loop {
@@ -651,7 +944,8 @@ impl Agent {
                 ttl_ms: None,
                 wait_ms: None,
             };
-            let mut outcome = match self.client.claim_raw(&queue, &request).await {
+            let key = idempotency_key();
+            let mut outcome = match self.client.claim_raw_with_key(&queue, &request, &key).await {
                 Ok(answer) => match answer.value {
                     Some(claimed) => {
                         let task = claimed.task;
@@ -662,7 +956,7 @@ impl Agent {
                                 attempt: claimed.attempt,
                             },
                         );
-                        Outcome::ok(
+                        let mut outcome = Outcome::ok(
                             format!(
                                 "claimed task {} of {queue} (attempt {}, fence {}): {}",
                                 task.id,
@@ -673,7 +967,14 @@ impl Agent {
                             json!({"claimed": true, "queue": queue, "id": task.id,
                                    "fence": claimed.fence, "attempt": claimed.attempt,
                                    "payload": task.payload}),
-                        )
+                        );
+                        outcome.taken = Some(Taken::Task {
+                            session,
+                            queue: queue.clone(),
+                            id: task.id,
+                            fence: claimed.fence,
+                        });
+                        outcome
                     }
                     None => Outcome::ok(
                         format!("no task of {queue} is ready"),
@@ -684,7 +985,18 @@ impl Agent {
                     self.session_gone(&session, &message);
                     continue;
                 }
-                Err(error) => return failure(error, "next_task", "queue", "the claim"),
+                Err(error) => {
+                    let lost_answer = error.is_indeterminate();
+                    if lost_answer {
+                        let what = GiveBack::ReplayTask {
+                            queue: queue.clone(),
+                            request,
+                            key,
+                        };
+                        self.give_back_later(session, what);
+                    }
+                    return failure(error, "next_task", "queue", "the claim", lost_answer);
+                }
             };
             if let Some(loss) = fresh_after {
                 outcome.text.push_str(&format!(
@@ -693,15 +1005,15 @@ impl Agent {
                 ));
                 outcome.structured["new_session_after_loss"] = loss.to_json();
             }
-            return Ok(outcome);
+            return outcome;
         }
     }
 
-    pub async fn complete_task(&self, args: CompleteArgs) -> Result<Outcome, McpError> {
+    pub async fn complete_task(&self, args: CompleteArgs) -> Outcome {
         let (queue, id) = (args.queue, args.id);
         let (session, fence) = match self.holds_task(&queue, &id) {
             Fenced::Live(session, fence) => (session, fence),
-            Fenced::Refused(outcome) => return Ok(outcome),
+            Fenced::Refused(outcome) => return outcome,
         };
         let request = CompleteRequest {
             session_id: session.id().clone(),
@@ -711,10 +1023,10 @@ impl Agent {
         match self.client.complete_task(&queue, &id, &request).await {
             Ok(task) => {
                 self.lock().tasks.remove(&(queue.clone(), id.clone()));
-                Ok(Outcome::ok(
+                Outcome::ok(
                     format!("completed task {id} of {queue}"),
                     json!({"completed": true, "queue": queue, "id": id, "task": task}),
-                ))
+                )
             }
             Err(
                 Error::StaleFence { message, .. }
@@ -722,17 +1034,17 @@ impl Agent {
                 | Error::NotFound { message },
             ) => {
                 self.task_gone(&session, &queue, &id).await;
-                Ok(refused_task("complete", &queue, &id, &message))
+                refused_task("complete", &queue, &id, &message)
             }
-            Err(error) => failure(error, "complete_task", "id", "completing the task"),
+            Err(error) => failure(error, "complete_task", "id", "completing the task", false),
         }
     }
 
-    pub async fn fail_task(&self, args: FailArgs) -> Result<Outcome, McpError> {
+    pub async fn fail_task(&self, args: FailArgs) -> Outcome {
         let (queue, id) = (args.queue, args.id);
         let (session, fence) = match self.holds_task(&queue, &id) {
             Fenced::Live(session, fence) => (session, fence),
-            Fenced::Refused(outcome) => return Ok(outcome),
+            Fenced::Refused(outcome) => return outcome,
         };
         let request = FailRequest {
             session_id: session.id().clone(),
@@ -751,10 +1063,10 @@ impl Agent {
                         task.max_attempts
                     ),
                 };
-                Ok(Outcome::ok(
+                Outcome::ok(
                     format!("failed task {id} of {queue}; {next}"),
                     json!({"failed": true, "queue": queue, "id": id, "task": task}),
-                ))
+                )
             }
             Err(
                 Error::StaleFence { message, .. }
@@ -762,9 +1074,9 @@ impl Agent {
                 | Error::NotFound { message },
             ) => {
                 self.task_gone(&session, &queue, &id).await;
-                Ok(refused_task("fail", &queue, &id, &message))
+                refused_task("fail", &queue, &id, &message)
             }
-            Err(error) => failure(error, "fail_task", "id", "failing the task"),
+            Err(error) => failure(error, "fail_task", "id", "failing the task", false),
         }
     }
 
@@ -925,50 +1237,74 @@ fn denial(resource: &str, held_by: &HeldBy) -> String {
     )
 }
 
-/// A failed call as the model should see it: bad input is an MCP error naming `argument`;
-/// Baton unreachable or an unknown outcome is an error outcome that says so; any other
-/// refusal is an error outcome with Baton's code and message.
-fn failure(error: Error, tool: &str, argument: &str, what: &str) -> Result<Outcome, McpError> {
-    let structured = json!({"error": error.to_problem()});
+/// A failed call as the model should see it, always an error result: bad input names
+/// `argument`; Baton unreachable or an unknown outcome says so (and, when `given_back`, that
+/// whatever the call may have taken is given back as soon as Baton answers); any other
+/// refusal gives Baton's code and message.
+fn failure(error: Error, tool: &str, argument: &str, what: &str, given_back: bool) -> Outcome {
+    let structured = json!({"error": error.to_problem(), "given_back": given_back});
+    let given_back = if given_back {
+        "; whatever it may have taken is given back as soon as Baton answers, so you hold \
+         nothing from it"
+    } else {
+        ""
+    };
     match &error {
-        Error::InvalidArgument { message } | Error::PayloadTooLarge { message } => Err(
-            invalid_argument(tool, &format!("argument `{argument}`: {message}")),
-        ),
-        Error::Unavailable { .. } => Ok(Outcome::error(
+        Error::InvalidArgument { message } | Error::PayloadTooLarge { message } => {
+            Outcome::invalid(invalid_argument(
+                tool,
+                &format!("argument `{argument}`: {message}"),
+            ))
+        }
+        Error::Unavailable { .. } => Outcome::error(
             format!(
-                "Baton is unreachable, so {what} did not happen ({}); this server keeps \
-                 serving: try again shortly, or escalate",
+                "Baton is unreachable, so {what} did not happen ({}){given_back}; this server \
+                 keeps serving: try again shortly, or escalate",
                 error.message()
             ),
             structured,
-        )),
-        Error::Indeterminate { .. } => Ok(Outcome::error(
+        ),
+        Error::Indeterminate { .. } if !given_back.is_empty() => Outcome::error(
+            format!(
+                "Baton did not answer in time, so whether {what} happened is unknown ({}){given_back}: \
+                 try again shortly",
+                error.message()
+            ),
+            structured,
+        ),
+        Error::Indeterminate { .. } => Outcome::error(
             format!(
                 "Baton did not answer in time, so whether {what} happened is unknown ({}); \
                  check with my_claims or who_holds, then try again",
                 error.message()
             ),
             structured,
-        )),
-        _ => Ok(Outcome::error(
-            format!("Baton refused {what}: {error}"),
-            structured,
-        )),
+        ),
+        _ => Outcome::error(format!("Baton refused {what}: {error}"), structured),
+    }
+}
+
+/// A read that failed before anything was written: an unknown outcome of a read means only
+/// that Baton did not answer.
+fn unread(error: Error) -> Error {
+    match error {
+        Error::Indeterminate { code, message } => Error::Unavailable { code, message },
+        error => error,
     }
 }
 
 /// A session that could not be made: a refusal of its TTL is this server's configuration,
 /// not the model's argument, so it is an error result that says so.
-fn session_failure(error: Error, what: &str) -> Result<Outcome, McpError> {
+fn session_failure(error: Error, what: &str) -> Outcome {
     match &error {
-        Error::InvalidArgument { message } => Ok(Outcome::error(
+        Error::InvalidArgument { message } => Outcome::error(
             format!(
                 "Baton refused this server's session, so {what} did not happen ({message}): \
                  the server's --ttl or --holder needs fixing; escalate"
             ),
             json!({"error": error.to_problem()}),
-        )),
-        _ => failure(error, "claim", "resource", what),
+        ),
+        _ => failure(error, "claim", "resource", what, false),
     }
 }
 
@@ -995,6 +1331,120 @@ fn refused_task(action: &str, queue: &str, id: &str, message: &str) -> Outcome {
         format!("{action} of task {id} refused: {reason}"),
         json!({"refused": true, "queue": queue, "id": id, "reason": reason}),
     )
+}
+
+/// Does `what` until Baton answers it or `session` is lost; returns what was released, for
+/// the note, if anything was.
+async fn give_back_until_answered(
+    client: &Client,
+    session: &Session,
+    mut what: GiveBack,
+) -> Option<String> {
+    let mut pause = GIVE_BACK_PAUSE_FIRST;
+    loop {
+        if let Some(reason) = session.lost_reason() {
+            // Baton frees what the session held when it expires.
+            tracing::debug!(%reason, ?what, "a give-back ends with its session");
+            return None;
+        }
+        let next = match &what {
+            GiveBack::Release { resource } => match client.release(session.id(), resource).await {
+                Ok(_) => return Some(format!("your claim on {resource}")),
+                Err(Error::NotFound { .. } | Error::Lost { .. }) => return None,
+                Err(error) => Err(error),
+            },
+            GiveBack::Replay { request, key } => {
+                match client.acquire_raw_with_key(request, key).await {
+                    Ok(answer) => Ok(GiveBack::Release {
+                        resource: answer.value.resource,
+                    }),
+                    // Not granted to this session, or the session is gone: nothing to free.
+                    Err(Error::Held { .. } | Error::Lost { .. } | Error::NotFound { .. }) => {
+                        return None
+                    }
+                    Err(
+                        error @ (Error::Unavailable { .. }
+                        | Error::Indeterminate { .. }
+                        | Error::Denied { .. }),
+                    ) => Err(error),
+                    // What the claim did cannot be learnt (its key was forgotten): release
+                    // the path anyway, which frees it if it was granted.
+                    Err(error) => {
+                        tracing::debug!(%error, "a lost claim could not be asked again");
+                        Ok(GiveBack::Release {
+                            resource: request.resource.clone(),
+                        })
+                    }
+                }
+            }
+            GiveBack::ReplayTask {
+                queue,
+                request,
+                key,
+            } => match client.claim_raw_with_key(queue, request, key).await {
+                Ok(answer) => match answer.value {
+                    Some(claimed) => Ok(GiveBack::ReleaseTask {
+                        queue: queue.clone(),
+                        id: claimed.task.id,
+                        fence: claimed.fence,
+                    }),
+                    None => return None,
+                },
+                Err(Error::Lost { .. } | Error::NotFound { .. }) => return None,
+                Err(
+                    error @ (Error::Unavailable { .. }
+                    | Error::Indeterminate { .. }
+                    | Error::Denied { .. }),
+                ) => Err(error),
+                Err(error) => {
+                    // The task claim, if it was made, ends with the session's TTL.
+                    tracing::warn!(%error, "a lost task claim could not be asked again");
+                    return None;
+                }
+            },
+            GiveBack::ReleaseTask { queue, id, fence } => {
+                match release_task(client, session, queue, id, *fence).await {
+                    Ok(()) => return Some(format!("your claim on task {id} of {queue}")),
+                    Err(error) => Err(error),
+                }
+            }
+        };
+        match next {
+            Ok(then) => what = then,
+            Err(error) => {
+                tracing::debug!(%error, ?what, "a give-back waits for Baton");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(GIVE_BACK_PAUSE_MAX);
+            }
+        }
+    }
+}
+
+/// Releases task `id` of `queue` (no attempt counted); a claim already gone counts as done.
+async fn release_task(
+    client: &Client,
+    session: &Session,
+    queue: &str,
+    id: &str,
+    fence: u64,
+) -> Result<(), Error> {
+    let request = TaskReleaseRequest {
+        session_id: session.id().clone(),
+        fence,
+        note: Some("the claiming call was cancelled".to_owned()),
+    };
+    match client.release_task(queue, id, &request).await {
+        Ok(_) | Err(Error::StaleFence { .. } | Error::NotFound { .. } | Error::Lost { .. }) => {
+            Ok(())
+        }
+        Err(error) => Err(error),
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// A JSON value for a text line, cut at [`VALUE_TEXT_MAX`] characters.

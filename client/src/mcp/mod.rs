@@ -5,33 +5,42 @@
 //! SIGTERM or Ctrl-C, which releases everything the agent holds at once.
 //!
 //! This file is the MCP side: the `ServerHandler` (tool list, dispatch by name, results with
-//! a text line and `structuredContent`) and the process lifetime. Stdout carries MCP messages
-//! only; our own messages go to stderr. What must never live here: calls to Baton (those are
-//! `agent.rs`), and a session id in any output.
+//! a text line and `structuredContent`, cancellations) and the process lifetime. Stdout
+//! carries MCP messages only; our own messages go to stderr. What must never live here: calls
+//! to Baton (those are `agent.rs`), and a session id in any output.
 
 mod agent;
+mod calls;
 mod tools;
+mod transport;
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use baton_client::{default_holder, Client, Error};
 use clap::Args;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelledNotificationParam,
+    ContentBlock, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, RequestId,
+    ServerCapabilities, ServerConfig, Tool,
 };
-use rmcp::service::{RequestContext, RoleServer};
+use rmcp::service::{NotificationContext, RequestContext, RoleServer};
 use rmcp::{ErrorData as McpError, ServerHandler, ServiceExt};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
 
 use crate::cli::duration::{format_duration, parse_duration};
 use crate::cli::Global;
-use agent::{Agent, Outcome};
+use agent::{Agent, Outcome, Taken};
+use calls::{Call, Calls};
 
 /// Longest single attempt of a request to Baton.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Longest a tool call keeps retrying Baton before it answers "unreachable".
 const RETRY_BUDGET: Duration = Duration::from_secs(8);
+/// Longest a call waits for cancelled calls to finish giving back what they took.
+const CANCELLED_WAIT_MAX: Duration = Duration::from_secs(10);
 
 /// What the server tells the model when it connects.
 const INSTRUCTIONS: &str = "Baton coordinates the agents working on the same things. Before \
@@ -67,11 +76,15 @@ pub async fn serve(global: &Global, args: McpArgs) -> u8 {
         global.endpoints().join(",")
     );
     let agent = Arc::new(Agent::new(client, args.ttl));
+    let calls: Arc<Calls<Taken>> = Arc::default();
     let server = BatonServer {
         agent: Arc::clone(&agent),
         tools: Arc::new(tools::tools()),
+        calls: Arc::clone(&calls),
+        settling: Arc::default(),
     };
-    let code = match server.serve(rmcp::transport::stdio()).await {
+    let transport = transport::stdio(move |id: &RequestId| calls.cancel(id));
+    let code = match server.serve(transport).await {
         Ok(running) => {
             let cancel = running.cancellation_token();
             tokio::select! {
@@ -136,44 +149,88 @@ async fn terminated() {
     }
 }
 
-/// The MCP server: the tool list and the dispatch to [`Agent`].
+/// The MCP server: the tool list, the dispatch to [`Agent`], and the calls in flight.
 #[derive(Debug, Clone)]
 struct BatonServer {
     agent: Arc<Agent>,
     tools: Arc<Vec<Tool>>,
+    calls: Arc<Calls<Taken>>,
+    /// Held while what cancelled calls took after their answer is given back, so that every
+    /// call after a cancel sees it done.
+    settling: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// The arguments of a call parsed, then `run`; bad arguments are an error result.
+async fn with<T: DeserializeOwned, F: Future<Output = Outcome>>(
+    name: &str,
+    arguments: Option<JsonObject>,
+    run: impl FnOnce(T) -> F,
+) -> Outcome {
+    match tools::parse(name, arguments) {
+        Ok(arguments) => run(arguments).await,
+        Err(message) => Outcome::invalid(message),
+    }
 }
 
 impl BatonServer {
-    async fn call(&self, request: CallToolRequestParams) -> Result<Outcome, McpError> {
+    async fn call(
+        &self,
+        request: CallToolRequestParams,
+        stop: &CancellationToken,
+    ) -> Result<Outcome, McpError> {
         let name = request.name.as_ref();
         let arguments = request.arguments;
         let agent = &self.agent;
-        match name {
-            "claim" => agent.claim(tools::parse(name, arguments)?).await,
-            "release" => agent.release(tools::parse(name, arguments)?).await,
+        Ok(match name {
+            "claim" => with(name, arguments, |args| agent.claim(args, stop)).await,
+            "release" => with(name, arguments, |args| agent.release(args)).await,
             "my_claims" => {
-                tools::parse::<tools::NoArgs>(name, arguments)?;
-                Ok(agent.my_claims())
+                with(name, arguments, |_: tools::NoArgs| async {
+                    agent.my_claims()
+                })
+                .await
             }
-            "who_holds" => agent.who_holds(tools::parse(name, arguments)?).await,
-            "list_claims" => agent.list_claims(tools::parse(name, arguments)?).await,
-            "write_value" => agent.write_value(tools::parse(name, arguments)?).await,
-            "read_value" => agent.read_value(tools::parse(name, arguments)?).await,
-            "add_task" => agent.add_task(tools::parse(name, arguments)?).await,
-            "next_task" => agent.next_task(tools::parse(name, arguments)?).await,
-            "complete_task" => agent.complete_task(tools::parse(name, arguments)?).await,
-            "fail_task" => agent.fail_task(tools::parse(name, arguments)?).await,
-            unknown => Err(McpError::invalid_params(
-                format!(
-                    "unknown tool `{unknown}`: the tools are {}",
-                    self.tools
-                        .iter()
-                        .map(|tool| tool.name.as_ref())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
-                None,
-            )),
+            "who_holds" => with(name, arguments, |args| agent.who_holds(args)).await,
+            "list_claims" => with(name, arguments, |args| agent.list_claims(args)).await,
+            "write_value" => with(name, arguments, |args| agent.write_value(args)).await,
+            "read_value" => with(name, arguments, |args| agent.read_value(args)).await,
+            "add_task" => with(name, arguments, |args| agent.add_task(args)).await,
+            "next_task" => with(name, arguments, |args| agent.next_task(args)).await,
+            "complete_task" => with(name, arguments, |args| agent.complete_task(args)).await,
+            "fail_task" => with(name, arguments, |args| agent.fail_task(args)).await,
+            unknown => {
+                return Err(McpError::invalid_params(
+                    format!(
+                        "unknown tool `{unknown}`: the tools are {}",
+                        self.tools
+                            .iter()
+                            .map(|tool| tool.name.as_ref())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                    None,
+                ))
+            }
+        })
+    }
+
+    /// Settles the cancels read so far: waits for cancelled calls still running to give back
+    /// what they took, and gives back what calls cancelled after their answer took. `own` is
+    /// the call that asks, if one does: it never waits for itself, and, once cancelled, for
+    /// nobody (its answer is not sent), so no two calls wait for each other.
+    async fn settle(&self, own: Option<&Call<Taken>>) {
+        if !own.is_some_and(|call| call.cancelled().is_cancelled()) {
+            let except = own.map(Call::id);
+            if tokio::time::timeout(CANCELLED_WAIT_MAX, self.calls.cancelled_finished(except))
+                .await
+                .is_err()
+            {
+                tracing::warn!("a cancelled call is still giving back what it took");
+            }
+        }
+        let _settling = self.settling.lock().await;
+        for taken in self.calls.take_to_give_back() {
+            self.agent.give_back(taken).await;
         }
     }
 }
@@ -193,6 +250,16 @@ impl ServerHandler for BatonServer {
         Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
     }
 
+    async fn on_cancelled(
+        &self,
+        _notification: CancelledNotificationParam,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        // The registry heard of this cancel from the transport; give back now what the
+        // cancelled call took, even if no other call comes.
+        self.settle(None).await;
+    }
+
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.tools.iter().find(|tool| tool.name == name).cloned()
     }
@@ -200,9 +267,25 @@ impl ServerHandler for BatonServer {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let outcome = self.agent.announce(self.call(request).await?);
+        // Cancelled by the client's cancel (as the transport reads it) or when the server
+        // stops.
+        let call = self
+            .calls
+            .start(context.id.clone(), context.ct.child_token());
+        self.settle(Some(&call)).await;
+        let outcome = self.call(request, call.cancelled()).await?;
+        if let Err(taken) = call.answered(outcome.taken.clone()) {
+            self.agent.give_back(taken).await;
+        }
+        let outcome = if call.cancelled().is_cancelled() {
+            // Not sent (the client stopped waiting): the notes stay for the next result.
+            Outcome::cancelled()
+        } else {
+            self.agent.announce(outcome)
+        };
+        drop(call);
         let mut result = if outcome.is_error {
             CallToolResult::error(vec![ContentBlock::text(outcome.text)])
         } else {

@@ -1,13 +1,14 @@
 //! The eleven tools of `baton mcp` (docs/agents.md) as the model sees them: their names,
 //! descriptions and JSON input schemas (derived from the argument types below), and the one
-//! parser that turns a call's arguments into those types or an MCP error naming the argument.
+//! parser that turns a call's arguments into those types or a message naming the argument
+//! (answered as an error result, `isError: true`, as SEP-1303 asks in the 2025-11-25 spec,
+//! so the model can read it and fix the call).
 //! What must never live here: any call to Baton (that is `agent.rs`).
 
 use std::sync::Arc;
 
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use rmcp::schemars::JsonSchema;
-use rmcp::ErrorData as McpError;
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
@@ -32,6 +33,7 @@ pub struct ClaimArgs {
     /// While someone else holds it, wait up to this many seconds (0..=60) for it to be
     /// released or to expire.
     #[serde(default)]
+    #[schemars(range(min = 0, max = 60))]
     pub wait_seconds: Option<u64>,
 }
 
@@ -225,12 +227,9 @@ fn tool<T: JsonSchema + 'static>(
         .with_annotations(ToolAnnotations::new().read_only(read_only))
 }
 
-/// The arguments of a call as `T`, or an `invalid_params` error naming the argument that is
-/// missing, unknown or of the wrong type.
-pub fn parse<T: DeserializeOwned>(
-    tool: &str,
-    arguments: Option<JsonObject>,
-) -> Result<T, McpError> {
+/// The arguments of a call as `T`, or a message naming the argument that is missing, unknown
+/// or of the wrong type.
+pub fn parse<T: DeserializeOwned>(tool: &str, arguments: Option<JsonObject>) -> Result<T, String> {
     let arguments = Value::Object(arguments.unwrap_or_default());
     serde_path_to_error::deserialize(arguments).map_err(|error| {
         let path = error.path().to_string();
@@ -243,9 +242,9 @@ pub fn parse<T: DeserializeOwned>(
     })
 }
 
-/// The MCP error for a bad argument of `tool`; `message` names the argument.
-pub fn invalid_argument(tool: &str, message: &str) -> McpError {
-    McpError::invalid_params(format!("{tool}: {message}"), None)
+/// The message for a bad argument of `tool`; `message` names the argument.
+pub fn invalid_argument(tool: &str, message: &str) -> String {
+    format!("{tool}: {message}")
 }
 
 #[cfg(test)]
@@ -276,9 +275,8 @@ mod tests {
             let error =
                 parse::<ClaimArgs>("claim", Some(arguments.clone())).expect_err("a bad argument");
             assert!(
-                error.message.contains(named),
-                "{arguments:?}: {} should name {named}",
-                error.message
+                error.contains(named),
+                "{arguments:?}: {error} should name {named}"
             );
         };
         check(json!({}), "resource");
