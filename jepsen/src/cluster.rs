@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use serde_json::{json, Value};
 
+use crate::lazyfs::{Cut, LazyMount, Torn};
 use crate::net::{self, Net, NetChoice, Pids};
 
 /// How long a cluster may take to elect a leader with every node ready.
@@ -48,6 +49,8 @@ pub struct ClusterConfig {
     /// `--secure`: access control and TLS (HTTPS, mutual TLS between peers) with a CA and a
     /// bootstrap token made for the run.
     pub secure: bool,
+    /// Every node's data dir on a lazy file system of its own (`lazyfs`), for power cuts.
+    pub lazy_data_dirs: Option<Torn>,
 }
 
 /// What a secured cluster runs with: its certificates and the bootstrap admin token the
@@ -166,6 +169,9 @@ pub struct Cluster {
     http: reqwest::Client,
     /// Set by [`Cluster::stop_all`]: no process is started after it.
     stopped: std::sync::atomic::AtomicBool,
+    /// The lazy file systems the data dirs are on (`lazy_data_dirs`), in id order; unmounted
+    /// when the cluster goes, after its processes.
+    mounts: Vec<LazyMount>,
 }
 
 /// Owns the right to stop a cluster: dropping it resumes and kills every node process.
@@ -217,10 +223,21 @@ impl Cluster {
             }
         });
         let mut nodes = Vec::new();
+        let mut mounts = Vec::new();
         for id in ids {
             let (api, peer) = (net.api_addr(id), net.peer_listen_addr(id));
             let data_dir = node_data_dir(&config.run_dir, id);
             fs::create_dir_all(&data_dir)?;
+            if config.lazy_data_dirs.is_some() {
+                // A node's disk: a power cut drops what it did not sync. Not mounting is a
+                // failure of the run, never a quiet fall back to the real disk.
+                mounts.push(LazyMount::mount(&data_dir).with_context(|| {
+                    format!(
+                        "mount a lazy file system on {} (needs /dev/fuse and fusermount3: apt-get install fuse3)",
+                        data_dir.display()
+                    )
+                })?);
+            }
             let mut args = baton_kit::RunArgs {
                 id,
                 data_dir,
@@ -267,6 +284,7 @@ impl Cluster {
             pids,
             http,
             stopped: std::sync::atomic::AtomicBool::new(false),
+            mounts,
         }));
         for node in &cluster.0.nodes {
             cluster.0.spawn(node)?;
@@ -534,6 +552,17 @@ impl Cluster {
     /// True when node `id`'s log from byte `from` on contains `needle`.
     pub fn log_contains(&self, id: u64, from: u64, needle: &str) -> bool {
         self.node(id).process.log_contains(from, needle)
+    }
+
+    /// Cuts the power of every node's disk: what no node synced is dropped, and with
+    /// `lazy_data_dirs` `Torn::LastWrite` each file's last unsynced write is torn. Call it with
+    /// every node killed. What each node's disk lost, in id order; empty without lazy dirs.
+    pub fn cut_power(&self) -> Vec<Cut> {
+        let torn = self.config.lazy_data_dirs.unwrap_or(Torn::No);
+        self.mounts
+            .iter()
+            .map(|mount| mount.cut_power(torn))
+            .collect()
     }
 
     /// Node `id`'s log file (every start's stdout and stderr).

@@ -12,6 +12,7 @@ mod checkers;
 mod cluster;
 mod history;
 mod http;
+mod lazyfs;
 mod nemesis;
 mod net;
 mod report;

@@ -3,7 +3,9 @@
 //! undoes everything at the end.
 //!
 //! Faults: `kill` (SIGKILL and restart, sometimes of the leader, sometimes faster than the
-//! election timeout), `kill-all` (every node SIGKILLed at once, then all restarted), `pause` (SIGSTOP/SIGCONT of a node, and for workloads that honour it,
+//! election timeout), `kill-all` (every node SIGKILLed at once, then all restarted), `power`
+//! (the same, with what no node synced dropped from their disks before the restart: every
+//! data dir is on a lazy file system of its own, `lazyfs`), `pause` (SIGSTOP/SIGCONT of a node, and for workloads that honour it,
 //! clients stalled inside their critical section), `partition` (isolate a node, isolate the
 //! leader, a bridge, a one-way cut), `clock` (node rates within the 1% rate error, wall
 //! offsets of any size, guard clocks within the rate error), `clock-beyond` (rates and jumps
@@ -37,6 +39,9 @@ pub enum Fault {
     Kill,
     /// SIGKILL every node at once, then restart them all.
     KillAll,
+    /// Cut the power of every node at once: SIGKILL all, drop what their disks had not
+    /// synced, restart them all.
+    Power,
     /// SIGSTOP and SIGCONT (and client stalls).
     Pause,
     /// Network partitions through the network backend (namespaces or proxy mesh).
@@ -55,6 +60,7 @@ impl Fault {
         Ok(Some(match name {
             "kill" => Fault::Kill,
             "kill-all" => Fault::KillAll,
+            "power" => Fault::Power,
             "pause" => Fault::Pause,
             "partition" => Fault::Partition,
             "clock" => Fault::Clock,
@@ -62,7 +68,7 @@ impl Fault {
             "membership" => Fault::Membership,
             "none" | "" => return Ok(None),
             other => anyhow::bail!(
-                "unknown nemesis {other:?}: kill, kill-all, pause, partition, clock, clock-beyond, membership, none"
+                "unknown nemesis {other:?}: kill, kill-all, power, pause, partition, clock, clock-beyond, membership, none"
             ),
         }))
     }
@@ -72,6 +78,7 @@ impl Fault {
         match self {
             Fault::Kill => "kill",
             Fault::KillAll => "kill-all",
+            Fault::Power => "power",
             Fault::Pause => "pause",
             Fault::Partition => "partition",
             Fault::Clock => "clock",
@@ -155,7 +162,8 @@ impl Nemesis {
             let fault = self.faults[rng.random_range(0..self.faults.len())];
             let name = match fault {
                 Fault::Kill => self.kill(&mut rng).await?,
-                Fault::KillAll => self.kill_all(&mut rng).await?,
+                Fault::KillAll => self.kill_all(&mut rng, Fault::KillAll).await?,
+                Fault::Power => self.kill_all(&mut rng, Fault::Power).await?,
                 Fault::Pause => self.pause(&mut rng).await,
                 Fault::Partition => self.partition(&mut rng).await,
                 Fault::Clock => self.clock(&mut rng, false).await,
@@ -277,18 +285,31 @@ impl Nemesis {
         restarted.map(|()| "kill".to_owned())
     }
 
-    /// SIGKILLs every node at once (paused ones too), keeps them down a moment, then starts
-    /// them all before waiting for any (one alone cannot become ready without a quorum). Every
-    /// one must come back: acknowledged writes are on disk, whatever the crash cut short.
-    async fn kill_all(&self, rng: &mut StdRng) -> Result<String, NodeFailure> {
+    /// SIGKILLs every node at once (paused ones too), keeps them down a moment (for `power`,
+    /// drops what their disks had not synced), then starts them all before waiting for any
+    /// (one alone cannot become ready without a quorum). Every one must come back:
+    /// acknowledged writes are on disk, whatever the crash cut short.
+    async fn kill_all(&self, rng: &mut StdRng, fault: Fault) -> Result<String, NodeFailure> {
         let down = Duration::from_millis(rng.random_range(50..1_500));
-        self.start("kill-all", json!({"down_ms": down.as_millis() as u64}));
+        let name = fault.name();
+        self.start(name, json!({"down_ms": down.as_millis() as u64}));
         let ids = self.cluster.ids();
         for id in &ids {
             self.cluster.kill(*id);
         }
-        for id in &ids {
-            self.cluster.resume(*id);
+        if fault == Fault::Power {
+            // The processes are gone: `kill` waits for each to exit.
+            let lost: Vec<Value> = self
+                .cluster
+                .cut_power()
+                .iter()
+                .zip(&ids)
+                .map(|(cut, id)| {
+                    json!({"node": id, "files": cut.files, "bytes": cut.bytes,
+                           "dirs": cut.dirs, "torn": cut.torn})
+                })
+                .collect();
+            self.history.nemesis("power-cut", json!({"lost": lost}));
         }
         tokio::time::sleep(down).await;
         let mut restarted = ids.iter().try_for_each(|id| self.cluster.start_again(*id));
@@ -303,8 +324,8 @@ impl Nemesis {
                 }
             }
         }
-        self.stop("kill-all", json!({"restarted": restarted.is_ok()}));
-        restarted.map(|()| "kill-all".to_owned())
+        self.stop(name, json!({"restarted": restarted.is_ok()}));
+        restarted.map(|()| name.to_owned())
     }
 
     /// Kills a follower, keeps it down until the others have committed more than twice what

@@ -27,8 +27,8 @@ pub struct TestArgs {
     /// lease, semaphore, fenced-kv, unfenced-lock, queue or line.
     #[arg(long, value_enum)]
     workload: Workload,
-    /// Faults, comma-separated: kill, kill-all, pause, partition, clock, clock-beyond, membership,
-    /// none.
+    /// Faults, comma-separated: kill, kill-all, power, pause, partition, clock, clock-beyond,
+    /// membership, none.
     #[arg(long, value_delimiter = ',', default_value = "none")]
     nemesis: Vec<String>,
     /// Seconds of workload (1..=3600); healing and checking come on top.
@@ -64,6 +64,10 @@ pub struct TestArgs {
     /// over HTTPS and mutual TLS between peers, with a CA made for the run.
     #[arg(long)]
     secure: bool,
+    /// With the `power` nemesis: a power cut also tears the last unsynced write of each file
+    /// (its first half reaches the disk).
+    #[arg(long)]
+    power_torn: bool,
 }
 
 /// `--snapshot-log-entries` of a `--snapshot-heavy` run: small enough that a follower down for
@@ -165,6 +169,13 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
         net: args.net,
         snapshot_log_entries,
         secure: args.secure,
+        lazy_data_dirs: faults
+            .contains(&Fault::Power)
+            .then_some(if args.power_torn {
+                crate::lazyfs::Torn::LastWrite
+            } else {
+                crate::lazyfs::Torn::No
+            }),
     };
     let guard: ClusterGuard = Cluster::start(config)
         .await

@@ -150,6 +150,7 @@ async fn own_cluster(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Cluster
         net: crate::net::NetChoice::Auto,
         snapshot_log_entries: None,
         secure: false,
+        lazy_data_dirs: None,
     })
     .await
 }
