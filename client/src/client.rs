@@ -799,6 +799,9 @@ impl Client {
         {
             Ok(Ok(response)) => response,
             Ok(Err(error)) => {
+                if let Some(tls) = Error::from_tls(&error) {
+                    return StreamOpen::Refused(tls);
+                }
                 rotate();
                 return StreamOpen::Retry(unavailable(describe(&error)), None);
             }
@@ -1001,6 +1004,18 @@ impl Client {
                         .settle(*response, sent_at, maybe_applied, &operation)
                         .await;
                 }
+                Attempt::Refused(error @ Error::Tls { .. }) if maybe_applied => {
+                    // Refused by this endpoint only: an earlier attempt may have been applied.
+                    return Err(Error::Indeterminate {
+                        code: None,
+                        message: format!(
+                            "the outcome is unknown: an earlier attempt may have been applied, \
+                             and {} refused TLS: {}",
+                            endpoint.base,
+                            error.message()
+                        ),
+                    });
+                }
                 Attempt::Refused(error) => return Err(error),
                 Attempt::NotApplied(error, retry_after) => {
                     failures.push(format!("{}: {}", endpoint.base, error.message()));
@@ -1074,28 +1089,36 @@ impl Client {
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(body.clone());
         }
-        let response = match request.send().await {
-            Ok(response) => response,
-            Err(error) if error.is_connect() => {
-                return Attempt::NotApplied(
-                    Error::Unavailable {
-                        code: None,
-                        message: format!("cannot connect: {}", describe(&error)),
-                    },
-                    None,
-                )
-            }
-            Err(error) => {
-                return Attempt::Unknown(Error::Indeterminate {
-                    code: None,
-                    message: if error.is_timeout() {
-                        format!("no answer within {timeout:?}")
-                    } else {
-                        format!("the request failed after it was sent: {}", describe(&error))
-                    },
-                })
-            }
+        let error = match request.send().await {
+            Ok(response) => return self.answered(index, response).await,
+            Err(error) => error,
         };
+        // Before any byte of the request: another attempt would fail the same way.
+        if let Some(tls) = Error::from_tls(&error) {
+            return Attempt::Refused(tls);
+        }
+        if error.is_connect() {
+            return Attempt::NotApplied(
+                Error::Unavailable {
+                    code: None,
+                    message: format!("cannot connect: {}", describe(&error)),
+                },
+                None,
+            );
+        }
+        Attempt::Unknown(Error::Indeterminate {
+            code: None,
+            message: if error.is_timeout() {
+                format!("no answer within {timeout:?}")
+            } else {
+                format!("the request failed after it was sent: {}", describe(&error))
+            },
+        })
+    }
+
+    /// Sorts out an answer: a success, a retryable refusal, or one that settles the operation.
+    async fn answered(&self, index: usize, response: reqwest::Response) -> Attempt {
+        let endpoint = &self.inner.endpoints[index];
         // Whoever answered is reachable; the leader, once known, is better still.
         let preferred = self.learn_leader(&response, endpoint).unwrap_or(index);
         self.inner.preferred.store(preferred, Ordering::Relaxed);

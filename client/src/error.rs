@@ -3,11 +3,17 @@
 //! Every [`Error`] answers one question first (STYLE rule 8): was the request definitely not
 //! applied, or is the outcome unknown ([`Error::is_indeterminate`])? Retries, the `baton` exit
 //! codes and the Jepsen `fail`/`info` split all hang on it. Each variant carries the server's
-//! own message when there is one. What must never live here: HTTP status codes (the client
-//! reads the problem `code`, never the status, except to classify a body-less 5xx) and session
-//! ids (messages come from the server, which never puts one in a refusal).
+//! own message when there is one, and a TLS failure ([`Error::Tls`]) says what to fix. What
+//! must never live here: HTTP status codes (the client reads the problem `code`, never the
+//! status, except to classify a body-less 5xx) and session ids (messages come from the server,
+//! which never puts one in a refusal).
+
+use rustls::CertificateError;
 
 use crate::api::{ErrorCode, HeldBy, Problem};
+
+/// Where the TLS messages send the reader.
+const TLS_GUIDE: &str = "see docs/security.md, \"TLS\"";
 
 /// The result of a client call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -63,6 +69,15 @@ pub enum Error {
         /// The server's message.
         message: String,
     },
+    /// The TLS handshake failed: the server's certificate was refused (a CA certificate served
+    /// as the server's, an issuer this client does not trust, a name it does not carry, an
+    /// expired one) or the endpoint does not speak TLS as it should. A configuration error:
+    /// never retried, not applied; the message says what to fix.
+    #[error("TLS: {message}")]
+    Tls {
+        /// What is wrong and what to do about it.
+        message: String,
+    },
     /// `UNAUTHENTICATED` or `PERMISSION_DENIED`. Not applied.
     #[error("{code}: {message}")]
     Denied {
@@ -111,6 +126,7 @@ impl Error {
             Error::InvalidArgument { .. } => ErrorCode::InvalidArgument.as_str(),
             Error::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge.as_str(),
             Error::IdempotencyKeyReused { .. } => ErrorCode::IdempotencyKeyReused.as_str(),
+            Error::Tls { .. } => "TLS",
             Error::Denied { code, .. } => code.as_str(),
             Error::Unavailable { code, .. } => code.map_or("UNAVAILABLE", ErrorCode::as_str),
             Error::Indeterminate { code, .. } => code.map_or("OUTCOME_UNKNOWN", ErrorCode::as_str),
@@ -127,6 +143,7 @@ impl Error {
             | Error::InvalidArgument { message }
             | Error::PayloadTooLarge { message }
             | Error::IdempotencyKeyReused { message }
+            | Error::Tls { message }
             | Error::Denied { message, .. }
             | Error::Unavailable { message, .. }
             | Error::Indeterminate { message, .. } => message,
@@ -149,6 +166,28 @@ impl Error {
             _ => {}
         }
         problem
+    }
+
+    /// The [`Error::Tls`] a failed request stands for, when TLS is what failed: the rustls
+    /// error is looked for along `error`'s sources (an I/O error carries it inside).
+    pub(crate) fn from_tls(error: &(dyn std::error::Error + 'static)) -> Option<Error> {
+        let mut cause = Some(error);
+        while let Some(current) = cause {
+            if let Some(tls) = current.downcast_ref::<rustls::Error>() {
+                return Some(Error::Tls {
+                    message: tls_message(tls),
+                });
+            }
+            // An I/O error's `source` skips the error it wraps: look inside it instead.
+            cause = match current
+                .downcast_ref::<std::io::Error>()
+                .and_then(std::io::Error::get_ref)
+            {
+                Some(inner) => Some(inner as &(dyn std::error::Error + 'static)),
+                None => current.source(),
+            };
+        }
+        None
     }
 
     /// The error a server's problem body stands for.
@@ -190,6 +229,41 @@ impl Error {
     }
 }
 
+/// What a TLS failure means for whoever configured the client, and what to do.
+fn tls_message(error: &rustls::Error) -> String {
+    let advice = match error {
+        rustls::Error::InvalidCertificate(certificate) => match certificate {
+            CertificateError::Other(other) if other.to_string().contains("CaUsedAsEndEntity") => {
+                "the server's certificate is a CA certificate, not a server certificate: sign a \
+                 server certificate with that CA and serve it instead"
+                    .to_owned()
+            }
+            CertificateError::UnknownIssuer => "the server's certificate is not signed by a CA \
+                 this client trusts: trust the cluster's CA (baton --ca-file or BATON_CA_FILE, \
+                 ClientBuilder::ca_certificates)"
+                .to_owned(),
+            CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. } => {
+                "the server's certificate does not carry the name or address this client \
+                 connects to: connect by a name it carries, or reissue it with this one"
+                    .to_owned()
+            }
+            CertificateError::Expired
+            | CertificateError::ExpiredContext { .. }
+            | CertificateError::NotValidYet
+            | CertificateError::NotValidYetContext { .. } => "the server's certificate is \
+                 expired or not valid yet: renew it (and check the clocks of both machines)"
+                .to_owned(),
+            _ => "the server's certificate was refused: serve a server certificate signed by \
+                 the CA this client trusts"
+                .to_owned(),
+        },
+        _ => "the TLS handshake failed: is the endpoint an https:// Baton node, and does the \
+              client trust its CA?"
+            .to_owned(),
+    };
+    format!("{advice}; {TLS_GUIDE} ({error})")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,5 +287,48 @@ mod tests {
                 assert_eq!(error.to_string(), format!("{code}: the server's words"));
             }
         }
+    }
+
+    #[test]
+    fn a_tls_failure_says_what_is_wrong_and_what_to_do() {
+        let ca_as_server =
+            rustls::Error::InvalidCertificate(CertificateError::Other(rustls::OtherError(
+                std::sync::Arc::new(std::io::Error::other("CaUsedAsEndEntity")),
+            )));
+        let cases = [
+            (ca_as_server, "is a CA certificate"),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer),
+                "--ca-file",
+            ),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::NotValidForName),
+                "does not carry the name",
+            ),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::Expired),
+                "renew it",
+            ),
+            (
+                rustls::Error::InvalidCertificate(CertificateError::BadSignature),
+                "was refused",
+            ),
+            (
+                rustls::Error::General("x".to_owned()),
+                "the TLS handshake failed",
+            ),
+        ];
+        for (tls, expected) in cases {
+            // As reqwest hands it over: inside an I/O error, inside another error.
+            let wrapped = std::io::Error::other(tls);
+            let outer = std::io::Error::other(wrapped);
+            let error = Error::from_tls(&outer).expect("a TLS error");
+            assert_eq!(error.code(), "TLS");
+            assert!(!error.is_indeterminate());
+            assert!(error.message().contains(expected), "{error}");
+            assert!(error.message().contains("docs/security.md"), "{error}");
+        }
+        let plain = std::io::Error::other("connection refused");
+        assert!(Error::from_tls(&plain).is_none());
     }
 }

@@ -455,14 +455,14 @@ async fn task_work_follow_picks_up_a_task_enqueued_later() {
 // ---------------------------------------------------------------------------------------------
 
 /// A repository with a `.git` directory and a state directory for the hook.
-struct HookWorld {
+pub(crate) struct HookWorld {
     _directory: tempfile::TempDir,
-    repo: PathBuf,
-    state: PathBuf,
+    pub(crate) repo: PathBuf,
+    pub(crate) state: PathBuf,
 }
 
 impl HookWorld {
-    fn new() -> HookWorld {
+    pub(crate) fn new() -> HookWorld {
         let directory = tempfile::tempdir().expect("a temporary directory");
         let repo = directory.path().join("repo");
         std::fs::create_dir_all(repo.join(".git")).expect("a .git directory");
@@ -476,7 +476,7 @@ impl HookWorld {
     }
 
     /// A `PreToolUse` event of `tool` editing `file` (relative to the repository).
-    fn pre_tool_use(&self, session: &str, tool: &str, file: &str) -> Value {
+    pub(crate) fn pre_tool_use(&self, session: &str, tool: &str, file: &str) -> Value {
         let field = if tool == "NotebookEdit" {
             "notebook_path"
         } else {
@@ -493,7 +493,7 @@ impl HookWorld {
         })
     }
 
-    fn session_end(&self, session: &str) -> Value {
+    pub(crate) fn session_end(&self, session: &str) -> Value {
         json!({
             "session_id": session,
             "transcript_path": format!("/home/u/.claude/projects/x/{session}.jsonl"),
@@ -503,12 +503,12 @@ impl HookWorld {
         })
     }
 
-    fn state_file(&self, session: &str) -> PathBuf {
+    pub(crate) fn state_file(&self, session: &str) -> PathBuf {
         self.state.join("baton").join("claude-code").join(session)
     }
 
     /// `baton hook claude-code ARGS` with `input` on stdin.
-    async fn hook(&self, endpoints: &str, args: &[&str], input: &[u8]) -> Outcome {
+    pub(crate) async fn hook(&self, endpoints: &str, args: &[&str], input: &[u8]) -> Outcome {
         let mut full = vec!["hook", "claude-code"];
         full.extend_from_slice(args);
         let mut hook = command(endpoints, &full);
@@ -520,7 +520,7 @@ impl HookWorld {
 }
 
 /// Runs `command` with `input` on stdin; returns its outcome.
-async fn run_with_input(mut command: tokio::process::Command, input: &[u8]) -> Outcome {
+pub(crate) async fn run_with_input(mut command: tokio::process::Command, input: &[u8]) -> Outcome {
     let mut child = command
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -541,12 +541,12 @@ async fn run_with_input(mut command: tokio::process::Command, input: &[u8]) -> O
     }
 }
 
-fn bytes(event: &Value) -> Vec<u8> {
+pub(crate) fn bytes(event: &Value) -> Vec<u8> {
     serde_json::to_vec(event).expect("JSON")
 }
 
 /// The reason of a `deny` decision, checking the decision's exact shape.
-fn denial(outcome: &Outcome) -> String {
+pub(crate) fn denial(outcome: &Outcome) -> String {
     outcome.expect_code(0);
     let answer: Value = outcome.json();
     let output = &answer["hookSpecificOutput"];
@@ -560,7 +560,7 @@ fn denial(outcome: &Outcome) -> String {
         .to_owned()
 }
 
-fn allowed(outcome: &Outcome) {
+pub(crate) fn allowed(outcome: &Outcome) {
     outcome.expect_code(0);
     assert!(outcome.stdout.is_empty(), "not allowed: {outcome:#?}");
 }
@@ -1041,13 +1041,9 @@ async fn run_and_task_work_never_start_the_command_on_a_tls_or_token_failure() {
     let marker = dir.path().join("ran");
 
     for (row, environment, code, error) in [
-        // No CA for the node's certificate: the TLS handshake fails, nothing is sent.
-        (
-            "TLS",
-            vec![("BATON_TOKEN", BOOTSTRAP)],
-            1,
-            "error[UNAVAILABLE]: ",
-        ),
+        // No CA for the node's certificate: the TLS handshake fails, nothing is sent, and it
+        // is said as the configuration error it is.
+        ("TLS", vec![("BATON_TOKEN", BOOTSTRAP)], 2, "error[TLS]: "),
         (
             "auth",
             vec![

@@ -1,12 +1,16 @@
 //! TLS on a real cluster (docs/security.md): the client API over HTTPS and mutual TLS between
 //! peers, with certificates the test makes (rcgen). HTTPS works from the CLI and the client
 //! crate through every node; plain HTTP to a TLS port and a peer whose certificate another CA
-//! signed are refused, and the node serves on.
+//! signed are refused, and the node serves on. A certificate the client cannot accept is a
+//! configuration error: never retried, exit 2, and the message says what to fix.
+
+use std::time::{Duration, Instant};
 
 use baton_client::api::ErrorCode;
-use baton_tests::{Cluster, ClusterConfig, Method, TestCerts};
-use serde_json::json;
+use baton_tests::{poll_until, Cluster, ClusterConfig, Method, TestCerts};
+use serde_json::{json, Value};
 
+use crate::agents::{bytes, denial, HookWorld};
 use crate::cli::baton;
 
 const BOOTSTRAP: &str = "bootstrap-secret-for-tls-tests-1";
@@ -72,8 +76,14 @@ async fn https_with_the_clusters_ca_works_from_the_cli_and_the_client_crate() {
     let all = endpoints.join(",");
     let acquired = baton(&all, &[&ca, &token, "acquire", "tls/cli"]).await;
     acquired.expect_code(0);
+    // Without it: a configuration error, said as such, not an unreachable cluster.
     let untrusted = baton(&all, &[&token, "--timeout=3s", "acquire", "tls/cli-2"]).await;
-    untrusted.expect_code(1);
+    untrusted.expect_code(2);
+    assert!(
+        untrusted.error_line().starts_with("error[TLS]: ")
+            && untrusted.error_line().contains("--ca-file"),
+        "{untrusted:#?}"
+    );
 
     // Plain HTTP to the TLS port: refused, and the node serves on.
     let node = cluster.node(1);
@@ -146,4 +156,105 @@ async fn a_peer_without_a_certificate_from_the_peer_ca_is_refused() {
         log.contains("TLS handshake refused"),
         "the refusals are logged"
     );
+}
+
+#[tokio::test]
+async fn a_ca_certificate_served_as_the_servers_is_a_configuration_error_said_at_once() {
+    let Secured {
+        cluster,
+        certs,
+        _dir,
+    } = secured(1).await;
+    // What `openssl req -x509` makes by default: the CA certificate itself, served.
+    let node = cluster.node(1);
+    node.kill();
+    std::fs::copy(&certs.ca, &certs.cert).expect("serve the CA certificate");
+    std::fs::copy(&certs.ca_key, &certs.key).expect("with the CA's key");
+    node.restart();
+    let address = node.api_addr();
+    poll_until(
+        Duration::from_secs(20),
+        "the node to listen again",
+        async || {
+            tokio::net::TcpStream::connect(&address)
+                .await
+                .ok()
+                .map(drop)
+        },
+    )
+    .await;
+
+    let ca = format!("--ca-file={}", certs.ca.display());
+    let token = format!("--token={BOOTSTRAP}");
+    let started = Instant::now();
+    let refused = baton(&node.api_url(), &[&ca, &token, "acquire", "tls/ca"]).await;
+    let took = started.elapsed();
+    refused.expect_code(2);
+    let line = refused.error_line();
+    assert!(
+        line.starts_with("error[TLS]: ")
+            && line.contains("is a CA certificate")
+            && line.contains("docs/security.md"),
+        "{refused:#?}"
+    );
+    // Not retried: one attempt, no backoff (eight attempts take more than three seconds).
+    assert!(!line.contains("attempt"), "{refused:#?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}: {refused:#?}");
+
+    // The client crate says the same, as an error that was surely not applied.
+    let client = baton_client::Client::builder([node.api_url()])
+        .token(BOOTSTRAP)
+        .ca_certificates(certs.ca_pem())
+        .build()
+        .expect("a client");
+    let error = client
+        .kv_put("tls/ca", json!(1))
+        .await
+        .expect_err("a CA certificate is refused");
+    assert_eq!(error.code(), "TLS", "{error:?}");
+    assert!(!error.is_indeterminate(), "{error:?}");
+
+    // The hook denies, even with --fail-open: this is configuration, not an outage.
+    let world = HookWorld::new();
+    let edit = world.pre_tool_use("tlstlstl-1", "Edit", "src/auth.rs");
+    let hooked = world
+        .hook(
+            &node.api_url(),
+            &[&ca, &token, "--fail-open"],
+            &bytes(&edit),
+        )
+        .await;
+    let reason = denial(&hooked);
+    assert!(
+        reason.starts_with("src/auth.rs cannot be claimed: Baton's TLS setup is wrong")
+            && reason.contains("is a CA certificate"),
+        "{hooked:#?}"
+    );
+
+    // The MCP server answers a tool call with an error result that says the same.
+    let mut mcp = tokio::process::Command::new(baton_tests::baton_path());
+    mcp.args(["mcp", "--endpoints", &node.api_url(), &ca, &token])
+        .env_remove("BATON_ENDPOINTS")
+        .kill_on_drop(true);
+    let (transport, _) = rmcp::transport::TokioChildProcess::builder(mcp)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn baton mcp");
+    let agent = rmcp::ServiceExt::serve((), transport)
+        .await
+        .expect("the MCP handshake");
+    let Value::Object(arguments) = json!({"resource": "tls/mcp"}) else {
+        unreachable!()
+    };
+    let claimed = agent
+        .call_tool(rmcp::model::CallToolRequestParams::new("claim").with_arguments(arguments))
+        .await
+        .expect("a tool result");
+    assert_eq!(claimed.is_error, Some(true), "{claimed:?}");
+    let text = format!("{:?}", claimed.content);
+    assert!(
+        text.contains("TLS setup is fixed") && text.contains("is a CA certificate"),
+        "{text}"
+    );
+    agent.cancel().await.expect("close the MCP session");
 }

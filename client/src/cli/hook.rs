@@ -234,6 +234,11 @@ fn failed(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
             note!("baton hook: {resource} cannot be claimed: {message}");
             Decision::Allow
         }
+        // Configuration, not an outage: --fail-open does not cover it.
+        Error::Tls { message } => Decision::Deny(format!(
+            "{resource} cannot be claimed: Baton's TLS setup is wrong, so edits are denied \
+             until it is fixed ({message})"
+        )),
         _ => unreachable(args, resource, error),
     }
 }

@@ -94,7 +94,9 @@ pub fn exit_code(error: &Error) -> u8 {
         Error::NotFound { .. } => EXIT_NOT_FOUND,
         Error::InvalidArgument { .. }
         | Error::PayloadTooLarge { .. }
-        | Error::IdempotencyKeyReused { .. } => EXIT_USAGE,
+        | Error::IdempotencyKeyReused { .. }
+        // A certificate this client cannot accept: configuration, not an outage.
+        | Error::Tls { .. } => EXIT_USAGE,
         _ => EXIT_FAILURE,
     }
 }
@@ -182,6 +184,7 @@ mod tests {
                 Error::IdempotencyKeyReused { message: message() },
                 EXIT_USAGE,
             ),
+            (Error::Tls { message: message() }, EXIT_USAGE),
             (
                 Error::Denied {
                     code: ErrorCode::PermissionDenied,

@@ -1272,6 +1272,13 @@ fn failure(error: Error, tool: &str, argument: &str, what: &str, given_back: boo
             ),
             structured,
         ),
+        Error::Tls { message } => Outcome::error(
+            format!(
+                "Baton cannot be used until its TLS setup is fixed, so {what} did not happen \
+                 ({message}); this is configuration, not something to retry: escalate"
+            ),
+            structured,
+        ),
         Error::Indeterminate { .. } => Outcome::error(
             format!(
                 "Baton did not answer in time, so whether {what} happened is unknown ({}); \

@@ -17,18 +17,20 @@ use std::sync::{Mutex, MutexGuard};
 
 /// A test CA and one certificate it signed, usable as a server and as a client certificate,
 /// as PEM files (made with rcgen): what a cluster with TLS runs with in the tests and the
-/// harness.
+/// harness. The CA's own key is kept too, so that a test can serve the CA certificate itself
+/// (the mistake `openssl req -x509` invites).
 #[derive(Debug, Clone)]
 pub struct TestCerts {
     pub ca: PathBuf,
+    pub ca_key: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
 }
 
 impl TestCerts {
     /// A new CA named `name` and a certificate for `127.0.0.1`, `localhost` and `more_hosts`
-    /// (IP addresses or names), written under `dir` as `NAME-ca.pem`, `NAME-cert.pem` and
-    /// `NAME-key.pem`.
+    /// (IP addresses or names), written under `dir` as `NAME-ca.pem`, `NAME-ca-key.pem`,
+    /// `NAME-cert.pem` and `NAME-key.pem`.
     ///
     /// # Panics
     ///
@@ -47,8 +49,9 @@ impl TestCerts {
             KeyUsagePurpose::CrlSign,
             KeyUsagePurpose::DigitalSignature,
         ];
-        let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("a CA key"))
-            .expect("a self-signed CA");
+        let ca_key = KeyPair::generate().expect("a CA key");
+        let ca_key_pem = ca_key.serialize_pem();
+        let ca = CertifiedIssuer::self_signed(ca, ca_key).expect("a self-signed CA");
         let mut hosts = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
         hosts.extend(more_hosts.iter().cloned());
         hosts.dedup();
@@ -63,10 +66,12 @@ impl TestCerts {
         let cert = leaf.signed_by(&key, &ca).expect("a leaf signed by the CA");
         let certs = TestCerts {
             ca: dir.join(format!("{name}-ca.pem")),
+            ca_key: dir.join(format!("{name}-ca-key.pem")),
             cert: dir.join(format!("{name}-cert.pem")),
             key: dir.join(format!("{name}-key.pem")),
         };
         fs::write(&certs.ca, ca.pem()).expect("write the CA");
+        fs::write(&certs.ca_key, ca_key_pem).expect("write the CA's key");
         fs::write(&certs.cert, cert.pem()).expect("write the certificate");
         fs::write(&certs.key, key.serialize_pem()).expect("write the key");
         certs
