@@ -348,6 +348,18 @@ pub(crate) mod sim {
         fail_after: Mutex<Option<usize>>,
     }
 
+    impl State {
+        /// The inode named `path`, made (empty) if there is none.
+        fn inode_for(&mut self, path: &Path) -> usize {
+            if let Some(inode) = self.names.get(path) {
+                return *inode;
+            }
+            self.inodes.push(Inode::default());
+            self.names.insert(path.to_owned(), self.inodes.len() - 1);
+            self.inodes.len() - 1
+        }
+    }
+
     impl SimDisk {
         /// How many operations were done.
         pub fn steps(&self) -> usize {
@@ -421,30 +433,14 @@ pub(crate) mod sim {
 
         fn write(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
             let mut state = self.step()?;
-            let inode = match state.names.get(path) {
-                Some(inode) => *inode,
-                None => {
-                    state.inodes.push(Inode::default());
-                    let inode = state.inodes.len() - 1;
-                    state.names.insert(path.to_owned(), inode);
-                    inode
-                }
-            };
+            let inode = state.inode_for(path);
             state.inodes[inode].current = parts.concat();
             Ok(())
         }
 
         fn overwrite(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
             let mut state = self.step()?;
-            let inode = match state.names.get(path) {
-                Some(inode) => *inode,
-                None => {
-                    state.inodes.push(Inode::default());
-                    let inode = state.inodes.len() - 1;
-                    state.names.insert(path.to_owned(), inode);
-                    inode
-                }
-            };
+            let inode = state.inode_for(path);
             let current = &mut state.inodes[inode].current;
             if current.len() < bytes.len() {
                 current.resize(bytes.len(), 0);
