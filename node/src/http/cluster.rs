@@ -66,7 +66,8 @@ fn cluster_status(app: &AppState, namespace: Option<&Namespace>) -> ClusterStatu
         ("Baton-Namespace" = Option<String>, Header, description = "The namespace whose revision is shown; `default` when absent")
     ),
     responses(
-        (status = 200, description = "This node's view", body = baton_api::ClusterStatus)
+        (status = 200, description = "This node's view", body = baton_api::ClusterStatus),
+        (status = "4XX", description = "Refused: a `Baton-Namespace` that is not a valid namespace name, or a bad token", body = baton_api::Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn status(
