@@ -259,14 +259,21 @@ impl Machine {
         // In the order a refusal names them: the path itself (one kind of lease at a time),
         // the subtree leases above it, then what lies below a subtree request, in path order.
         if let Some(lease) = state.leases.get(resource) {
-            self.refuse_if_live(state, resource, lease)?;
+            self.refuse_if_live(state, resource, resource, lease)?;
             dead_in_the_way.push(InTheWay::Lease(resource.clone(), lease.fence));
         }
-        self.check_shared(state, resource, mode, session, &mut dead_in_the_way)?;
+        self.check_shared(
+            state,
+            resource,
+            resource,
+            mode,
+            session,
+            &mut dead_in_the_way,
+        )?;
         for ancestor in resource.ancestors() {
             if let Some((path, lease)) = state.leases.get_key_value(ancestor) {
                 if lease.mode == LeaseMode::Subtree {
-                    self.refuse_if_live(state, path, lease)?;
+                    self.refuse_if_live(state, resource, path, lease)?;
                 }
             }
         }
@@ -279,28 +286,39 @@ impl Machine {
             for path in below {
                 match state.leases.get(path) {
                     Some(lease) => {
-                        self.refuse_if_live(state, path, lease)?;
+                        self.refuse_if_live(state, resource, path, lease)?;
                         dead_in_the_way.push(InTheWay::Lease(path.clone(), lease.fence));
                     }
-                    None => self.check_shared(state, path, mode, session, &mut dead_in_the_way)?,
+                    None => self.check_shared(
+                        state,
+                        resource,
+                        path,
+                        mode,
+                        session,
+                        &mut dead_in_the_way,
+                    )?,
                 }
             }
         }
         Ok(dead_in_the_way)
     }
 
+    /// `LEASE_HELD` when `lease`, on `path`, is live. The message names the `requested` path
+    /// and, when the lease is another path's (a subtree above it, or a lease below a subtree
+    /// request), that path too.
     fn refuse_if_live(
         &self,
         state: &NamespaceState,
-        resource: &ResourcePath,
+        requested: &ResourcePath,
+        path: &ResourcePath,
         lease: &Lease,
     ) -> Result<(), Rejection> {
-        match self.live_view(state, resource, lease) {
+        match self.live_view(state, path, lease) {
             None => Ok(()),
             Some(held_by) => Err(Rejection::LeaseHeld {
                 message: format!(
-                    "{} is held by {} (fence {}) for {} more",
-                    held_by.resource,
+                    "{} {} (fence {}) for {} more",
+                    what_is_held(requested, path),
                     held_by.holder,
                     held_by.fence,
                     human_duration(held_by.expires_in_ms)
@@ -592,5 +610,21 @@ pub(super) fn human_duration(milliseconds: u64) -> String {
         (0, seconds) => format!("{seconds}s"),
         (minutes, 0) => format!("{minutes}m"),
         (minutes, seconds) => format!("{minutes}m{seconds}s"),
+    }
+}
+
+/// How a refusal opens: `a/b is held by`, `a/b/c is inside a/b, held (subtree) by`, or
+/// `a (subtree) covers a/b, held by`; so a denial names the path asked for and the path of
+/// the lease in its way.
+pub(super) fn what_is_held(requested: &ResourcePath, path: &ResourcePath) -> String {
+    if requested == path {
+        format!("{path} is held by")
+    } else if requested
+        .ancestors()
+        .any(|ancestor| ancestor == path.as_str())
+    {
+        format!("{requested} is inside {path}, held (subtree) by")
+    } else {
+        format!("{requested} (subtree) covers {path}, held by")
     }
 }

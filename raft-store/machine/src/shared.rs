@@ -44,11 +44,13 @@ impl Machine {
         live
     }
 
-    /// Whether a `mode` acquire by `session` may join or must avoid the holders of
-    /// `resource`'s shared lease; dead holders go to `dead` for clearing.
+    /// Whether a `mode` acquire of `requested` by `session` may join or must avoid the
+    /// holders of `resource`'s shared lease (`requested` itself, or a path below a subtree
+    /// request); dead holders go to `dead` for clearing.
     pub(super) fn check_shared(
         &self,
         state: &NamespaceState,
+        requested: &ResourcePath,
         resource: &ResourcePath,
         wanted: super::LeaseMode,
         session: Option<SessionId>,
@@ -69,13 +71,19 @@ impl Machine {
                 super::LeaseMode::Shared { .. } => {
                     if let Some((_, own)) = live.iter().find(|(holder, _)| Some(*holder) == session)
                     {
-                        return Err(held(resource, shared.limit, vec![own.clone()], &live));
+                        return Err(held(
+                            requested,
+                            resource,
+                            shared.limit,
+                            vec![own.clone()],
+                            &live,
+                        ));
                     }
                     if live.len() >= shared.limit as usize {
-                        return Err(held(resource, shared.limit, Vec::new(), &live));
+                        return Err(held(requested, resource, shared.limit, Vec::new(), &live));
                     }
                 }
-                _ => return Err(held(resource, shared.limit, Vec::new(), &live)),
+                _ => return Err(held(requested, resource, shared.limit, Vec::new(), &live)),
             }
         }
         let mut gone: Vec<(u64, SessionId)> = shared
@@ -186,9 +194,11 @@ impl Machine {
     }
 }
 
-/// `LEASE_HELD` for a shared lease: `first` (the caller's own hold, if that is the reason)
-/// or the oldest holder, and up to ten holders with their total.
+/// `LEASE_HELD` for a shared lease on `resource` in the way of `requested`: `first` (the
+/// caller's own hold, if that is the reason) or the oldest holder, and up to ten holders with
+/// their total.
 fn held(
+    requested: &ResourcePath,
     resource: &ResourcePath,
     limit: u32,
     first: Vec<LeaseView>,
@@ -216,7 +226,8 @@ fn held(
         .collect();
     Rejection::LeaseHeld {
         message: format!(
-            "{resource} is shared by {} of {limit} holders: {}",
+            "{} {} of {limit} holders: {}",
+            super::leases::what_is_held(requested, resource).replace("held by", "shared by"),
             live.len(),
             names.join(", ")
         ),

@@ -554,6 +554,59 @@ fn a_subtree_lease_covers_the_paths_below_it() {
         .is_none());
 }
 
+/// A refusal names the path asked for and, when the lease in the way is another path's, that
+/// path too: an agent denied `repo/src/a.rs` learns that the subtree `repo/src` is why.
+#[test]
+fn a_refusal_names_the_path_asked_for_and_the_lease_in_its_way() {
+    let mut machine = check(vec![
+        (0, create(A, "agent-a", 60_000), "session expires_in=60000"),
+        (0, create(B, "agent-b", 60_000), "session expires_in=60000"),
+        (
+            0,
+            acquire_subtree(A, "repo/src"),
+            "granted fence=1 expires_in=60000",
+        ),
+        (
+            0,
+            acquire(A, "repo/docs/a.md"),
+            "granted fence=2 expires_in=60000",
+        ),
+        (
+            0,
+            acquire_as(A, "team/ci/x", LeaseMode::Shared { limit: 2 }),
+            "granted fence=3 expires_in=60000",
+        ),
+    ]);
+    let cases = [
+        (acquire(B, "repo/src"), "repo/src is held by agent-a (fence 1) for 1m more"),
+        (
+            acquire(B, "repo/src/a.rs"),
+            "repo/src/a.rs is inside repo/src, held (subtree) by agent-a (fence 1) for 1m more",
+        ),
+        (
+            acquire_subtree(B, "repo/docs"),
+            "repo/docs (subtree) covers repo/docs/a.md, held by agent-a (fence 2) for 1m more",
+        ),
+        (
+            acquire_subtree(B, "team"),
+            "team (subtree) covers team/ci/x, shared by 1 of 2 holders: agent-a (fence 3) for 1m more",
+        ),
+    ];
+    for (op, expected) in cases {
+        let refusal = machine
+            .apply(&Batch {
+                stamp_ms: 0,
+                commands: vec![command(op)],
+            })
+            .pop()
+            .expect("one response");
+        match refusal.outcome {
+            Err(Rejection::LeaseHeld { message, .. }) => assert_eq!(message, expected),
+            other => panic!("expected LEASE_HELD, got {other:?}"),
+        }
+    }
+}
+
 /// A stale-fence refusal of a token that is the live number, but of another session's lease,
 /// says whose session holds it: "not the live fence (live fence 1)" would contradict itself.
 #[test]
