@@ -73,6 +73,7 @@ mod client;
 pub mod clock;
 mod error;
 mod events;
+pub mod names;
 mod queue;
 mod session;
 
@@ -84,5 +85,6 @@ pub use client::{
 pub use clock::{Clock, ManualClock, SkewedClock, SystemClock, CLOCK_RATE_ERROR_DEFAULT};
 pub use error::{Error, Result};
 pub use events::{EventStream, STREAM_IDLE_MAX};
+pub use names::{name_file, FileName, FileNaming, NameError};
 pub use queue::{TaskClaim, WorkOptions, WorkReport, WorkStopped};
 pub use session::{LeaseGuard, LostReason, Session};

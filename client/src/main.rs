@@ -1,5 +1,6 @@
 //! `baton`, the command line for agents (docs/cli.md). The commands live in `cli/`; this
-//! file only parses the arguments (clap exits 2 on a usage error), starts a runtime, and exits
+//! file only parses the arguments (a usage error exits 2, but for a hook, which answers it as a
+//! decision), starts a runtime, and exits
 //! with the command's code.
 
 mod cli;
@@ -8,7 +9,10 @@ mod mcp;
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    let cli = cli::Cli::parse();
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(error) => return std::process::ExitCode::from(cli::usage_error(&error)),
+    };
     if let cli::Command::Supervise(args) = &cli.command {
         // Before any runtime: the supervisor is single-threaded by design.
         return cli::supervise::main(args);

@@ -15,6 +15,7 @@ mod expiry;
 mod failover;
 mod fencing;
 mod forwarding;
+mod hook;
 mod leases;
 mod line;
 mod mcp;

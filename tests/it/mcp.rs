@@ -211,10 +211,20 @@ async fn tools_list_shows_the_eleven_tools_with_their_schemas() {
         required.sort();
         required
     };
-    assert_eq!(required("claim"), ["resource"]);
-    assert_eq!(required("release"), ["resource"]);
+    // `resource` or `path`, one of the two: the call says so when neither or both is given.
+    for tool in ["claim", "release", "who_holds"] {
+        assert!(required(tool).is_empty(), "{tool}");
+        let properties = tools
+            .iter()
+            .find(|listed| listed.name == tool)
+            .and_then(|listed| listed.input_schema["properties"].as_object().cloned())
+            .unwrap_or_default();
+        assert!(
+            properties.contains_key("resource") && properties.contains_key("path"),
+            "{tool}: {properties:?}"
+        );
+    }
     assert!(required("my_claims").is_empty());
-    assert_eq!(required("who_holds"), ["resource"]);
     assert!(required("list_claims").is_empty());
     assert_eq!(required("write_value"), ["key", "value"]);
     assert_eq!(required("read_value"), ["key"]);
@@ -229,7 +239,7 @@ async fn tools_list_shows_the_eleven_tools_with_their_schemas() {
     let properties = claim.input_schema["properties"]
         .as_object()
         .expect("claim has properties");
-    for argument in ["resource", "mode", "reason", "wait_seconds"] {
+    for argument in ["resource", "path", "mode", "reason", "wait_seconds"] {
         assert!(properties.contains_key(argument), "claim takes {argument}");
     }
     assert_eq!(
@@ -237,6 +247,86 @@ async fn tools_list_shows_the_eleven_tools_with_their_schemas() {
         "the schema caps the wait: {}",
         properties["wait_seconds"]
     );
+    agent.close().await;
+}
+
+/// One name per file for every runtime: a file claimed through MCP's `path` (relative, or an
+/// absolute `resource`) is the file the Claude Code hook claims and `baton name` names; MCP
+/// refused absolute paths and its docs named files otherwise than the hook before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_claimed_through_mcp_is_the_file_the_hook_claims() {
+    let cluster = Cluster::start(1).await;
+    let world = crate::hook::HookWorld::new();
+    let mut command = clean_command(baton_path());
+    command
+        .args([
+            "mcp",
+            "--endpoints",
+            &cluster.node(1).api_url(),
+            "--holder",
+            "agent-m",
+        ])
+        .current_dir(&world.repo);
+    let agent = Agent::spawn(command, "agent-m").await;
+
+    let claimed = agent.call("claim", json!({"path": "src/auth.rs"})).await;
+    assert!(!claimed.is_error, "{claimed:?}");
+    assert_eq!(
+        claimed.structured["resource"], "github.com/acme/web/src/auth.rs",
+        "{claimed:?}"
+    );
+    let absolute = world.repo.join("src/db.rs");
+    let claimed = agent
+        .call("claim", json!({"resource": absolute, "mode": "exclusive"}))
+        .await;
+    assert_eq!(
+        claimed.structured["resource"], "github.com/acme/web/src/db.rs",
+        "{claimed:?}"
+    );
+    let named = crate::cli::baton(
+        &cluster.node(1).api_url(),
+        &["name", absolute.to_str().expect("UTF-8")],
+    )
+    .await;
+    assert_eq!(
+        named.stdout.trim(),
+        "github.com/acme/web/src/db.rs",
+        "{named:?}"
+    );
+
+    // The hook of a Claude session is denied the same file, named the same way.
+    let edit = world.pre_tool_use("cccccccc-mcp", "Edit", "src/auth.rs");
+    let reason = crate::hook::denial(
+        &world
+            .hook(&cluster.node(1).api_url(), &[], &crate::hook::bytes(&edit))
+            .await,
+    );
+    assert!(
+        reason.starts_with("github.com/acme/web/src/auth.rs is held by agent-m"),
+        "{reason}"
+    );
+    let held = agent
+        .call("who_holds", json!({"path": "src/auth.rs"}))
+        .await;
+    assert!(held.text.contains("agent-m"), "{held:?}");
+    let released = agent
+        .call("release", json!({"path": world.repo.join("src/auth.rs")}))
+        .await;
+    assert!(!released.is_error, "{released:?}");
+    assert!(lease(&cluster, "github.com/acme/web/src/auth.rs")
+        .await
+        .is_none());
+
+    // Both, or neither: an error result naming them.
+    for arguments in [json!({}), json!({"resource": "a", "path": "b"})] {
+        let refused = agent.call("claim", arguments.clone()).await;
+        assert!(
+            refused.is_error
+                && refused.text.contains("`resource`")
+                && refused.text.contains("`path`"),
+            "{arguments}: {refused:?}"
+        );
+    }
     agent.close().await;
 }
 

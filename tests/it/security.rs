@@ -768,3 +768,68 @@ async fn one_tenants_writes_neither_number_nor_push_out_anothers_events() {
         .expect_json(200);
     assert_eq!(status["revision"], 2, "{status}");
 }
+
+/// The Claude Code hook with a token Baton refuses denies the edit, naming the token, and
+/// `--fail-open` does not let it through: it covers an unreachable Baton only (issue: the hook
+/// let every 4xx through).
+#[tokio::test]
+async fn the_hook_denies_an_edit_with_a_token_baton_refuses() {
+    let cluster = secured(1).await;
+    let team_a = token(&cluster, "team-a-agent", "agent", &["team-a"]).await;
+    let world = crate::hook::HookWorld::new();
+    let edit = world.pre_tool_use("tokentok-1", "Edit", "src/auth.rs");
+    let unknown = "--token=no-such-token-0000000000";
+    let elsewhere = format!("--token={team_a}");
+    for (args, code) in [
+        (vec![unknown], "UNAUTHENTICATED"),
+        (vec![unknown, "--fail-open"], "UNAUTHENTICATED"),
+        (
+            vec![&elsewhere, "--namespace", "team-b"],
+            "PERMISSION_DENIED",
+        ),
+        (
+            vec![&elsewhere, "--namespace", "team-b", "--fail-open"],
+            "PERMISSION_DENIED",
+        ),
+    ] {
+        let reason = crate::hook::denial(
+            &world
+                .hook(&url(&cluster), &args, &crate::hook::bytes(&edit))
+                .await,
+        );
+        assert!(
+            reason.contains("cannot be claimed")
+                && reason.contains(code)
+                && reason.contains("--token"),
+            "{args:?}: {reason}"
+        );
+    }
+    // A quota reached is a refusal too, not an outage.
+    let small: Value = cluster
+        .api()
+        .post(
+            cluster.node(1),
+            "/v1/auth/tokens",
+            &json!({ "name": "one-lease", "role": "agent", "namespaces": ["*"],
+                     "quotas": { "sessions_max": 5, "leases_max": 1 } }),
+        )
+        .await
+        .expect_json(201);
+    let small = format!("--token={}", small["secret"].as_str().expect("a secret"));
+    crate::hook::allowed(
+        &world
+            .hook(&url(&cluster), &[&small], &crate::hook::bytes(&edit))
+            .await,
+    );
+    let second = world.pre_tool_use("tokentok-1", "Edit", "src/db.rs");
+    let reason = crate::hook::denial(
+        &world
+            .hook(
+                &url(&cluster),
+                &[&small, "--fail-open"],
+                &crate::hook::bytes(&second),
+            )
+            .await,
+    );
+    assert!(reason.contains("RESOURCE_EXHAUSTED"), "{reason}");
+}

@@ -10,8 +10,8 @@ use baton_client::api::ErrorCode;
 use baton_tests::{poll_until, Cluster, ClusterConfig, Method, TestCerts};
 use serde_json::{json, Value};
 
-use crate::agents::{bytes, denial, HookWorld};
 use crate::cli::baton;
+use crate::hook::{bytes, denial, HookWorld};
 
 const BOOTSTRAP: &str = "bootstrap-secret-for-tls-tests-1";
 
@@ -226,8 +226,9 @@ async fn a_ca_certificate_served_as_the_servers_is_a_configuration_error_said_at
         .await;
     let reason = denial(&hooked);
     assert!(
-        reason.starts_with("src/auth.rs cannot be claimed: Baton's TLS setup is wrong")
-            && reason.contains("is a CA certificate"),
+        reason.starts_with(
+            "github.com/acme/web/src/auth.rs cannot be claimed: Baton's TLS setup is wrong"
+        ) && reason.contains("is a CA certificate"),
         "{hooked:#?}"
     );
 

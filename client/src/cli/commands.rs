@@ -47,6 +47,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
             }
             Ok(EXIT_OK)
         }
+        Command::Name { paths, root, repo } => name(&paths, root, repo, json),
         Command::Get { resource } => {
             let lease = client.get_lease(&resource).await?;
             if json {
@@ -488,4 +489,39 @@ fn fenced(
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// `baton name PATH...`: one name a line, or `[{path, resource}]` with `--json`.
+fn name(
+    paths: &[std::path::PathBuf],
+    root: Option<std::path::PathBuf>,
+    repo: Option<String>,
+    json: bool,
+) -> Result<u8, Failure> {
+    let naming = baton_client::FileNaming { root, repo };
+    let here = std::env::current_dir().map_err(|error| {
+        Failure::new(
+            super::output::EXIT_FAILURE,
+            "INTERNAL",
+            format!("no current directory: {error}"),
+        )
+    })?;
+    let mut named = Vec::new();
+    for path in paths {
+        let name = baton_client::name_file(path, &here, &naming)
+            .map_err(|error| Failure::new(EXIT_USAGE, "INVALID_ARGUMENT", error.to_string()))?;
+        named.push((path, name.resource));
+    }
+    if json {
+        let list: Vec<serde_json::Value> = named
+            .iter()
+            .map(|(path, resource)| serde_json::json!({"path": path, "resource": resource}))
+            .collect();
+        print_json(&list);
+    } else {
+        for (_, resource) in &named {
+            say!("{resource}");
+        }
+    }
+    Ok(EXIT_OK)
 }

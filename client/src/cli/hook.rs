@@ -4,39 +4,45 @@
 //! how long, and decides what to do.
 //!
 //! One hook event arrives as JSON on stdin. `PreToolUse` of `Edit`, `Write`, `MultiEdit` or
-//! `NotebookEdit` claims the file's path relative to `--root` (default: the git top level
-//! containing the file, else the working directory) as an exclusive lease of the Claude
-//! session's Baton session. That session is created by the first claim (holder
+//! `NotebookEdit` claims the file, named by the one rule of `baton_client::names` (its
+//! repository's identity and its path in it, links resolved), as an exclusive lease of the
+//! Claude session's Baton session. That session is created by the first claim (holder
 //! `claude-code:<first 8 of session_id>@host` unless `--holder`/`BATON_HOLDER` names one) and
 //! renewed (`--ttl`, default 15m) by every later call; its id lives in a 0600 file under
 //! `$XDG_STATE_HOME/baton/claude-code/` (`~/.local/state` when unset), one per Claude
-//! session. Granted or already held by this session: exit 0, no output. Held by another:
-//! a `deny` decision naming the holder. Baton unreachable: deny saying so, or allow with
-//! `--fail-open`. `SessionEnd` ends the Baton session (releasing everything) and removes the
-//! file. Anything else: exit 0, no output.
+//! session. `Stop` (the end of the agent's turn) and `SessionEnd` end the Baton session,
+//! releasing every file (`--keep-claims`: only `SessionEnd`). Anything else: exit 0, no
+//! output. `baton hook claude-code release PATH` releases one file an agent of this user
+//! claimed.
+//!
+//! **Fail closed.** Only a grant, or the file already held by this session, lets an edit
+//! through. Anything else denies it with a reason the model reads: another holder, a refusal
+//! (a 4xx of any kind, from Baton or from something that is not Baton), a bad flag, a state
+//! file that cannot be kept, a TLS or token problem. `--fail-open` lets the edit through only
+//! when Baton is unreachable (nothing answered, no leader, no answer in time). The hook always
+//! exits 0 with its decision on stdout, so that Claude Code reads it.
 //!
 //! A hook keeps no memory but that file: when the Baton session was lost (it expired between
 //! two edits, or someone ended it), the next call creates a new one; the leases of the lost
-//! one are gone, and another agent may have edited those files meanwhile. A missing, corrupt
-//! or unreadable file is replaced the same way. The hook always exits 0, so that a broken
-//! hook never blocks Claude Code: malformed input is a one-line warning on stderr.
+//! one are gone, and another agent may have edited those files meanwhile. A missing or corrupt
+//! file (anything but a session id) is replaced the same way.
 //!
 //! What must never live here: lease rules; the server decides, the hook only asks.
 
 use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use baton_client::api::{AcquireRequest, Labels, LeaseMode, SessionId};
-use baton_client::{Client, Error};
-use clap::Args;
+use baton_client::api::{AcquireRequest, ErrorCode, Labels, LeaseMode, SessionId};
+use baton_client::{name_file, Client, Error, FileNaming};
+use clap::{Args, Subcommand};
 use nix::fcntl::{Flock, FlockArg};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::duration::parse_duration;
-use super::output::{note, say, EXIT_OK};
+use super::output::{note, say, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE};
 use super::Global;
 
 /// Longest single attempt of a hook's request: a hook must answer fast.
@@ -54,20 +60,48 @@ const EDIT_TOOLS: [(&str, &str); 4] = [
     ("MultiEdit", "file_path"),
     ("NotebookEdit", "notebook_path"),
 ];
+/// Where a deny reason sends a user whose hook is misconfigured.
+const FIX_THE_HOOK: &str = "fix the hook's command in .claude/settings.json";
 
-/// `baton hook claude-code [--root DIR] [--ttl 15m] [--fail-open]`.
+/// `baton hook claude-code [--root DIR] [--repo ID] [--ttl 15m] [--fail-open] [--keep-claims]`,
+/// or `baton hook claude-code release PATH...`.
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct ClaudeCodeArgs {
-    /// Claim paths relative to this directory (default: the git top level containing the
-    /// file, else the hook's working directory). Files outside it are not claimed.
-    #[arg(long)]
+    /// Treat this directory as the repository root of the files under it (default: each
+    /// file's git top level).
+    #[arg(long, global = true)]
     pub root: Option<PathBuf>,
-    /// TTL of the Claude session's Baton session; every hook call renews it.
-    #[arg(long, default_value = "15m", value_parser = parse_duration)]
-    pub ttl: Duration,
-    /// Allow the edit when Baton cannot be reached (default: deny it, saying so).
+    /// The repository identity of the working directory's repository (or of --root), instead
+    /// of its `origin` remote: the first part of every name it claims.
+    #[arg(long, global = true)]
+    pub repo: Option<String>,
+    /// TTL of the Claude session's Baton session; every hook call renews it. A bad value
+    /// denies every edit, saying so.
+    #[arg(long, default_value = "15m")]
+    pub ttl: String,
+    /// Allow the edit when Baton is unreachable (default: deny it, saying so). Never covers
+    /// a refusal, a bad flag or a TLS or token problem.
     #[arg(long)]
     pub fail_open: bool,
+    /// Keep the files claimed across the agent's turns, until SessionEnd or --ttl of
+    /// silence (default: the end of each turn, Claude Code's Stop event, releases them).
+    #[arg(long)]
+    pub keep_claims: bool,
+    #[command(subcommand)]
+    pub action: Option<ClaudeCodeAction>,
+}
+
+/// What `baton hook claude-code` does besides answering a hook event.
+#[derive(Debug, Subcommand)]
+pub enum ClaudeCodeAction {
+    /// Release files a Claude Code session of this user claimed through the hook (named as
+    /// the hook names them, from the current directory); exit 3 when none held one.
+    Release {
+        /// The files to release.
+        #[arg(required = true)]
+        paths: Vec<PathBuf>,
+    },
 }
 
 /// The fields of a Claude Code hook event the hook reads; the rest is ignored.
@@ -92,31 +126,75 @@ enum Decision {
     Deny(String),
 }
 
-/// Runs the hook; always exit 0 (see the module comment).
+/// Runs the hook, or its `release`; a hook event always exits 0 (see the module comment).
 pub async fn claude_code(global: &Global, args: ClaudeCodeArgs) -> u8 {
+    if let Some(ClaudeCodeAction::Release { paths }) = &args.action {
+        return release(global, &args, paths).await;
+    }
+    let Some(event) = read_event() else {
+        return EXIT_OK;
+    };
+    let decision = match event.hook_event_name.as_str() {
+        "PreToolUse" => pre_tool_use(global, &args, &event).await,
+        "Stop" if !args.keep_claims => {
+            end_claims(global, &event).await;
+            Decision::Allow
+        }
+        "SessionEnd" => {
+            end_claims(global, &event).await;
+            Decision::Allow
+        }
+        _ => Decision::Allow,
+    };
+    answer(decision)
+}
+
+/// The hook's command line did not parse (`error` is clap's): an edit is denied saying so, so
+/// that a typo never turns coordination off; any other event is let through with a warning.
+pub fn bad_flags(error: &clap::Error) -> u8 {
+    let problem = error
+        .to_string()
+        .lines()
+        .next()
+        .unwrap_or("a usage error")
+        .trim_start_matches("error: ")
+        .to_owned();
+    let Some(event) = read_event() else {
+        return EXIT_OK;
+    };
+    match edited_file(&event) {
+        Some(file) if event.hook_event_name == "PreToolUse" => answer(Decision::Deny(format!(
+            "{} cannot be claimed: baton hook claude-code has a bad flag ({problem}); \
+             {FIX_THE_HOOK}",
+            file.display()
+        ))),
+        _ => {
+            note!("baton hook: a bad flag ({problem}); {FIX_THE_HOOK}");
+            EXIT_OK
+        }
+    }
+}
+
+/// The hook event on stdin, or `None` (with a warning) when there is none to read.
+fn read_event() -> Option<HookEvent> {
     let mut input = Vec::new();
     if let Err(error) = std::io::stdin()
         .take(EVENT_BYTES_MAX)
         .read_to_end(&mut input)
     {
         note!("baton hook: cannot read the hook event on stdin: {error}");
-        return EXIT_OK;
+        return None;
     }
-    let event: HookEvent = match serde_json::from_slice(&input) {
-        Ok(event) => event,
+    match serde_json::from_slice(&input) {
+        Ok(event) => Some(event),
         Err(error) => {
             note!("baton hook: ignoring a malformed hook event: {error}");
-            return EXIT_OK;
+            None
         }
-    };
-    let decision = match event.hook_event_name.as_str() {
-        "PreToolUse" => pre_tool_use(global, &args, &event).await,
-        "SessionEnd" => {
-            session_end(global, &event).await;
-            Decision::Allow
-        }
-        _ => Decision::Allow,
-    };
+    }
+}
+
+fn answer(decision: Decision) -> u8 {
     if let Decision::Deny(reason) = decision {
         let answer = serde_json::json!({
             "hookSpecificOutput": {
@@ -134,30 +212,48 @@ async fn pre_tool_use(global: &Global, args: &ClaudeCodeArgs, event: &HookEvent)
     let Some(file) = edited_file(event) else {
         return Decision::Allow;
     };
+    let ttl = match parse_duration(&args.ttl) {
+        Ok(ttl) => ttl,
+        Err(error) => {
+            return Decision::Deny(format!(
+                "{} cannot be claimed: the hook's --ttl {:?} is not a duration ({error}); \
+                 {FIX_THE_HOOK}",
+                file.display(),
+                args.ttl
+            ))
+        }
+    };
     let working_directory = event
         .cwd
         .clone()
         .or_else(|| std::env::current_dir().ok())
         .unwrap_or_else(|| PathBuf::from("/"));
-    let file = normalize(&working_directory.join(file));
-    let root = match &args.root {
-        Some(root) => normalize(&working_directory.join(root)),
-        None => git_top_level(&file).unwrap_or_else(|| normalize(&working_directory)),
-    };
-    // By text first; then through symbolic links (`/tmp` may be `/private/tmp`).
-    let resource =
-        resource_of(&file, &root).or_else(|| resource_of(&resolve(&file), &resolve(&root)));
-    let Some(resource) = resource else {
-        return Decision::Allow;
+    let resource = match name_file(&file, &working_directory, &naming(args)) {
+        Ok(name) => name.resource,
+        Err(error) => {
+            return Decision::Deny(format!("{} cannot be claimed: {error}", file.display()))
+        }
     };
     let client = match hook_client(global, &event.session_id) {
         Ok(client) => client,
-        // A bad endpoint: as unreachable as a node that is down.
-        Err(error) => return unreachable(args, &resource, &error),
+        Err(error) => {
+            return Decision::Deny(format!(
+                "{resource} cannot be claimed: the hook's Baton settings are wrong ({}); \
+                 {FIX_THE_HOOK}",
+                error.message()
+            ))
+        }
     };
     let state = StateFile::new(&event.session_id);
     let _serialized = state.lock();
-    claim(&client, args, &state, &resource).await
+    claim(&client, args, ttl, &state, &resource).await
+}
+
+fn naming(args: &ClaudeCodeArgs) -> FileNaming {
+    FileNaming {
+        root: args.root.clone(),
+        repo: args.repo.clone(),
+    }
 }
 
 /// Claims `resource` for the Claude session's Baton session, creating that session when
@@ -165,6 +261,7 @@ async fn pre_tool_use(global: &Global, args: &ClaudeCodeArgs, event: &HookEvent)
 async fn claim(
     client: &Client,
     args: &ClaudeCodeArgs,
+    ttl: Duration,
     state: &StateFile,
     resource: &str,
 ) -> Decision {
@@ -174,7 +271,7 @@ async fn claim(
         holder: session_id.is_none().then(|| client.holder().to_owned()),
         ttl_ms: session_id
             .is_none()
-            .then(|| u64::try_from(args.ttl.as_millis()).unwrap_or(u64::MAX)),
+            .then(|| u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
         session_id,
         mode: LeaseMode::Exclusive,
         max_hold_ms: None,
@@ -197,23 +294,27 @@ async fn claim(
                 }
                 return Decision::Deny(message);
             }
+            // The session is gone: the acquire below makes a new one.
             Err(Error::Lost { .. } | Error::NotFound { .. } | Error::Held { .. }) => {}
-            Err(error) => return failed(args, resource, &error),
+            Err(error) => return refused(args, resource, &error),
         }
     }
     // No session yet, or it is gone: the acquire creates one in the same write.
     match client.acquire_raw(&request(None)).await {
-        Ok(answer) => {
-            if let Err(error) = state.write(&answer.value.session_id) {
-                note!(
-                    "baton hook: cannot keep the session id in {}: {error}",
+        Ok(answer) => match state.write(&answer.value.session_id) {
+            Ok(()) => Decision::Allow,
+            Err(error) => {
+                // A session nobody remembers would hold the file against its own agent.
+                let _ = client.end_session(&answer.value.session_id).await;
+                Decision::Deny(format!(
+                    "{resource} cannot be claimed: the hook cannot keep its session in {} \
+                     ({error}); make that directory writable or set XDG_STATE_HOME",
                     state.path.display()
-                );
+                ))
             }
-            Decision::Allow
-        }
+        },
         Err(Error::Held { message, .. }) => Decision::Deny(message),
-        Err(error) => failed(args, resource, &error),
+        Err(error) => refused(args, resource, &error),
     }
 }
 
@@ -226,40 +327,62 @@ async fn holds(client: &Client, session_id: &SessionId, resource: &str) -> bool 
         .is_ok_and(|info| info.leases.iter().any(|lease| lease.resource == resource))
 }
 
-/// The decision when the claim could not be made: unreachable is a denial (or an allowance
-/// with `--fail-open`); a name Baton refuses cannot be claimed, so the edit goes ahead.
-fn failed(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
+/// True when `error` means Baton could not be reached or could not decide (nothing answered,
+/// no leader, no answer in time, an answer lost or a gateway's 5xx): the one failure
+/// `--fail-open` covers. A refusal, a quota, a TLS or token problem is an answer, not an
+/// outage.
+fn is_unreachable(error: &Error) -> bool {
     match error {
-        Error::InvalidArgument { message } | Error::PayloadTooLarge { message } => {
-            note!("baton hook: {resource} cannot be claimed: {message}");
-            Decision::Allow
-        }
-        // Configuration, not an outage: --fail-open does not cover it.
-        Error::Tls { message } => Decision::Deny(format!(
-            "{resource} cannot be claimed: Baton's TLS setup is wrong, so edits are denied \
-             until it is fixed ({message})"
-        )),
-        _ => unreachable(args, resource, error),
+        Error::Unavailable { code, .. } => matches!(code, None | Some(ErrorCode::NoLeader)),
+        Error::Indeterminate { .. } => true,
+        _ => false,
     }
 }
 
-/// Baton cannot be reached: deny saying so, or allow with `--fail-open`.
-fn unreachable(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
-    if args.fail_open {
-        note!(
-            "baton hook: Baton is unreachable; allowing the edit of {resource} (--fail-open): {}",
+/// The decision when the claim was not granted for another reason than another holder:
+/// deny, saying why; with `--fail-open`, allow only when Baton is unreachable.
+fn refused(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
+    if is_unreachable(error) {
+        if args.fail_open {
+            note!(
+                "baton hook: Baton is unreachable; allowing the edit of {resource} (--fail-open): {}",
+                error.message()
+            );
+            return Decision::Allow;
+        }
+        return Decision::Deny(format!(
+            "{resource} cannot be claimed: Baton is unreachable ({}: {})",
+            error.code(),
             error.message()
-        );
-        return Decision::Allow;
+        ));
     }
+    let because = match error {
+        Error::Tls { message } => {
+            return Decision::Deny(format!(
+                "{resource} cannot be claimed: Baton's TLS setup is wrong, so edits are denied \
+                 until it is fixed ({message}); {FIX_THE_HOOK} (--ca-file) or the server's \
+                 certificate"
+            ))
+        }
+        Error::Denied { .. } => format!("; {FIX_THE_HOOK} (--token, or BATON_TOKEN)"),
+        Error::InvalidArgument { .. } | Error::PayloadTooLarge { .. } => {
+            format!(
+                "; check the hook's flags (--ttl {}) and the file's name",
+                args.ttl
+            )
+        }
+        _ => String::new(),
+    };
     Decision::Deny(format!(
-        "{resource} cannot be claimed: Baton is unreachable ({}: {})",
+        "{resource} cannot be claimed: Baton refused the claim ({}: {}){because}",
         error.code(),
         error.message()
     ))
 }
 
-async fn session_end(global: &Global, event: &HookEvent) {
+/// `Stop` or `SessionEnd`: ends the Claude session's Baton session, releasing every file it
+/// claimed, and forgets it. A failure leaves the files to expire with the session's TTL.
+async fn end_claims(global: &Global, event: &HookEvent) {
     let state = StateFile::new(&event.session_id);
     let _serialized = state.lock();
     let Some(session_id) = state.read() else {
@@ -280,60 +403,57 @@ async fn session_end(global: &Global, event: &HookEvent) {
     state.remove();
 }
 
+/// `baton hook claude-code release PATH...`: each file is released by whichever of this
+/// user's Claude Code sessions holds it.
+async fn release(global: &Global, args: &ClaudeCodeArgs, paths: &[PathBuf]) -> u8 {
+    let working_directory = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let client = match hook_client(global, "release") {
+        Ok(client) => client,
+        Err(error) => {
+            note!("error[{}]: {}", error.code(), error.message());
+            return EXIT_USAGE;
+        }
+    };
+    let sessions = StateFile::all();
+    let mut code = EXIT_OK;
+    for path in paths {
+        let resource = match name_file(path, &working_directory, &naming(args)) {
+            Ok(name) => name.resource,
+            Err(error) => {
+                note!("error[INVALID_ARGUMENT]: {error}");
+                return EXIT_USAGE;
+            }
+        };
+        let mut released = false;
+        for session_id in &sessions {
+            match client.release(session_id, &resource).await {
+                Ok(_) => {
+                    released = true;
+                    break;
+                }
+                Err(Error::Lost { .. } | Error::NotFound { .. }) => {}
+                Err(error) => {
+                    note!("error[{}]: {resource}: {}", error.code(), error.message());
+                    return super::output::EXIT_FAILURE;
+                }
+            }
+        }
+        if released {
+            say!("released {resource}");
+        } else {
+            note!("error[NOT_FOUND]: no Claude Code session of yours holds {resource}");
+            code = EXIT_NOT_FOUND;
+        }
+    }
+    code
+}
+
 /// The file an edit tool is about to change, from its `tool_input`.
 fn edited_file(event: &HookEvent) -> Option<PathBuf> {
     let tool = event.tool_name.as_deref()?;
     let (_, field) = EDIT_TOOLS.iter().find(|(name, _)| *name == tool)?;
     let path = event.tool_input.as_ref()?.get(field)?.as_str()?;
     (!path.is_empty()).then(|| PathBuf::from(path))
-}
-
-/// `path` without `.` and `..` components, resolved by text alone (the file may not exist).
-fn normalize(path: &Path) -> PathBuf {
-    let mut normal = PathBuf::new();
-    for component in path.components() {
-        match component {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                normal.pop();
-            }
-            other => normal.push(other),
-        }
-    }
-    normal
-}
-
-/// `path` with its nearest existing ancestor resolved through symbolic links (the file itself
-/// may not exist yet).
-fn resolve(path: &Path) -> PathBuf {
-    path.ancestors()
-        .find_map(|ancestor| {
-            let real = ancestor.canonicalize().ok()?;
-            Some(real.join(path.strip_prefix(ancestor).ok()?))
-        })
-        .unwrap_or_else(|| path.to_path_buf())
-}
-
-/// The nearest directory above `file` with a `.git` entry.
-fn git_top_level(file: &Path) -> Option<PathBuf> {
-    file.ancestors()
-        .skip(1)
-        .find(|directory| directory.join(".git").exists())
-        .map(Path::to_path_buf)
-}
-
-/// `file` relative to `root` with `/` separators, or `None` when it is not under `root`.
-fn resource_of(file: &Path, root: &Path) -> Option<String> {
-    let relative = file.strip_prefix(root).ok()?;
-    let parts: Option<Vec<&str>> = relative
-        .components()
-        .map(|component| match component {
-            Component::Normal(part) => part.to_str(),
-            _ => None,
-        })
-        .collect();
-    let parts = parts?;
-    (!parts.is_empty()).then(|| parts.join("/"))
 }
 
 /// A client for the hook: short timeouts, and the Claude session's own holder name.
@@ -386,16 +506,27 @@ impl StateFile {
         }
     }
 
-    /// The session id kept, or `None` when there is none or the file is not one.
+    /// The session id kept, or `None` when there is none or the file holds anything but a
+    /// session id (32 lowercase hex digits): a corrupt file is replaced by a new session.
     fn read(&self) -> Option<SessionId> {
         let text = std::fs::read_to_string(&self.path).ok()?;
-        let id = text.trim();
-        let plausible = !id.is_empty()
-            && id.len() <= STATE_NAME_BYTES_MAX
-            && id
-                .bytes()
-                .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_');
-        plausible.then(|| SessionId::new(id))
+        session_id_of(&text)
+    }
+
+    /// The session ids kept for every Claude session of this user.
+    fn all() -> Vec<SessionId> {
+        let Ok(entries) = std::fs::read_dir(StateFile::new("").directory()) else {
+            return Vec::new();
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter(|entry| entry.path().extension().is_none())
+            .filter_map(|entry| session_id_of(&std::fs::read_to_string(entry.path()).ok()?))
+            .collect()
+    }
+
+    fn directory(&self) -> &Path {
+        self.path.parent().unwrap_or_else(|| Path::new("."))
     }
 
     /// An exclusive lock on the Claude session's calls, held until dropped, or `None` when the
@@ -416,11 +547,10 @@ impl StateFile {
     }
 
     fn create_directory(&self) -> std::io::Result<()> {
-        let directory = self.path.parent().unwrap_or_else(|| Path::new("."));
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
-            .create(directory)
+            .create(self.directory())
     }
 
     /// Replaces the file (0600, in a 0700 directory) with `session_id`.
@@ -453,26 +583,31 @@ impl StateFile {
     }
 }
 
+/// The session id a state file's text holds, if it holds exactly one.
+fn session_id_of(text: &str) -> Option<SessionId> {
+    let id = text.trim();
+    let well_formed = id.len() == 32
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    well_formed.then(|| SessionId::new(id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn files_are_named_relative_to_the_root_or_not_at_all() {
-        let root = Path::new("/repo");
-        let cases = [
-            ("/repo/src/auth.rs", Some("src/auth.rs")),
-            ("/repo/./src/../lib.rs", Some("lib.rs")),
-            ("/repo", None),
-            ("/elsewhere/x.rs", None),
-            ("/repo/../repo2/x.rs", None),
-        ];
-        for (file, resource) in cases {
-            assert_eq!(
-                resource_of(&normalize(Path::new(file)), root).as_deref(),
-                resource,
-                "{file}"
-            );
+    fn a_state_file_holds_a_session_id_or_nothing() {
+        let id = "0123456789abcdef0123456789abcdef";
+        assert_eq!(session_id_of(&format!("{id}\n")), Some(SessionId::new(id)));
+        for corrupt in [
+            "garbage",
+            "",
+            "0123456789ABCDEF0123456789ABCDEF",
+            "\u{0}garbage",
+        ] {
+            assert_eq!(session_id_of(corrupt), None, "{corrupt:?}");
         }
     }
 

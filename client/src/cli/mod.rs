@@ -209,6 +209,20 @@ pub enum Command {
     /// Serve the Model Context Protocol on stdio: claims, the fenced store and work queues as
     /// tools for one agent, with one Baton session per process.
     Mcp(crate::mcp::McpArgs),
+    /// Print the resource name of each file: its repository's identity and its path in it,
+    /// links resolved (the rule of the Claude Code hook and `baton mcp`).
+    Name {
+        /// The files (or directories), absolute or relative to the current directory.
+        #[arg(required = true)]
+        paths: Vec<std::path::PathBuf>,
+        /// Treat this directory as a repository root (default: each file's git top level).
+        #[arg(long)]
+        root: Option<std::path::PathBuf>,
+        /// The identity of the current directory's repository (or of --root), instead of its
+        /// `origin` remote.
+        #[arg(long)]
+        repo: Option<String>,
+    },
     /// Print the changes after a revision, one line each: `REVISION TYPE details`.
     Events {
         /// Only changes after this revision (default: from the oldest kept one).
@@ -230,9 +244,9 @@ pub enum Command {
 
 #[derive(Debug, Subcommand)]
 pub enum HookCommand {
-    /// A Claude Code hook (PreToolUse, SessionEnd): reads one hook event as JSON on stdin.
-    /// Before Edit, Write, MultiEdit and NotebookEdit it claims the file for the Claude
-    /// session, or denies the edit naming who holds the file; SessionEnd releases all.
+    /// A Claude Code hook (PreToolUse, Stop, SessionEnd): reads one hook event as JSON on
+    /// stdin. Before Edit, Write, MultiEdit and NotebookEdit it claims the file for the Claude
+    /// session, or denies the edit saying why; Stop and SessionEnd release all.
     ClaudeCode(hook::ClaudeCodeArgs),
 }
 
@@ -621,6 +635,38 @@ pub struct RunArgs {
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
+}
+
+/// A command line that did not parse: clap's message and exit 2, or, for a hook answering
+/// an agent's event, the hook's own decision (a bad flag must deny an edit, saying so, not
+/// fail in a way the agent never reads).
+pub fn usage_error(error: &clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    let arguments: Vec<String> = std::env::args().skip(1).collect();
+    let hook_event = arguments
+        .iter()
+        .position(|argument| argument == "hook")
+        .is_some_and(|at| {
+            arguments[at + 1..].first().map(String::as_str) == Some("claude-code")
+                && !arguments[at + 2..]
+                    .iter()
+                    .any(|argument| argument == "release")
+        });
+    let shown = matches!(
+        error.kind(),
+        ErrorKind::DisplayHelp
+            | ErrorKind::DisplayVersion
+            | ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if hook_event && !shown {
+        return hook::bad_flags(error);
+    }
+    let _ = error.print();
+    if error.use_stderr() {
+        output::EXIT_USAGE
+    } else {
+        output::EXIT_OK
+    }
 }
 
 /// Runs the parsed command line; returns the exit code.

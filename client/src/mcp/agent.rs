@@ -16,6 +16,7 @@
 //! (`mod.rs`, `transport.rs`), and a session id in any text, log or structured result.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -23,7 +24,7 @@ use baton_client::api::{
     AcquireRequest, ClaimRequest, CompleteRequest, EnqueueRequest, FailRequest, FenceRef, HeldBy,
     KvPutRequest, LeaseMode, ListLeasesQuery, TaskReleaseRequest, TaskState,
 };
-use baton_client::{idempotency_key, Client, Error, Session};
+use baton_client::{idempotency_key, name_file, Client, Error, FileNaming, Session};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -157,6 +158,9 @@ impl GiveBacks {
 pub struct Agent {
     client: Client,
     ttl: Duration,
+    /// How a `path` argument is named (`--root`, `--repo`), from this directory.
+    naming: FileNaming,
+    working_directory: PathBuf,
     state: Mutex<State>,
     /// Held while a session is being made, so two concurrent claims make one; holds `true`
     /// once the server shuts down, so a call still running then makes no new session.
@@ -222,10 +226,12 @@ enum Fenced {
 }
 
 impl Agent {
-    pub fn new(client: Client, ttl: Duration) -> Agent {
+    pub fn new(client: Client, ttl: Duration, naming: FileNaming) -> Agent {
         Agent {
             client,
             ttl,
+            naming,
+            working_directory: std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/")),
             state: Mutex::new(State::default()),
             session_gate: tokio::sync::Mutex::new(false),
             give_backs: Arc::default(),
@@ -279,6 +285,36 @@ impl Agent {
     // Claims
     // -----------------------------------------------------------------------------------------
 
+    /// The resource a call names: `resource` as given, or `path` named by the one rule of
+    /// `baton_client::names` (an absolute `resource` is a path: no name starts with `/`).
+    /// Exactly one of the two; else the message of an error result naming them.
+    fn name(
+        &self,
+        tool: &str,
+        resource: Option<&str>,
+        path: Option<&str>,
+    ) -> Result<String, String> {
+        let path = match (resource, path) {
+            (Some(resource), None) if !resource.starts_with('/') => return Ok(resource.to_owned()),
+            (Some(path), None) | (None, Some(path)) => path,
+            (Some(_), Some(_)) => {
+                return Err(invalid_argument(
+                    tool,
+                    "give `resource` (a name) or `path` (a file or directory), not both",
+                ))
+            }
+            (None, None) => {
+                return Err(invalid_argument(
+                    tool,
+                    "missing argument: give `resource` (a name) or `path` (a file or directory)",
+                ))
+            }
+        };
+        name_file(Path::new(path), &self.working_directory, &self.naming)
+            .map(|name| name.resource)
+            .map_err(|error| invalid_argument(tool, &format!("argument `path`: {error}")))
+    }
+
     /// `claim`. `stop` is the call's cancellation: a wait in the line stops at once, and
     /// leaves the line.
     pub async fn claim(&self, args: ClaimArgs, stop: &CancellationToken) -> Outcome {
@@ -291,27 +327,31 @@ impl Agent {
                 &format!("argument `wait_seconds`: at most {WAIT_SECONDS_MAX}"),
             ));
         }
+        let resource = match self.name("claim", args.resource.as_deref(), args.path.as_deref()) {
+            Ok(resource) => resource,
+            Err(message) => return Outcome::invalid(message),
+        };
         let wait = Duration::from_secs(args.wait_seconds.unwrap_or(0));
         self.observe();
-        if let Some(claim) = self.lock().claims.get(&args.resource).cloned() {
+        if let Some(claim) = self.lock().claims.get(&resource).cloned() {
             return Outcome::ok(
                 format!(
                     "you already hold {} (fence {}, {})",
-                    args.resource,
+                    resource,
                     claim.fence,
                     LeaseMode::as_str(claim.mode)
                 ),
-                json!({"granted": true, "already_held": true, "resource": args.resource,
+                json!({"granted": true, "already_held": true, "resource": resource,
                        "fence": claim.fence, "mode": claim.mode}),
             );
         }
-        if let Err(outcome) = self.given_back_first(&args.resource).await {
+        if let Err(outcome) = self.given_back_first(&resource).await {
             return outcome;
         }
         if self.lock().session.is_none() {
             // Baton judges the path with a read before a session is made for it, so that a
             // path it refuses makes nothing.
-            match self.client.get_lease(&args.resource).await {
+            match self.client.get_lease(&resource).await {
                 Ok(_) | Err(Error::NotFound { .. }) => {}
                 Err(error) => {
                     return failure(unread(error), "claim", "resource", "the claim", false)
@@ -336,7 +376,7 @@ impl Agent {
             }
             let request = AcquireRequest {
                 limit: None,
-                resource: args.resource.clone(),
+                resource: resource.clone(),
                 session_id: Some(session.id().clone()),
                 holder: None,
                 ttl_ms: None,
@@ -400,13 +440,12 @@ impl Agent {
                     // Stopped: the wait left the line and let go of a grant that raced it.
                     lock(&self.give_backs).note(format!(
                         "your claim on {} was cancelled; you do not hold it",
-                        args.resource
+                        resource
                     ));
                     return Outcome::cancelled();
                 }
                 Err(Error::Held { held_by, .. }) => {
-                    if let Some(outcome) = self.held_by_us(&session, &args.resource, &held_by).await
-                    {
+                    if let Some(outcome) = self.held_by_us(&session, &resource, &held_by).await {
                         return outcome;
                     }
                     let waited = if wait.is_zero() {
@@ -414,11 +453,11 @@ impl Agent {
                     } else {
                         format!(" (waited {})", format_duration(wait))
                     };
-                    let mut structured = json!({"granted": false, "resource": args.resource,
+                    let mut structured = json!({"granted": false, "resource": resource,
                         "held_by": held_by});
                     let mut text = format!(
                         "{}{waited}: pick other work, wait, or escalate",
-                        denial(&args.resource, &held_by)
+                        denial(&resource, &held_by)
                     );
                     if let Some(loss) = fresh_after {
                         text.push_str(&format!(" (note: {})", loss.sentence()));
@@ -440,7 +479,7 @@ impl Agent {
                         }
                         (Error::Indeterminate { .. } | Error::Unavailable { .. }, Some(_)) => {
                             Some(GiveBack::Release {
-                                resource: args.resource.clone(),
+                                resource: resource.clone(),
                             })
                         }
                         _ => None,
@@ -627,7 +666,10 @@ impl Agent {
     }
 
     pub async fn release(&self, args: ResourceArgs) -> Outcome {
-        let resource = args.resource;
+        let resource = match self.name("release", args.resource.as_deref(), args.path.as_deref()) {
+            Ok(resource) => resource,
+            Err(message) => return Outcome::invalid(message),
+        };
         let (session, claim) = match self.held(&resource) {
             Fenced::Live(session, _) => {
                 let claim = self.lock().claims.get(&resource).cloned();
@@ -702,7 +744,11 @@ impl Agent {
     }
 
     pub async fn who_holds(&self, args: ResourceArgs) -> Outcome {
-        let resource = args.resource;
+        let resource = match self.name("who_holds", args.resource.as_deref(), args.path.as_deref())
+        {
+            Ok(resource) => resource,
+            Err(message) => return Outcome::invalid(message),
+        };
         match self.client.get_lease(&resource).await {
             Ok(lease) => {
                 let yours = self

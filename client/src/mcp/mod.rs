@@ -57,6 +57,14 @@ pub struct McpArgs {
     /// runs, and everything it holds is freed this long after the server dies.
     #[arg(long, default_value = "60s", value_parser = parse_duration)]
     pub ttl: Duration,
+    /// Treat this directory as the repository root of the files under it, for the `path`
+    /// arguments of the tools (default: each file's git top level).
+    #[arg(long)]
+    pub root: Option<std::path::PathBuf>,
+    /// The repository identity of the working directory's repository (or of --root),
+    /// instead of its `origin` remote: the first part of every file name it claims.
+    #[arg(long)]
+    pub repo: Option<String>,
 }
 
 /// Serves MCP on stdin/stdout until stdin closes, SIGTERM or Ctrl-C; then ends the session.
@@ -75,7 +83,11 @@ pub async fn serve(global: &Global, args: McpArgs) -> u8 {
         format_duration(args.ttl),
         global.endpoints().join(",")
     );
-    let agent = Arc::new(Agent::new(client, args.ttl));
+    let naming = baton_client::FileNaming {
+        root: args.root,
+        repo: args.repo,
+    };
+    let agent = Arc::new(Agent::new(client, args.ttl, naming));
     let calls: Arc<Calls<Taken>> = Arc::default();
     let server = BatonServer {
         agent: Arc::clone(&agent),

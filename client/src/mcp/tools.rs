@@ -16,13 +16,20 @@ use serde_json::Value;
 /// The longest `wait_seconds` a claim takes: a tool call must come back to the model.
 pub const WAIT_SECONDS_MAX: u64 = 60;
 
-/// `claim {resource, mode?, reason?, wait_seconds?}`.
+/// `claim {resource | path, mode?, reason?, wait_seconds?}`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(crate = "rmcp::schemars")]
 pub struct ClaimArgs {
-    /// The path to claim, e.g. `repo/src/auth.rs`, `migrations`, `dev-server`.
-    pub resource: String,
+    /// What to claim that is not a file: a name such as `migrations`, `dev-server`,
+    /// `deploy/prod`. For a file or directory, give `path` instead.
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// A file or directory of your working tree to claim (absolute, or relative to where this
+    /// server runs). It is named as every agent's edits of it are named, by its repository and
+    /// its path in it: `github.com/acme/web/src/auth.rs`.
+    #[serde(default)]
+    pub path: Option<String>,
     /// `exclusive` (that path only, the default) or `subtree` (the path and everything under
     /// it).
     #[serde(default)]
@@ -48,13 +55,17 @@ pub enum Mode {
     Subtree,
 }
 
-/// `release {resource}`, `who_holds {resource}`.
+/// `release {resource | path}`, `who_holds {resource | path}`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 #[schemars(crate = "rmcp::schemars")]
 pub struct ResourceArgs {
-    /// The claimed path.
-    pub resource: String,
+    /// The name, as `claim` took it or `my_claims` lists it.
+    #[serde(default)]
+    pub resource: Option<String>,
+    /// A file or directory of your working tree, as `claim` took it.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 /// `my_claims {}`.
@@ -155,10 +166,11 @@ pub fn tools() -> Vec<Tool> {
     vec![
         tool::<ClaimArgs>(
             "claim",
-            "Claim a resource (a file path, a migration, a dev server) before working on it. \
-             Granted: it is yours until you release it or this server stops. Denied: the \
-             answer names who holds it and for how long; pick other work, wait (wait_seconds), \
-             or escalate. Never work on a resource someone else holds.",
+            "Claim a file or directory (`path`) or another resource (`resource`: a migration, \
+             a dev server) before working on it. Granted: it is yours until you release it or \
+             this server stops. Denied: the answer names who holds it and for how long; pick \
+             other work, wait (wait_seconds), or escalate. Never work on a resource someone \
+             else holds.",
             false,
         ),
         tool::<ResourceArgs>(
@@ -279,7 +291,6 @@ mod tests {
                 "{arguments:?}: {error} should name {named}"
             );
         };
-        check(json!({}), "resource");
         check(json!({"resource": ["a"]}), "resource");
         check(json!({"resource": "a", "mode": "shared"}), "mode");
         check(json!({"resource": "a", "wait_seconds": -1}), "wait_seconds");
@@ -294,7 +305,7 @@ mod tests {
             panic!("an object");
         };
         let claim: ClaimArgs = parse("claim", Some(arguments)).expect("only the resource");
-        assert_eq!(claim.resource, "a");
+        assert_eq!(claim.resource.as_deref(), Some("a"));
         assert!(claim.mode.is_none() && claim.reason.is_none() && claim.wait_seconds.is_none());
     }
 }
