@@ -151,6 +151,20 @@ impl SegmentLog {
                 removed_empty = true;
                 continue;
             }
+            // Segments follow one another without a hole: one missing from the middle of the
+            // log would lose acknowledged entries silently.
+            if let Some((&last_index, _)) = segments.records.last_key_value() {
+                if first > last_index + 1 {
+                    return Err(corrupt(
+                        &path,
+                        format!(
+                            "entries {} to {} are missing: the log segment holding them is gone",
+                            last_index + 1,
+                            first - 1
+                        ),
+                    ));
+                }
+            }
             for (index, location) in scanned.records {
                 if segments.records.insert(index, location).is_some() {
                     return Err(corrupt(&path, format!("index {index} is on disk twice")));
@@ -718,6 +732,31 @@ mod tests {
         let log = SegmentLog::open(dir.path(), SMALL).unwrap();
         assert_eq!(log.bounds().unwrap(), Some((1, 9)));
         assert_eq!(indexes(&log, ..), (1..=9).collect::<Vec<_>>());
+    }
+
+    /// A segment gone from the middle of the log (the directory damaged) refuses to open,
+    /// naming the missing entries; the newest gone leaves the log ending before it, as a log
+    /// those appends never reached would (a new segment's directory entry is fsynced before
+    /// any record goes into it, so a power cut cannot lose one).
+    #[test]
+    fn a_missing_segment_in_the_middle_refuses_to_open_and_a_missing_newest_ends_the_log() {
+        let (dir, log) = three_full_segments();
+        drop(log);
+        let middle = dir.path().join(segment_name(4));
+        let kept = fs::read(&middle).unwrap();
+        fs::remove_file(&middle).unwrap();
+        let error = SegmentLog::open(dir.path(), SMALL).map(drop).unwrap_err();
+        let message = error.to_string();
+        assert!(
+            matches!(error, StoreError::Corrupt { .. })
+                && message.contains("entries 4 to 6 are missing")
+                && message.contains(&segment_name(7)),
+            "{message}"
+        );
+        fs::write(&middle, kept).unwrap();
+        fs::remove_file(dir.path().join(segment_name(7))).unwrap();
+        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        assert_eq!(log.bounds().unwrap(), Some((1, 6)));
     }
 
     #[test]
