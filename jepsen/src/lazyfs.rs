@@ -930,8 +930,9 @@ mod tests {
     /// still there after the cut.
     #[tokio::test]
     async fn batons_store_keeps_its_vote_and_log_across_a_power_cut() {
+        use baton_raft_store::store::{log_id, Entry, Vote};
         use openraft::storage::{RaftLogStorage, RaftLogStorageExt};
-        use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, Vote};
+        use openraft::{EntryPayload, RaftLogReader};
 
         let Some((dir, mount)) = mounted() else {
             return;
@@ -939,7 +940,7 @@ mod tests {
         let data = dir.path().join("node-1");
         let vote = Vote::new(7, 2);
         let entry = Entry {
-            log_id: LogId::new(CommittedLeaderId::new(7, 2), 1),
+            log_id: log_id(7, 2, 1),
             payload: EntryPayload::Blank,
         };
         {

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use axum::http::Method;
-use baton_raft_store::store::Member;
+use baton_raft_store::store::TypeConfig;
 use openraft::RaftMetrics;
 
 /// Upper bounds of the latency buckets, in seconds.
@@ -65,7 +65,7 @@ impl Metrics {
 
     pub fn render(
         &self,
-        raft: &RaftMetrics<u64, Member>,
+        raft: &RaftMetrics<TypeConfig>,
         sessions: usize,
         leases: usize,
         batches_in_flight: usize,
@@ -91,8 +91,8 @@ impl Metrics {
             ),
             (
                 "baton_raft_commit_index",
-                "Highest index known committed here (the applied index).",
-                raft.last_applied.map_or(0, |log_id| log_id.index),
+                "Highest index known committed here.",
+                raft.local_committed.map_or(0, |log_id| log_id.index),
             ),
             (
                 "baton_raft_applied_index",

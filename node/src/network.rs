@@ -1,16 +1,23 @@
 //! The peer network of `batond`: how one node's Raft reaches another's, both ends of it.
 //!
 //! The client side is `PeerNetwork` (openraft's `RaftNetworkFactory`, and `post` for the write
-//! relay) and `PeerClient` (openraft's `RaftNetwork` for one target). Each speaks over HTTP/1.1
+//! relay) and `PeerClient` (openraft's `RaftNetworkV2` for one target). Each speaks over HTTP/1.1
 //! connections of its own (`Connection`, hyper's bare client over TCP, or TLS with peer TLS): a
 //! `PeerClient` keeps one connection to its target, since openraft sends it one RPC at a time,
 //! and `post` takes an idle connection to the address or opens one. reqwest's pooled client cost
 //! a busy leader a quarter of its CPU in the replication streams (docs/performance.md).
 //!
-//! The server side is `peer_router`, the axum router mounted on `--peer-listen`. Both speak the same tiny protocol: a POST to
-//! `/raft/append`, `/raft/vote` or `/raft/snapshot` whose body is the openraft request in
-//! bincode (serde, standard config), answered 200 with `Result<response, RaftError>` in bincode,
-//! so a Raft error on the peer reaches the caller as a remote error rather than a transport one.
+//! The server side is `peer_router`, the axum router mounted on `--peer-listen`. Both speak the
+//! same tiny protocol: a POST to `/raft/append`, `/raft/vote`, `/raft/pre-vote`,
+//! `/raft/transfer-leader` or `/raft/snapshot` whose body is the request in bincode (serde,
+//! standard config), answered 200 with `Result<response, RaftError>` in bincode.
+//!
+//! The protocol is the one the release before openraft 0.10 spoke, so that old and new nodes
+//! serve together during a rolling upgrade: a vote that is not part of a leadership transfer
+//! travels without the field 0.10 added (`wire::VoteOf09`), and a snapshot travels in chunks of
+//! openraft 0.9's layout (`wire::SnapshotChunk`), which the receiving side gathers and installs
+//! whole. Pre-vote and leadership transfer are new routes: an old node answers them 404, which
+//! counts as a refusal.
 //! Every body, in either direction, is bounded by `PEER_MESSAGE_BYTES_MAX` and decoded with that
 //! limit: garbage is an error, never a panic. With a cluster secret, every request carries it in
 //! `Baton-Cluster-Secret` and the server compares it in constant time.
@@ -32,20 +39,20 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use baton_raft_store::machine::{decode_value, encode_value};
-use baton_raft_store::store::{Member, TypeConfig};
+use baton_raft_store::store::{Member, Raft, Snapshot, SnapshotData, TypeConfig, Vote};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use openraft::error::{
-    Infallible, InstallSnapshotError, NetworkError, PayloadTooLarge, RPCError, RaftError,
-    RemoteError, Timeout, Unreachable,
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{
+    NetworkError, RPCError, RaftError, ReplicationClosed, StreamingError, Timeout, Unreachable,
 };
-use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::network::{RPCOption, RaftNetworkFactory, RaftNetworkV2};
 use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
+    AppendEntriesRequest, AppendEntriesResponse, SnapshotResponse, TransferLeaderRequest,
+    TransferLeaderResponse, VoteRequest, VoteResponse,
 };
-use openraft::{AnyError, RPCTypes, Raft};
+use openraft::{OptionalSend, RPCTypes};
 use rustls::pki_types::ServerName;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -58,15 +65,24 @@ use tokio_rustls::TlsConnector;
 pub const CLUSTER_SECRET_HEADER: &str = "baton-cluster-secret";
 
 /// The largest peer message, request or response, in bytes. It bounds what a node accepts, what
-/// it decodes and what it sends: an append larger than this is split (openraft is told to send
-/// fewer entries), and openraft's snapshot chunks (3 MiB by default) stay well below it.
+/// it decodes and what it sends: the log store reads at most a quarter of it of entries for one
+/// append (`REPLICATION_READ_BYTES_MAX`), and a snapshot travels in chunks of at most
+/// `SNAPSHOT_CHUNK_BYTES_MAX`.
 pub const PEER_MESSAGE_BYTES_MAX: usize = 64 << 20;
+
+/// The largest chunk of a snapshot sent in one message (openraft's `snapshot_max_chunk_size`
+/// asks for less by default).
+pub const SNAPSHOT_CHUNK_BYTES_MAX: usize = 16 << 20;
+
+/// The largest snapshot a node gathers from its chunks: a bound on the memory one transfer
+/// takes (a million leases encode to about 130 MB).
+pub const SNAPSHOT_BYTES_MAX: usize = 2 << 30;
 
 /// How long opening a TCP connection to a peer may take before the peer counts as unreachable.
 pub const PEER_CONNECT_TIMEOUT_MS: u64 = 1_000;
 
-/// The Raft-level error a peer RPC can return, with `E` the RPC's own API error.
-pub type PeerRpcError<E = Infallible> = RPCError<u64, Member, RaftError<u64, E>>;
+/// The error a peer RPC returns to openraft: a timeout, an unreachable peer, or a network error.
+pub type PeerRpcError = RPCError<TypeConfig>;
 
 /// Why the peer network could not be built: a configuration mistake found at start-up.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +91,50 @@ pub enum PeerNetworkError {
     /// deliberately does not repeat the secret.
     #[error("the cluster secret must be non-empty visible ASCII (it travels as an HTTP header)")]
     InvalidSecret,
+}
+
+/// When this node last accepted an append (a heartbeat included) from its leader: how a
+/// follower knows it is still in touch with one. With pre-vote a follower cut off from the
+/// others never campaigns, so openraft goes on naming its last leader; contact tells the two
+/// apart. Cloning is cheap and shares the reading.
+#[derive(Debug, Clone)]
+pub struct LeaderContact {
+    epoch: Instant,
+    /// Milliseconds from `epoch` to the last contact, plus one (0: never).
+    last_ms: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for LeaderContact {
+    fn default() -> LeaderContact {
+        LeaderContact {
+            epoch: Instant::now(),
+            last_ms: Arc::default(),
+        }
+    }
+}
+
+impl LeaderContact {
+    fn touch(&self) {
+        let now_ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(
+            now_ms.saturating_add(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Whether the last contact is less than `within` ago.
+    pub fn within(&self, within: Duration) -> bool {
+        match self.last_ms.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => false,
+            last_ms => {
+                let since = self
+                    .epoch
+                    .elapsed()
+                    .saturating_sub(Duration::from_millis(last_ms - 1));
+                since < within
+            }
+        }
+    }
 }
 
 /// openraft's network factory for a Baton node: hands out one `PeerClient` per target, each with
@@ -386,10 +446,10 @@ impl fmt::Debug for PeerNetwork {
 /// keeps to its target (opened again after any failure), bounded by the RPC's hard TTL.
 ///
 /// Errors: a connection that cannot be opened (refused, connect timeout, DNS, a TLS handshake
-/// refused, an unusable address) is `Unreachable`, so openraft backs off; a timeout once the
-/// request may have been sent is `Timeout`; a broken connection, a non-2xx answer or an
-/// undecodable one is `Network`; a Raft error returned by the peer is `RemoteError`; an append
-/// too large to send is `PayloadTooLarge`.
+/// refused, an unusable address) is `Unreachable`, so openraft backs off, and so is a peer
+/// that answers with a fatal Raft error (it is stopping); a timeout once the request may have
+/// been sent is `Timeout`; a broken connection, a non-2xx answer (an old node without the
+/// route included) or an undecodable one is `Network`.
 pub struct PeerClient {
     target: u64,
     member: Member,
@@ -397,37 +457,110 @@ pub struct PeerClient {
     connection: Option<Connection>,
 }
 
-impl RaftNetwork<TypeConfig> for PeerClient {
+impl RaftNetworkV2<TypeConfig> for PeerClient {
+    type SnapshotData = SnapshotData;
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, PeerRpcError> {
+    ) -> Result<AppendEntriesResponse<TypeConfig>, PeerRpcError> {
         let body = encode(&rpc).map_err(|error| network_error(&error))?;
-        if body.len() > PEER_MESSAGE_BYTES_MAX {
-            return Err(append_too_large(rpc.entries.len(), body.len()));
-        }
         self.call(RPCTypes::AppendEntries, APPEND_PATH, body, &option)
-            .await
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        rpc: InstallSnapshotRequest<TypeConfig>,
-        option: RPCOption,
-    ) -> Result<InstallSnapshotResponse<u64>, PeerRpcError<InstallSnapshotError>> {
-        let body = encode(&rpc).map_err(|error| network_error(&error))?;
-        self.call(RPCTypes::InstallSnapshot, SNAPSHOT_PATH, body, &option)
             .await
     }
 
     async fn vote(
         &mut self,
-        rpc: VoteRequest<u64>,
+        rpc: VoteRequest<TypeConfig>,
         option: RPCOption,
-    ) -> Result<VoteResponse<u64>, PeerRpcError> {
-        let body = encode(&rpc).map_err(|error| network_error(&error))?;
+    ) -> Result<VoteResponse<TypeConfig>, PeerRpcError> {
+        let body = wire::encode_vote(&rpc).map_err(|error| network_error(&error))?;
         self.call(RPCTypes::Vote, VOTE_PATH, body, &option).await
+    }
+
+    /// A pre-vote is answered by the peer's own rules and changes nothing there. Any failure
+    /// is an error, never a grant: an unreachable peer, or one of the release before, which has
+    /// no such route, does not count toward the candidate's quorum.
+    async fn pre_vote(
+        &mut self,
+        rpc: VoteRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<TypeConfig>, PeerRpcError> {
+        let body = wire::encode_vote(&rpc).map_err(|error| network_error(&error))?;
+        self.call(RPCTypes::Vote, PRE_VOTE_PATH, body, &option)
+            .await
+    }
+
+    async fn transfer_leader(
+        &mut self,
+        rpc: TransferLeaderRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<TypeConfig>, PeerRpcError> {
+        let body = encode(&rpc).map_err(|error| network_error(&error))?;
+        self.call(
+            RPCTypes::TransferLeader,
+            TRANSFER_LEADER_PATH,
+            body,
+            &option,
+        )
+        .await
+    }
+
+    /// Sends the snapshot in chunks of openraft 0.9's layout, each a message of its own bounded
+    /// by the RPC's hard TTL, and stops at once when openraft closes the replication (`cancel`)
+    /// or the peer answers with a higher vote.
+    async fn full_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        cancel: impl std::future::Future<Output = ReplicationClosed> + OptionalSend + 'static,
+        option: RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
+        let chunk_bytes = option
+            .snapshot_chunk_size()
+            .unwrap_or(SNAPSHOT_CHUNK_BYTES_MAX)
+            .clamp(1, SNAPSHOT_CHUNK_BYTES_MAX);
+        tokio::select! {
+            closed = cancel => Err(StreamingError::Closed(closed)),
+            sent = self.send_snapshot(vote, snapshot, chunk_bytes, &option) => {
+                sent.map_err(StreamingError::from)
+            }
+        }
+    }
+}
+
+impl PeerClient {
+    /// Sends `snapshot` in chunks of `chunk_bytes`, one message each; returns the peer's answer
+    /// to the last chunk, or to the first that shows a higher vote than `vote`.
+    async fn send_snapshot(
+        &mut self,
+        vote: Vote,
+        snapshot: Snapshot,
+        chunk_bytes: usize,
+        option: &RPCOption,
+    ) -> Result<SnapshotResponse<TypeConfig>, PeerRpcError> {
+        let Snapshot { meta, snapshot } = snapshot;
+        let data = snapshot.into_inner();
+        let mut offset = 0;
+        loop {
+            let end = (offset + chunk_bytes).min(data.len());
+            let chunk = wire::SnapshotChunk {
+                vote,
+                meta: meta.clone(),
+                offset: offset as u64,
+                data: data[offset..end].to_vec(),
+                done: end == data.len(),
+            };
+            let body = encode(&chunk).map_err(|error| network_error(&error))?;
+            let answer: SnapshotResponse<TypeConfig> = self
+                .call(RPCTypes::InstallSnapshot, SNAPSHOT_PATH, body, option)
+                .await?;
+            if chunk.done || answer.vote > vote {
+                return Ok(answer);
+            }
+            offset = end;
+        }
     }
 }
 
@@ -441,31 +574,55 @@ impl fmt::Debug for PeerClient {
     }
 }
 
-/// The peer-facing router: `POST /raft/append`, `/raft/vote` and `/raft/snapshot`, each taking
-/// the bincode openraft request and answering 200 with the bincode `Result<response, RaftError>`
-/// of the local `raft`. A malformed body is 400 with a short reason, a body over
-/// `PEER_MESSAGE_BYTES_MAX` is 413. With `secret`, a request without the right
+/// The peer-facing router: `POST /raft/append`, `/raft/vote`, `/raft/pre-vote`,
+/// `/raft/transfer-leader` and `/raft/snapshot`, each taking the bincode request and answering
+/// 200 with the bincode `Result<response, RaftError>` of the local `raft`. A malformed body is
+/// 400 with a short reason, a body over `PEER_MESSAGE_BYTES_MAX` is 413, a snapshot chunk that
+/// does not follow the one before is 409. With `secret`, a request without the right
 /// `Baton-Cluster-Secret` is 401 before its body is read. The secret is expected to have been
 /// validated at the edge like `PeerNetwork::new` does (non-empty, header-safe). `more` adds the
 /// node's other peer routes (the write relay), behind the same secret check and body limit.
-pub fn peer_router(raft: Raft<TypeConfig>, secret: Option<String>, more: Router) -> Router {
+pub fn peer_router(
+    raft: Raft,
+    contact: LeaderContact,
+    secret: Option<String>,
+    more: Router,
+) -> Router {
     // Only the digest is kept: the comparison is over fixed-length digests, so neither the
     // secret's bytes nor its length leak through timing.
     let secret_digest = secret.map(|secret| digest(secret.as_bytes()));
+    let state = PeerState {
+        raft,
+        contact,
+        receiving: Arc::default(),
+    };
     Router::new()
         .route(APPEND_PATH, post(serve_append))
         .route(VOTE_PATH, post(serve_vote))
+        .route(PRE_VOTE_PATH, post(serve_pre_vote))
+        .route(TRANSFER_LEADER_PATH, post(serve_transfer_leader))
         .route(SNAPSHOT_PATH, post(serve_snapshot))
-        .with_state(raft)
+        .with_state(state)
         .merge(more)
         .route_layer(middleware::from_fn_with_state(secret_digest, authenticate))
         .layer(DefaultBodyLimit::max(PEER_MESSAGE_BYTES_MAX))
+}
+
+/// What the peer routes share: the node's Raft, its contact with the leader, and the snapshot
+/// being gathered from its chunks.
+#[derive(Clone)]
+struct PeerState {
+    raft: Raft,
+    contact: LeaderContact,
+    receiving: Arc<Mutex<Option<wire::Gathered>>>,
 }
 
 // ---- helpers ----
 
 const APPEND_PATH: &str = "/raft/append";
 const VOTE_PATH: &str = "/raft/vote";
+const PRE_VOTE_PATH: &str = "/raft/pre-vote";
+const TRANSFER_LEADER_PATH: &str = "/raft/transfer-leader";
 const SNAPSHOT_PATH: &str = "/raft/snapshot";
 const OCTET_STREAM: &str = "application/octet-stream";
 /// How much of a non-2xx answer's body is quoted in the error, in bytes.
@@ -474,17 +631,16 @@ const ERROR_BODY_QUOTE_BYTES_MAX: usize = 256;
 type SecretDigest = [u8; 32];
 
 impl PeerClient {
-    /// Sends one encoded request and decodes the peer's `Result<Resp, RaftError<E>>`.
-    async fn call<Resp, E>(
+    /// Sends one encoded request and decodes the peer's `Result<Resp, RaftError>`.
+    async fn call<Resp>(
         &mut self,
         rpc_type: RPCTypes,
         path: &str,
         body: Vec<u8>,
         option: &RPCOption,
-    ) -> Result<Resp, PeerRpcError<E>>
+    ) -> Result<Resp, PeerRpcError>
     where
         Resp: DeserializeOwned,
-        E: std::error::Error + DeserializeOwned,
     {
         let ttl = option.hard_ttl();
         let deadline = Instant::now() + ttl;
@@ -501,9 +657,7 @@ impl PeerClient {
         let (status, body) = match sent {
             Ok(answer) => answer,
             Err(ExchangeError::NotSent(error)) => {
-                return Err(RPCError::Unreachable(Unreachable::new(&AnyError::error(
-                    error,
-                ))))
+                return Err(RPCError::Unreachable(Unreachable::from_string(error)))
             }
             Err(ExchangeError::TimedOut) => {
                 return Err(RPCError::Timeout(Timeout {
@@ -514,7 +668,7 @@ impl PeerClient {
                 }))
             }
             Err(ExchangeError::Failed(error)) => {
-                return Err(network_error(&AnyError::error(format!(
+                return Err(RPCError::Network(NetworkError::from_string(format!(
                     "peer {}, {rpc_type}: {error}",
                     self.target
                 ))))
@@ -527,29 +681,16 @@ impl PeerClient {
                 status,
                 &body,
             );
-            return Err(network_error(&AnyError::error(message)));
+            return Err(RPCError::Network(NetworkError::from_string(message)));
         }
-        let answer: Result<Resp, RaftError<u64, E>> =
+        let answer: Result<Resp, RaftError<TypeConfig>> =
             decode(&body).map_err(|error| network_error(&error))?;
         answer.map_err(|raft_error| {
-            RPCError::RemoteError(RemoteError::new_with_node(
-                self.target,
-                self.member.clone(),
-                raft_error,
-            ))
+            RPCError::Unreachable(Unreachable::from_string(format!(
+                "peer {} is stopping: {raft_error}",
+                self.target
+            )))
         })
-    }
-}
-
-/// An append whose encoding is over the limit: ask openraft for half the entries, or, when a
-/// single entry is already too large (splitting cannot help, and an entries hint of 1 would
-/// retry forever), fail it as a network error.
-fn append_too_large(entries: usize, bytes: usize) -> PeerRpcError {
-    if entries > 1 {
-        let hint = u64::try_from(entries / 2).unwrap_or(u64::MAX);
-        RPCError::PayloadTooLarge(PayloadTooLarge::new_entries_hint(hint))
-    } else {
-        network_error(&WireError::TooLarge { bytes })
     }
 }
 
@@ -562,9 +703,7 @@ fn refused(peer: &str, what: &str, status: StatusCode, body: &[u8]) -> String {
     )
 }
 
-fn network_error<E: std::error::Error + 'static, R: std::error::Error>(
-    error: &E,
-) -> RPCError<u64, Member, R> {
+fn network_error<E: std::error::Error + 'static>(error: &E) -> PeerRpcError {
     RPCError::Network(NetworkError::new(error))
 }
 
@@ -612,25 +751,82 @@ async fn authenticate(
     next.run(request).await
 }
 
-async fn serve_append(State(raft): State<Raft<TypeConfig>>, body: Bytes) -> Response {
+async fn serve_append(State(peer): State<PeerState>, body: Bytes) -> Response {
     match decode::<AppendEntriesRequest<TypeConfig>>(&body) {
-        Ok(request) => answer(&raft.append_entries(request).await),
+        Ok(request) => {
+            let answered = peer.raft.append_entries(request).await;
+            // Any answer but a higher vote means the sender is this node's leader.
+            if matches!(&answered, Ok(response) if !matches!(response, AppendEntriesResponse::HigherVote(_)))
+            {
+                peer.contact.touch();
+            }
+            answer(&answered)
+        }
         Err(error) => malformed(APPEND_PATH, &error),
     }
 }
 
-async fn serve_vote(State(raft): State<Raft<TypeConfig>>, body: Bytes) -> Response {
-    match decode::<VoteRequest<u64>>(&body) {
-        Ok(request) => answer(&raft.vote(request).await),
+async fn serve_vote(State(peer): State<PeerState>, body: Bytes) -> Response {
+    match wire::decode_vote(&body) {
+        Ok(request) => answer(&peer.raft.vote(request).await),
         Err(error) => malformed(VOTE_PATH, &error),
     }
 }
 
-async fn serve_snapshot(State(raft): State<Raft<TypeConfig>>, body: Bytes) -> Response {
-    match decode::<InstallSnapshotRequest<TypeConfig>>(&body) {
-        Ok(request) => answer(&raft.install_snapshot(request).await),
-        Err(error) => malformed(SNAPSHOT_PATH, &error),
+async fn serve_pre_vote(State(peer): State<PeerState>, body: Bytes) -> Response {
+    match wire::decode_vote(&body) {
+        Ok(request) => answer(&peer.raft.pre_vote(request).await),
+        Err(error) => malformed(PRE_VOTE_PATH, &error),
     }
+}
+
+async fn serve_transfer_leader(State(peer): State<PeerState>, body: Bytes) -> Response {
+    match decode::<TransferLeaderRequest<TypeConfig>>(&body) {
+        Ok(request) => {
+            let handled = peer
+                .raft
+                .handle_transfer_leader(request)
+                .await
+                .map_err(RaftError::<TypeConfig>::Fatal);
+            answer(&handled)
+        }
+        Err(error) => malformed(TRANSFER_LEADER_PATH, &error),
+    }
+}
+
+/// One chunk of a snapshot: gathered in order; the last one installs the whole snapshot.
+/// Every chunk is answered with this node's vote, so a deposed sender learns of it early.
+async fn serve_snapshot(State(peer): State<PeerState>, body: Bytes) -> Response {
+    let chunk = match decode::<wire::SnapshotChunk>(&body) {
+        Ok(chunk) => chunk,
+        Err(error) => return malformed(SNAPSHOT_PATH, &error),
+    };
+    let done = {
+        let mut receiving = peer
+            .receiving
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Err(refusal) = wire::gather(&mut receiving, chunk) {
+            tracing::warn!(refusal, "refused a snapshot chunk");
+            return (StatusCode::CONFLICT, refusal).into_response();
+        }
+        receiving.take_if(|gathered| gathered.done)
+    };
+    let Some(gathered) = done else {
+        let vote = peer.raft.metrics().borrow_watched().vote;
+        let answered = SnapshotResponse::<TypeConfig>::new(vote);
+        return answer(&Ok::<_, RaftError<TypeConfig>>(answered));
+    };
+    let snapshot = Snapshot {
+        meta: gathered.meta,
+        snapshot: std::io::Cursor::new(gathered.data),
+    };
+    let installed = peer
+        .raft
+        .install_full_snapshot(gathered.vote, snapshot)
+        .await
+        .map_err(RaftError::<TypeConfig>::Fatal);
+    answer(&installed)
 }
 
 /// 200 with the bincode answer, Raft error included: the caller tells them apart after decoding.
@@ -697,14 +893,114 @@ fn constant_time_eq(left: &SecretDigest, right: &SecretDigest) -> bool {
     std::hint::black_box(difference) == 0
 }
 
+/// The peer protocol's own message shapes: those of the release before openraft 0.10, so that
+/// old and new nodes understand each other during a rolling upgrade.
+mod wire {
+    use baton_raft_store::store::{LogId, SnapshotMeta};
+    use serde::{Deserialize, Serialize};
+
+    use super::{decode, encode, TypeConfig, Vote, VoteRequest, WireError, SNAPSHOT_BYTES_MAX};
+
+    /// A vote request as openraft 0.9 encodes it: 0.10 added `leadership_transfer` after these.
+    #[derive(Serialize, Deserialize)]
+    struct VoteOf09 {
+        vote: Vote,
+        last_log_id: Option<LogId>,
+    }
+
+    /// A vote request for the wire: in 0.9's shape, unless it is a leadership transfer's, which
+    /// only a node of this release may grant (an old one refuses the longer message).
+    pub(super) fn encode_vote(request: &VoteRequest<TypeConfig>) -> Result<Vec<u8>, WireError> {
+        if request.leadership_transfer {
+            return encode(request);
+        }
+        encode(&VoteOf09 {
+            vote: request.vote,
+            last_log_id: request.last_log_id,
+        })
+    }
+
+    /// A vote request in either shape: exactly one of them decodes a given message whole.
+    pub(super) fn decode_vote(bytes: &[u8]) -> Result<VoteRequest<TypeConfig>, WireError> {
+        match decode::<VoteOf09>(bytes) {
+            Ok(old) => Ok(VoteRequest::new(old.vote, old.last_log_id)),
+            Err(_) => decode::<VoteRequest<TypeConfig>>(bytes),
+        }
+    }
+
+    /// One chunk of a snapshot, in the layout of openraft 0.9's `InstallSnapshotRequest`.
+    #[derive(Debug, Serialize, Deserialize)]
+    pub(super) struct SnapshotChunk {
+        pub(super) vote: Vote,
+        pub(super) meta: SnapshotMeta,
+        /// Where `data` starts in the snapshot's bytes.
+        pub(super) offset: u64,
+        pub(super) data: Vec<u8>,
+        /// The last chunk.
+        pub(super) done: bool,
+    }
+
+    /// A snapshot being gathered from its chunks.
+    #[derive(Debug)]
+    pub(super) struct Gathered {
+        pub(super) vote: Vote,
+        pub(super) meta: SnapshotMeta,
+        pub(super) data: Vec<u8>,
+        /// Its last chunk arrived.
+        pub(super) done: bool,
+    }
+
+    /// Adds `chunk` to the snapshot being gathered. A chunk at offset 0 starts a transfer
+    /// afresh (one at a time: a newer transfer replaces an unfinished one); any other must
+    /// continue the one gathered, from the same vote and meta at the next byte. A refusal
+    /// leaves the sender to start over, and past `SNAPSHOT_BYTES_MAX` drops what was gathered.
+    pub(super) fn gather(
+        receiving: &mut Option<Gathered>,
+        chunk: SnapshotChunk,
+    ) -> Result<(), String> {
+        if chunk.offset == 0 {
+            *receiving = Some(Gathered {
+                vote: chunk.vote,
+                meta: chunk.meta,
+                data: Vec::new(),
+                done: false,
+            });
+        } else {
+            let follows = receiving.as_ref().is_some_and(|gathered| {
+                gathered.vote == chunk.vote
+                    && gathered.meta == chunk.meta
+                    && gathered.data.len() as u64 == chunk.offset
+            });
+            if !follows {
+                return Err(format!(
+                    "a chunk at byte {} of a snapshot that is not being received up to there",
+                    chunk.offset
+                ));
+            }
+        }
+        let Some(gathered) = receiving.as_mut() else {
+            return Err("no snapshot is being received".to_owned());
+        };
+        if gathered.data.len() + chunk.data.len() > SNAPSHOT_BYTES_MAX {
+            *receiving = None;
+            return Err(format!(
+                "a snapshot over the {SNAPSHOT_BYTES_MAX}-byte limit"
+            ));
+        }
+        gathered.data.extend_from_slice(&chunk.data);
+        gathered.done = chunk.done;
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::SocketAddr;
     use std::sync::Arc;
 
     use baton_raft_store::machine::Batch;
-    use openraft::error::Fatal;
-    use openraft::{CommittedLeaderId, Config, Entry, EntryPayload, LogId, SnapshotMeta, Vote};
+    use baton_raft_store::store::{Entry, LogId, SnapshotMeta};
+    use openraft::{Config, EntryPayload};
     use tempfile::TempDir;
     use tokio::task::JoinHandle;
 
@@ -737,31 +1033,36 @@ mod tests {
         assert_eq!(decoded.leader_commit, request.leader_commit);
     }
 
+    /// A plain vote travels in openraft 0.9's shape, one byte shorter than 0.10's; a leadership
+    /// transfer's in 0.10's. Both decode as what was sent.
     #[test]
-    fn vote_request_round_trips() {
-        let request = VoteRequest {
-            vote: Vote::new(5, 2),
-            last_log_id: Some(log_id(4, 12)),
-        };
-        let bytes = encode(&request).expect("encode");
-        assert_eq!(decode::<VoteRequest<u64>>(&bytes).expect("decode"), request);
+    fn vote_requests_round_trip_in_either_shape() {
+        let plain = VoteRequest::new(Vote::new(5, 2), Some(log_id(4, 12)));
+        let mut transfer = plain.clone();
+        transfer.leadership_transfer = true;
+        let plain_bytes = wire::encode_vote(&plain).expect("encode");
+        let transfer_bytes = wire::encode_vote(&transfer).expect("encode");
+        assert_eq!(transfer_bytes.len(), plain_bytes.len() + 1);
+        assert_eq!(wire::decode_vote(&plain_bytes).expect("decode"), plain);
+        assert_eq!(
+            wire::decode_vote(&transfer_bytes).expect("decode"),
+            transfer
+        );
     }
 
     #[test]
     fn garbage_is_refused_without_panicking() {
-        let valid = encode(&VoteRequest {
-            vote: Vote::new(5, 2),
-            last_log_id: Some(log_id(4, 12)),
-        })
-        .expect("encode");
+        let valid = wire::encode_vote(&VoteRequest::new(Vote::new(5, 2), Some(log_id(4, 12))))
+            .expect("encode");
         let mut garbage: Vec<Vec<u8>> = vec![Vec::new(), vec![0xff; 64]];
         // Every strict prefix of a valid message is truncated.
         garbage.extend((0..valid.len()).map(|length| valid[..length].to_vec()));
+        // Bytes after a plain vote (one would be 0.10's `leadership_transfer`, two an append).
         let mut trailing = valid.clone();
-        trailing.push(0);
+        trailing.extend([0, 0, 0]);
         garbage.push(trailing);
         for bytes in &garbage {
-            assert!(decode::<VoteRequest<u64>>(bytes).is_err(), "{bytes:?}");
+            assert!(wire::decode_vote(bytes).is_err(), "{bytes:?}");
             assert!(
                 decode::<AppendEntriesRequest<TypeConfig>>(bytes).is_err(),
                 "{bytes:?}"
@@ -790,22 +1091,10 @@ mod tests {
             let length = (next_random(&mut state) % 200) as usize;
             let bytes: Vec<u8> = (0..length).map(|_| next_random(&mut state) as u8).collect();
             let _ = decode::<AppendEntriesRequest<TypeConfig>>(&bytes);
-            let _ = decode::<VoteRequest<u64>>(&bytes);
-            let _ = decode::<InstallSnapshotRequest<TypeConfig>>(&bytes);
-            let _ = decode::<Result<VoteResponse<u64>, RaftError<u64>>>(&bytes);
+            let _ = wire::decode_vote(&bytes);
+            let _ = decode::<wire::SnapshotChunk>(&bytes);
+            let _ = decode::<Result<VoteResponse<TypeConfig>, RaftError<TypeConfig>>>(&bytes);
         }
-    }
-
-    #[test]
-    fn oversized_append_asks_for_fewer_entries_until_one_entry_is_left() {
-        match append_too_large(10, PEER_MESSAGE_BYTES_MAX + 1) {
-            RPCError::PayloadTooLarge(too_large) => assert_eq!(too_large.entries_hint(), 5),
-            other => panic!("expected PayloadTooLarge, got {other:?}"),
-        }
-        assert!(matches!(
-            append_too_large(1, PEER_MESSAGE_BYTES_MAX + 1),
-            RPCError::Network(_)
-        ));
     }
 
     #[test]
@@ -831,13 +1120,7 @@ mod tests {
         let peer = TestPeer::start(Some(SECRET)).await;
         let mut client = client_for(peer.address, Some(SECRET)).await;
         let response = client
-            .vote(
-                VoteRequest {
-                    vote: Vote::new(5, 2),
-                    last_log_id: None,
-                },
-                options(),
-            )
+            .vote(VoteRequest::new(Vote::new(5, 2), None), options())
             .await
             .expect("vote answered");
         assert_eq!(response.vote, Vote::new(5, 2));
@@ -845,45 +1128,105 @@ mod tests {
         peer.stop().await;
     }
 
+    /// A chunk that does not continue the snapshot being gathered is refused (the sender
+    /// starts over); a peer whose Raft stopped is unreachable.
     #[tokio::test]
-    async fn raft_errors_on_the_peer_arrive_as_remote_errors() {
+    async fn a_stray_chunk_is_refused_and_a_stopped_peer_is_unreachable() {
         let peer = TestPeer::start(None).await;
         let mut client = client_for(peer.address, None).await;
-
-        // A chunk that does not start at offset 0 of an unknown snapshot is an API error.
-        let chunk = InstallSnapshotRequest {
+        let chunk = wire::SnapshotChunk {
             vote: Vote::new_committed(5, 2),
-            meta: SnapshotMeta {
-                snapshot_id: "5-2-9".to_owned(),
-                ..SnapshotMeta::default()
-            },
+            meta: SnapshotMeta::default(),
             offset: 10,
             data: vec![1, 2, 3],
             done: false,
         };
-        match client.install_snapshot(chunk, options()).await {
-            Err(RPCError::RemoteError(remote)) => {
-                assert_eq!(remote.target, 1);
-                assert!(matches!(
-                    remote.source,
-                    RaftError::APIError(InstallSnapshotError::SnapshotMismatch(_))
-                ));
+        let body = encode(&chunk).expect("encode");
+        let refused = client
+            .call::<SnapshotResponse<TypeConfig>>(
+                RPCTypes::InstallSnapshot,
+                SNAPSHOT_PATH,
+                body,
+                &options(),
+            )
+            .await;
+        match refused {
+            Err(RPCError::Network(error)) => {
+                assert!(error.to_string().contains("409"), "{error}");
             }
-            other => panic!("expected a snapshot mismatch, got {other:?}"),
+            other => panic!("expected a refusal, got {other:?}"),
         }
 
         peer.raft.shutdown().await.expect("shutdown");
-        let vote = VoteRequest {
-            vote: Vote::new(5, 2),
-            last_log_id: None,
-        };
+        let vote = VoteRequest::new(Vote::new(5, 2), None);
         match client.vote(vote, options()).await {
-            Err(RPCError::RemoteError(remote)) => {
-                assert!(matches!(remote.source, RaftError::Fatal(Fatal::Stopped)));
+            Err(RPCError::Unreachable(error)) => {
+                assert!(error.to_string().contains("is stopping"), "{error}");
             }
-            other => panic!("expected a remote Fatal::Stopped, got {other:?}"),
+            other => panic!("expected Unreachable, got {other:?}"),
         }
         peer.server.abort();
+    }
+
+    /// A snapshot travels in chunks and is installed whole on the peer, which then holds what
+    /// the snapshot holds.
+    #[tokio::test]
+    async fn a_snapshot_travels_in_chunks_and_installs_on_the_peer() {
+        let source_dir = tempfile::tempdir().expect("temp dir");
+        let (_log, source) = baton_raft_store::store::open(source_dir.path()).expect("open");
+        let session = baton_raft_store::machine::NewSession {
+            session_id: baton_raft_store::machine::SessionId(7),
+            holder: "agent-a".to_owned(),
+            ttl_ms: 60_000,
+            labels: Default::default(),
+        };
+        let batch = Batch {
+            stamp_ms: 1_000,
+            commands: vec![baton_raft_store::machine::Command::Namespaced {
+                namespace: baton_raft_store::machine::Namespace::default_namespace(),
+                idempotency: None,
+                op: baton_raft_store::machine::Op::CreateSession(session),
+            }],
+        };
+        source
+            .apply_entries([Entry {
+                log_id: log_id(1, 1),
+                payload: EntryPayload::Normal(batch),
+            }])
+            .expect("apply");
+        let mut source = source;
+        let mut builder =
+            openraft::storage::RaftStateMachine::get_snapshot_builder(&mut source).await;
+        let snapshot = openraft::RaftSnapshotBuilder::build_snapshot(&mut builder)
+            .await
+            .expect("a snapshot");
+        let bytes = snapshot.snapshot.get_ref().clone();
+        assert!(bytes.len() > 16, "several chunks of 16 bytes");
+
+        let peer = TestPeer::start(None).await;
+        let mut client = client_for(peer.address, None).await;
+        let vote = Vote::new_committed(1, 2);
+        let answer = client
+            .send_snapshot(vote, snapshot, 16, &options())
+            .await
+            .expect("installed");
+        assert_eq!(answer.vote, vote);
+        let installed = peer
+            .raft
+            .with_state_machine(|machine: &mut baton_raft_store::store::StateMachineStore| {
+                Box::pin(async move {
+                    machine
+                        .handle()
+                        .read(|machine, last_applied| {
+                            (machine.encode_snapshot().expect("encode"), last_applied)
+                        })
+                        .expect("read")
+                })
+            })
+            .await
+            .expect("the state machine");
+        assert_eq!(installed, (bytes, Some(log_id(1, 1))));
+        peer.stop().await;
     }
 
     #[tokio::test]
@@ -891,10 +1234,7 @@ mod tests {
         let peer = TestPeer::start(Some(SECRET)).await;
         for secret in [Some("not the secret"), None] {
             let mut client = client_for(peer.address, secret).await;
-            let vote = VoteRequest {
-                vote: Vote::new(5, 2),
-                last_log_id: None,
-            };
+            let vote = VoteRequest::new(Vote::new(5, 2), None);
             match client.vote(vote, options()).await {
                 Err(RPCError::Network(error)) => {
                     let message = error.to_string();
@@ -952,7 +1292,13 @@ mod tests {
     async fn malformed_body_is_a_400() {
         let peer = TestPeer::start(None).await;
         let http = reqwest::Client::new();
-        for path in [APPEND_PATH, VOTE_PATH, SNAPSHOT_PATH] {
+        for path in [
+            APPEND_PATH,
+            VOTE_PATH,
+            PRE_VOTE_PATH,
+            TRANSFER_LEADER_PATH,
+            SNAPSHOT_PATH,
+        ] {
             let response = http
                 .post(format!("http://{}{path}", peer.address))
                 .body(vec![0xff; 32])
@@ -972,10 +1318,7 @@ mod tests {
         let address = listener.local_addr().expect("address");
         drop(listener);
         let mut client = client_for(address, None).await;
-        let vote = VoteRequest {
-            vote: Vote::new(5, 2),
-            last_log_id: None,
-        };
+        let vote = VoteRequest::new(Vote::new(5, 2), None);
         match client.vote(vote, options()).await {
             Err(RPCError::Unreachable(_)) => {}
             other => panic!("expected Unreachable, got {other:?}"),
@@ -992,10 +1335,7 @@ mod tests {
             peer_addr: "no such host:port".to_owned(),
         };
         let mut client = network.new_client(1, &member).await;
-        let vote = VoteRequest {
-            vote: Vote::new(5, 2),
-            last_log_id: None,
-        };
+        let vote = VoteRequest::new(Vote::new(5, 2), None);
         match client.vote(vote, options()).await {
             Err(RPCError::Unreachable(unreachable)) => {
                 assert!(
@@ -1027,10 +1367,7 @@ mod tests {
         let mut client = client_for(peer.address, None).await;
         assert!(client.connection.is_none());
         for _ in 0..2 {
-            let vote = VoteRequest {
-                vote: Vote::new(5, 2),
-                last_log_id: None,
-            };
+            let vote = VoteRequest::new(Vote::new(5, 2), None);
             client.vote(vote, options()).await.expect("vote");
             let open = client
                 .connection
@@ -1086,10 +1423,7 @@ mod tests {
             peer_addr: address,
         };
         let mut client = network.new_client(1, &member).await;
-        let vote = VoteRequest {
-            vote: Vote::new(5, 2),
-            last_log_id: None,
-        };
+        let vote = VoteRequest::new(Vote::new(5, 2), None);
         let started = Instant::now();
         let voted = client.vote(vote, RPCOption::new(within)).await;
         assert!(matches!(voted, Err(RPCError::Unreachable(_))), "{voted:?}");
@@ -1109,10 +1443,7 @@ mod tests {
             .expect("bind");
         let address = listener.local_addr().expect("address");
         let mut client = client_for(address, None).await;
-        let vote = VoteRequest {
-            vote: Vote::new(5, 2),
-            last_log_id: None,
-        };
+        let vote = VoteRequest::new(Vote::new(5, 2), None);
         let ttl = Duration::from_millis(200);
         match client.vote(vote, RPCOption::new(ttl)).await {
             Err(RPCError::Timeout(timeout)) => {
@@ -1128,7 +1459,7 @@ mod tests {
     /// A real single-node Raft (node 1, uninitialized) on a temp dir, served by `peer_router`
     /// on an ephemeral loopback port.
     struct TestPeer {
-        raft: Raft<TypeConfig>,
+        raft: Raft,
         address: SocketAddr,
         server: JoinHandle<std::io::Result<()>>,
         _data_dir: TempDir,
@@ -1154,7 +1485,12 @@ mod tests {
             let address = listener.local_addr().expect("address");
             // A route of the node's own beside openraft's, as the relay's is mounted.
             let echo = Router::new().route(ECHO_PATH, post(|body: Bytes| async move { body }));
-            let router = peer_router(raft.clone(), secret.map(str::to_owned), echo);
+            let router = peer_router(
+                raft.clone(),
+                LeaderContact::default(),
+                secret.map(str::to_owned),
+                echo,
+            );
             let server = tokio::spawn(async move { axum::serve(listener, router).await });
             TestPeer {
                 raft,
@@ -1184,8 +1520,8 @@ mod tests {
         RPCOption::new(Duration::from_secs(5))
     }
 
-    fn log_id(term: u64, index: u64) -> LogId<u64> {
-        LogId::new(CommittedLeaderId::new(term, 1), index)
+    fn log_id(term: u64, index: u64) -> LogId {
+        baton_raft_store::store::log_id(term, 1, index)
     }
 
     /// xorshift64: a seeded, replayable stream of garbage.

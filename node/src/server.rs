@@ -1,13 +1,16 @@
 //! Starting and stopping one `batond` node: open the store, start openraft with the peer
 //! network, bootstrap from `--initial-cluster` on an empty data dir, serve the peer and client
-//! APIs, and run until SIGTERM/SIGINT or until openraft stops on a fatal (storage) error.
+//! APIs, and run until SIGTERM/SIGINT or until openraft stops on a fatal (storage) error. A
+//! leader told to stop hands leadership to its most up-to-date follower first.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton_raft_store::store;
-use openraft::{Raft, SnapshotPolicy};
+use baton_raft_store::store::{self, Raft};
+use openraft::async_runtime::WatchReceiver;
+use openraft::SnapshotPolicy;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -17,7 +20,7 @@ use crate::config::NodeConfig;
 use crate::connections::{self, ConnectionBounds};
 use crate::http::{self, AppState, Relay, Shared};
 use crate::metrics::Metrics;
-use crate::network::{peer_router, PeerNetwork};
+use crate::network::{peer_router, LeaderContact, PeerNetwork};
 use crate::proposer::{Proposer, ProposerSettings};
 use crate::tls;
 
@@ -57,7 +60,12 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
             tuning.snapshot_log_entries,
         )),
         max_in_snapshot_log_to_keep: tuning.snapshot_log_entries.min(1_000),
+        // Each chunk of a snapshot gets this long (network.rs sends one message a chunk).
         install_snapshot_timeout: 10_000,
+        snapshot_max_chunk_size: crate::network::SNAPSHOT_CHUNK_BYTES_MAX as u64,
+        // A member coming back from a partition, or one removed that keeps running, asks first
+        // whether it could win, and disturbs no healthy leader (docs/guarantees.md).
+        enable_pre_vote: Some(true),
         ..Default::default()
     }
     .validate()
@@ -99,6 +107,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         .with_context(|| format!("binding --listen {}", config.listen))?;
 
     let clock = Arc::new(NodeClock::default());
+    let leader_contact = LeaderContact::default();
     let election_timeout = Duration::from_millis(tuning.election_timeout_ms);
     // The longest a request waits for a leader (see `AppState::leader_wait`).
     let leader_wait = election_timeout * 2 + Duration::from_secs(1);
@@ -143,6 +152,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
             tuning.event_streams_per_token_max,
         )),
         election_timeout,
+        leader_contact: leader_contact.clone(),
         auth: config.auth,
         api_scheme: if api_tls.is_some() { "https" } else { "http" },
         cluster_time_shown: Default::default(),
@@ -163,6 +173,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         peer_tls.map(TlsAcceptor::from),
         peer_router(
             raft.clone(),
+            leader_contact,
             tuning.cluster_secret.clone(),
             http::relay_routes(app.clone()),
         ),
@@ -187,6 +198,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let outcome = tokio::select! {
         () = shutdown_signal() => {
             tracing::info!("shutting down on signal");
+            hand_over(&raft, config.id, leader_wait).await;
             Ok(())
         }
         fatal = raft_watch => {
@@ -215,11 +227,49 @@ fn snapshot_interval(node_id: u64, snapshot_log_entries: u64) -> u64 {
     snapshot_log_entries + snapshot_log_entries * (node_id % 4) / 12
 }
 
+/// A leader about to stop hands leadership to its most up-to-date voter and waits, at most
+/// `within`, until that one leads: the cluster's writes then pause for the hand-over, not for
+/// an election timeout. Anything else stops at once; a hand-over that does not complete in time
+/// leaves the rest to an election.
+async fn hand_over(raft: &Raft, node_id: u64, within: Duration) {
+    let target = {
+        let metrics = raft.metrics();
+        let metrics = metrics.borrow_watched();
+        if !metrics.state.is_leader() || metrics.current_leader != Some(node_id) {
+            return;
+        }
+        let voters: BTreeSet<u64> = metrics.membership_config.membership().voter_ids().collect();
+        metrics.replication.as_ref().and_then(|matched| {
+            matched
+                .iter()
+                .filter(|(id, _)| **id != node_id && voters.contains(id))
+                .max_by_key(|(_, log_id)| **log_id)
+                .map(|(id, _)| *id)
+        })
+    };
+    let Some(target) = target else {
+        return;
+    };
+    tracing::info!(target, "handing leadership over before stopping");
+    if let Err(error) = raft.trigger().transfer_leader(target).await {
+        tracing::warn!(%error, "leadership hand-over not started");
+        return;
+    }
+    match raft
+        .wait(Some(within))
+        .current_leader(target, "leadership hand-over")
+        .await
+    {
+        Ok(_) => tracing::info!(target, "leadership handed over"),
+        Err(error) => tracing::warn!(%error, "leadership hand-over did not complete"),
+    }
+}
+
 /// Resolves when openraft's core stops with a fatal error, with its description.
-async fn raft_stopped(raft: Raft<store::TypeConfig>) -> String {
+async fn raft_stopped(raft: Raft) -> String {
     let mut metrics = raft.metrics();
     loop {
-        if let Err(fatal) = &metrics.borrow().running_state {
+        if let Err(fatal) = &metrics.borrow_watched().running_state {
             return fatal.to_string();
         }
         if metrics.changed().await.is_err() {

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
-use std::io::Cursor;
+use std::io::{self, Cursor};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,35 +14,44 @@ use baton_raft_store::machine::{
     SessionId,
 };
 use baton_raft_store::store::{
-    self, Applied, LogStore, Member, StateMachineStore, StoreError, TypeConfig,
+    self, Applied, Entry, LogId, LogStore, Member, SnapshotMeta, StateMachineStore, StoreError,
+    StoredMembership, TypeConfig, Vote,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::testing::{StoreBuilder, Suite};
+use openraft::testing::log::{StoreBuilder, Suite};
 use openraft::{
-    AnyError, CommittedLeaderId, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, Membership,
-    RaftLogReader, RaftSnapshotBuilder, SnapshotMeta, StorageError, StorageHelper, StorageIOError,
-    Vote,
+    EntryPayload, ErrorSubject, ErrorVerb, Membership, RaftLogReader, RaftSnapshotBuilder,
+    StorageError, StorageHelper,
 };
+use serde::Serialize;
 use tempfile::TempDir;
 
 /// Opens a fresh store in a new temporary directory; the directory lives as long as the guard.
 struct TempStoreBuilder;
 
 impl StoreBuilder<TypeConfig, LogStore, StateMachineStore, TempDir> for TempStoreBuilder {
-    async fn build(&self) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<u64>> {
+    async fn build(
+        &self,
+    ) -> Result<(TempDir, LogStore, StateMachineStore), StorageError<TypeConfig>> {
         let dir = TempDir::new().map_err(|error| {
-            StorageIOError::new(ErrorSubject::Store, ErrorVerb::Write, AnyError::new(&error))
+            StorageError::from_io_error(ErrorSubject::Store, ErrorVerb::Write, error)
         })?;
         let (log_store, state_machine) = store::open(dir.path()).map_err(|error| {
-            StorageIOError::new(ErrorSubject::Store, ErrorVerb::Read, AnyError::new(&error))
+            StorageError::from_io_error(
+                ErrorSubject::Store,
+                ErrorVerb::Read,
+                io::Error::other(error),
+            )
         })?;
         Ok((dir, log_store, state_machine))
     }
 }
 
-#[test]
-fn openraft_storage_suite() {
-    Suite::test_all(TempStoreBuilder).expect("openraft's storage suite passes");
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openraft_storage_suite() {
+    Suite::test_all(TempStoreBuilder)
+        .await
+        .expect("openraft's storage suite passes");
 }
 
 #[tokio::test]
@@ -78,9 +87,9 @@ async fn truncate_and_purge_survive_reopen() {
         let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
         let entries: Vec<_> = (1..=10).map(|index| blank_entry(1, index)).collect();
         log_store.blocking_append(entries.clone()).await.unwrap();
-        log_store.truncate(log_id(1, 8)).await.unwrap();
+        log_store.truncate_after(Some(log_id(1, 7))).await.unwrap();
         // A purge removes only what a durable snapshot covers.
-        state_machine.apply(entries[..3].to_vec()).await.unwrap();
+        state_machine.apply_entries(entries[..3].to_vec()).unwrap();
         state_machine
             .get_snapshot_builder()
             .await
@@ -121,13 +130,12 @@ async fn apply_answers_each_entry_with_responses_and_time() {
     let dir = TempDir::new().unwrap();
     let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
     let applied = state_machine
-        .apply(vec![
+        .apply_entries(vec![
             membership_entry(1, 1),
             normal_entry(1, 2, create_session_batch(5_000, 1)),
             blank_entry(1, 3),
             normal_entry(1, 4, Batch::tick(4_000)),
         ])
-        .await
         .unwrap();
     assert_eq!(applied.len(), 4);
     assert_eq!(
@@ -165,9 +173,9 @@ async fn apply_answers_each_entry_with_responses_and_time() {
         Some(log_id(1, 4))
     );
 
-    let error = state_machine.apply(vec![blank_entry(1, 4)]).await;
+    let error = state_machine.apply_entries(vec![blank_entry(1, 4)]);
     assert!(error.is_err(), "applying an entry twice is refused");
-    let error = state_machine.apply(vec![blank_entry(1, 6)]).await;
+    let error = state_machine.apply_entries(vec![blank_entry(1, 6)]);
     assert!(error.is_err(), "skipping an entry is refused");
     assert_eq!(
         state_machine.applied_state().await.unwrap().0,
@@ -182,12 +190,11 @@ async fn snapshot_restores_machine_after_reopen() {
     let (expected_bytes, built_meta) = {
         let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
         state_machine
-            .apply(vec![
+            .apply_entries(vec![
                 membership_entry(1, 1),
                 normal_entry(1, 2, create_session_batch(1_000, 1)),
                 normal_entry(1, 3, acquire_batch(2_000, 1, "repo/src")),
             ])
-            .await
             .unwrap();
         let snapshot = state_machine
             .get_snapshot_builder()
@@ -225,17 +232,6 @@ async fn snapshot_restores_machine_after_reopen() {
         .unwrap()
         .expect("a persisted snapshot");
     assert_eq!(current.meta, built_meta);
-
-    let next = state_machine
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
-    assert_ne!(
-        next.meta.snapshot_id, built_meta.snapshot_id,
-        "snapshot ids are unique across restarts"
-    );
 }
 
 /// After a restart the machine is the snapshot's; openraft re-applies the committed entries
@@ -257,7 +253,7 @@ async fn committed_entries_after_snapshot_are_reapplied_once() {
             .await
             .unwrap();
         log_store.blocking_append(entries.clone()).await.unwrap();
-        state_machine.apply(entries[..3].to_vec()).await.unwrap();
+        state_machine.apply_entries(entries[..3].to_vec()).unwrap();
         state_machine
             .get_snapshot_builder()
             .await
@@ -265,7 +261,7 @@ async fn committed_entries_after_snapshot_are_reapplied_once() {
             .await
             .unwrap();
         log_store.purge(log_id(1, 2)).await.unwrap();
-        state_machine.apply(entries[3..].to_vec()).await.unwrap();
+        state_machine.apply_entries(entries[3..].to_vec()).unwrap();
         log_store.save_committed(Some(log_id(1, 5))).await.unwrap();
         state_machine
             .handle()
@@ -381,14 +377,14 @@ async fn a_record_holding_another_index_is_an_error() {
 #[tokio::test]
 async fn a_format_1_log_in_sled_is_copied_into_segments() {
     let dir = TempDir::new().unwrap();
-    let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 1))
+    let entries: Vec<Entry> = std::iter::once(membership_entry(1, 1))
         .chain((2..=5).map(|index| blank_entry(1, index)))
         .collect();
     {
         let db = sled::open(dir.path()).unwrap();
         let meta = db.open_tree("meta").unwrap();
         meta.insert("format", bincode_of(&1u32)).unwrap();
-        meta.insert("vote", bincode_of(&Vote::<u64>::new_committed(1, 1)))
+        meta.insert("vote", bincode_of(&Vote::new_committed(1, 1)))
             .unwrap();
         let logs = db.open_tree("log").unwrap();
         for entry in &entries {
@@ -439,7 +435,14 @@ async fn a_format_1_log_in_sled_is_copied_into_segments() {
 async fn a_format_2_dir_moves_its_vote_purge_point_and_snapshot_out_of_sled() {
     let dir = TempDir::new().unwrap();
     let machine = baton_raft_store::machine::Machine::default();
-    let snapshot = SnapshotMeta::<u64, Member> {
+    // The meta as openraft 0.9 wrote it, with the snapshot id 0.10 no longer has.
+    #[derive(Serialize)]
+    struct SnapshotMetaOf09 {
+        last_log_id: Option<LogId>,
+        last_membership: StoredMembership,
+        snapshot_id: String,
+    }
+    let snapshot = SnapshotMetaOf09 {
         last_log_id: Some(log_id(2, 7)),
         last_membership: Default::default(),
         snapshot_id: "2-7-4".to_owned(),
@@ -448,8 +451,7 @@ async fn a_format_2_dir_moves_its_vote_purge_point_and_snapshot_out_of_sled() {
         let db = sled::open(dir.path()).unwrap();
         let meta = db.open_tree("meta").unwrap();
         meta.insert("format", bincode_of(&2u32)).unwrap();
-        meta.insert("vote", bincode_of(&Vote::<u64>::new(3, 2)))
-            .unwrap();
+        meta.insert("vote", bincode_of(&Vote::new(3, 2))).unwrap();
         meta.insert("last_purged", bincode_of(&log_id(2, 7)))
             .unwrap();
         meta.insert("committed", bincode_of(&log_id(2, 7))).unwrap();
@@ -474,22 +476,18 @@ async fn a_format_2_dir_moves_its_vote_purge_point_and_snapshot_out_of_sled() {
             log_store.read_committed().await.unwrap(),
             Some(log_id(2, 7))
         );
-        // Then from the snapshot built on the first open, whose id took the next counter.
+        // Then from the snapshot built on the first open.
         let (applied, _) = state_machine.applied_state().await.unwrap();
         assert_eq!(applied, Some(log_id(2, 7 + reopen)));
         let current = state_machine.get_current_snapshot().await.unwrap().unwrap();
-        let expected_id = ["2-7-4", "2-8-5"][reopen as usize];
-        assert_eq!(current.meta.snapshot_id, expected_id);
-        if reopen == 0 {
-            assert_eq!(current.meta, snapshot);
-        }
+        assert_eq!(current.meta.last_log_id, Some(log_id(2, 7 + reopen)));
+        assert_eq!(current.meta.last_membership, snapshot.last_membership);
         state_machine
-            .apply(vec![normal_entry(
+            .apply_entries(vec![normal_entry(
                 2,
                 8 + reopen,
                 create_session_batch(1_000, 1 + u128::from(reopen)),
             )])
-            .await
             .unwrap();
         let built = state_machine
             .get_snapshot_builder()
@@ -497,10 +495,7 @@ async fn a_format_2_dir_moves_its_vote_purge_point_and_snapshot_out_of_sled() {
             .build_snapshot()
             .await
             .unwrap();
-        assert_eq!(
-            built.meta.snapshot_id,
-            format!("2-{}-{}", 8 + reopen, 5 + reopen)
-        );
+        assert_eq!(built.meta.last_log_id, Some(log_id(2, 8 + reopen)));
     }
     let db = retry_while_locked(|| sled::open(dir.path())).await.unwrap();
     assert_eq!(
@@ -521,8 +516,7 @@ async fn corrupt_vote_or_snapshot_is_an_error_not_a_panic() {
         let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
         log_store.save_vote(&Vote::new(1, 1)).await.unwrap();
         state_machine
-            .apply(vec![normal_entry(1, 1, create_session_batch(1_000, 1))])
-            .await
+            .apply_entries(vec![normal_entry(1, 1, create_session_batch(1_000, 1))])
             .unwrap();
         state_machine
             .get_snapshot_builder()
@@ -560,11 +554,10 @@ async fn install_snapshot_refuses_garbage_and_replaces_state() {
     let source_dir = TempDir::new().unwrap();
     let (_source_log, mut source) = open(source_dir.path()).await.unwrap();
     source
-        .apply(vec![
+        .apply_entries(vec![
             membership_entry(1, 1),
             normal_entry(1, 2, create_session_batch(1_000, 1)),
         ])
-        .await
         .unwrap();
     let snapshot = source
         .get_snapshot_builder()
@@ -575,7 +568,7 @@ async fn install_snapshot_refuses_garbage_and_replaces_state() {
 
     let dir = TempDir::new().unwrap();
     let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
-    let garbage = Box::new(Cursor::new(b"not a snapshot".to_vec()));
+    let garbage = Cursor::new(b"not a snapshot".to_vec());
     assert!(state_machine
         .install_snapshot(&snapshot.meta, garbage)
         .await
@@ -601,30 +594,30 @@ async fn install_snapshot_refuses_garbage_and_replaces_state() {
         state_machine.applied_state().await.unwrap().0,
         Some(log_id(1, 2))
     );
-    let _: SnapshotMeta<u64, Member> = current.meta;
+    let _: SnapshotMeta = current.meta;
 }
 
 // ---- helpers ----
 
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
+fn log_id(term: u64, index: u64) -> LogId {
+    store::log_id(term, 1, index)
 }
 
-fn blank_entry(term: u64, index: u64) -> Entry<TypeConfig> {
+fn blank_entry(term: u64, index: u64) -> Entry {
     Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Blank,
     }
 }
 
-fn normal_entry(term: u64, index: u64, batch: Batch) -> Entry<TypeConfig> {
+fn normal_entry(term: u64, index: u64, batch: Batch) -> Entry {
     Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Normal(batch),
     }
 }
 
-fn membership_entry(term: u64, index: u64) -> Entry<TypeConfig> {
+fn membership_entry(term: u64, index: u64) -> Entry {
     let voters = BTreeSet::from([1, 2, 3]);
     let nodes: BTreeMap<u64, Member> = voters
         .iter()
@@ -636,7 +629,7 @@ fn membership_entry(term: u64, index: u64) -> Entry<TypeConfig> {
             (*id, member)
         })
         .collect();
-    let membership = Membership::new(vec![voters], nodes);
+    let membership = Membership::new(vec![voters], nodes).unwrap();
     Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Membership(membership),
@@ -755,9 +748,9 @@ async fn retry_while_locked<T, E: Display>(mut open: impl FnMut() -> Result<T, E
     }
 }
 
-/// openraft 0.9 installs a received snapshot on its state-machine worker while RaftCore purges
-/// the log up to that snapshot in parallel. A SIGKILL between the two must not leave the log
-/// purged past every durable snapshot: the committed entries after the last durable snapshot are
+/// openraft 0.9 installed a received snapshot on its state-machine worker while RaftCore purged
+/// the log up to that snapshot in parallel (0.10 waits for the install), and a purge past every
+/// durable snapshot must still never lose what a restart needs: the committed entries after the last durable snapshot are
 /// what a restart re-applies. Here: entries 0..=10, committed 6, a durable snapshot at 3 (or
 /// none), then `purge(8)` as if the install of a snapshot at 8 had not reached disk yet. The
 /// store reopens and loads its initial state, and the log is whole after the snapshot.
@@ -766,7 +759,7 @@ async fn purge_past_the_durable_snapshot_keeps_what_a_restart_needs() {
     for snapshot_at in [Some(3), None] {
         let dir = TempDir::new().unwrap();
         // openraft's log starts at index 0, which a restart without a snapshot re-applies.
-        let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 0))
+        let entries: Vec<Entry> = std::iter::once(membership_entry(1, 0))
             .chain(std::iter::once(normal_entry(
                 1,
                 1,
@@ -783,8 +776,7 @@ async fn purge_past_the_durable_snapshot_keeps_what_a_restart_needs() {
             log_store.blocking_append(entries.clone()).await.unwrap();
             if let Some(snapshot_at) = snapshot_at {
                 state_machine
-                    .apply(entries[..=snapshot_at].to_vec())
-                    .await
+                    .apply_entries(entries[..=snapshot_at].to_vec())
                     .unwrap();
                 state_machine
                     .get_snapshot_builder()
@@ -823,14 +815,14 @@ async fn purge_past_the_durable_snapshot_keeps_what_a_restart_needs() {
 #[tokio::test]
 async fn entries_kept_past_a_purge_go_once_a_snapshot_covers_them() {
     let dir = TempDir::new().unwrap();
-    let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 1))
+    let entries: Vec<Entry> = std::iter::once(membership_entry(1, 1))
         .chain((2..=10).map(|index| blank_entry(1, index)))
         .collect();
     {
         let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
         log_store.blocking_append(entries.clone()).await.unwrap();
         log_store.purge(log_id(1, 8)).await.unwrap();
-        state_machine.apply(entries[..8].to_vec()).await.unwrap();
+        state_machine.apply_entries(entries[..8].to_vec()).unwrap();
         state_machine
             .get_snapshot_builder()
             .await
@@ -841,58 +833,6 @@ async fn entries_kept_past_a_purge_go_once_a_snapshot_covers_them() {
     let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
     let state = log_store.get_log_state().await.unwrap();
     assert_eq!(state.last_purged_log_id, Some(log_id(1, 8)));
-    let indexes: Vec<u64> = log_store
-        .try_get_log_entries(..)
-        .await
-        .unwrap()
-        .iter()
-        .map(|entry| entry.log_id.index)
-        .collect();
-    assert_eq!(indexes, vec![9, 10]);
-}
-
-/// The order openraft 0.9 runs a snapshot install in: the state-machine worker begins receiving
-/// and later installs, while RaftCore purges up to the snapshot at once. The purge waits until
-/// the install is durable, so a crash at any point leaves a log a restart can load.
-#[tokio::test]
-async fn purge_during_an_install_waits_until_the_snapshot_is_durable() {
-    let source_dir = TempDir::new().unwrap();
-    let (_source_log, mut source) = open(source_dir.path()).await.unwrap();
-    let entries: Vec<Entry<TypeConfig>> = std::iter::once(membership_entry(1, 0))
-        .chain(std::iter::once(normal_entry(
-            1,
-            1,
-            create_session_batch(1_000, 1),
-        )))
-        .chain((2..=10).map(|index| blank_entry(1, index)))
-        .collect();
-    source.apply(entries[..=8].to_vec()).await.unwrap();
-    let snapshot = source
-        .get_snapshot_builder()
-        .await
-        .build_snapshot()
-        .await
-        .unwrap();
-
-    let dir = TempDir::new().unwrap();
-    let (mut log_store, mut state_machine) = open(dir.path()).await.unwrap();
-    log_store.blocking_append(entries.clone()).await.unwrap();
-    log_store.save_committed(Some(log_id(1, 6))).await.unwrap();
-    state_machine.begin_receiving_snapshot().await.unwrap();
-    let purge = tokio::spawn(async move {
-        log_store.purge(log_id(1, 8)).await.unwrap();
-        log_store
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!purge.is_finished(), "the purge ran ahead of the install");
-    state_machine
-        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
-        .await
-        .unwrap();
-    let mut log_store = tokio::time::timeout(Duration::from_secs(10), purge)
-        .await
-        .expect("the purge finishes once the snapshot is durable")
-        .unwrap();
     let indexes: Vec<u64> = log_store
         .try_get_log_entries(..)
         .await

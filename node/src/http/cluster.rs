@@ -8,8 +8,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use baton_api::{AddMemberRequest, ClusterStatus, Digest, ErrorCode, Member as WireMember};
 use baton_raft_store::machine::{Namespace, Role};
-use baton_raft_store::store::Member;
-use openraft::error::{ClientWriteError, RaftError};
+use baton_raft_store::store::{Member, TypeConfig};
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{ClientWriteError, RaftError};
 use openraft::ChangeMembers;
 use serde::Deserialize;
 use sha2::Sha256;
@@ -24,7 +25,7 @@ const READY_LAG_MAX: u64 = 64;
 /// The node's view, with the revision of `namespace` when it is `Some` (the caller may read it).
 fn cluster_status(app: &AppState, namespace: Option<&Namespace>) -> ClusterStatus {
     let metrics = app.raft.metrics();
-    let metrics = metrics.borrow();
+    let metrics = metrics.borrow_watched();
     let membership = metrics.membership_config.membership();
     let voters: BTreeSet<u64> = membership.voter_ids().collect();
     let members = membership
@@ -83,12 +84,16 @@ pub async fn status(
 }
 
 /// A membership change that openraft did not complete. Only the leader runs these (followers
-/// forward them), and openraft answers `ForwardToLeader` both when it refuses a change up front
-/// and when the change's entry is deleted from a deposed leader's log, possibly after a new
-/// leader committed it: so losing the leader here is `OUTCOME_UNKNOWN`, never `NO_LEADER`.
-fn membership_error(error: RaftError<u64, ClientWriteError<u64, Member>>) -> ApiError {
+/// forward them). A change is two entries (joint, then uniform): openraft's `ForwardToLeader`
+/// for the second comes after the first committed, and `LogEntryDiscarded` for either after it
+/// was appended, possibly committed by a new leader: so losing the leader here is
+/// `OUTCOME_UNKNOWN`, never `NO_LEADER`.
+fn membership_error(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) -> ApiError {
     match error {
-        RaftError::APIError(ClientWriteError::ForwardToLeader(forward)) => {
+        RaftError::APIError(
+            ClientWriteError::ForwardToLeader(forward)
+            | ClientWriteError::LogEntryDiscarded(forward),
+        ) => {
             let mut error = ApiError::outcome_unknown(
                 "this node stopped being the leader while changing the membership",
             );
@@ -96,6 +101,10 @@ fn membership_error(error: RaftError<u64, ClientWriteError<u64, Member>>) -> Api
             error
         }
         RaftError::APIError(ClientWriteError::ChangeMembershipError(error)) => ApiError::new(
+            ErrorCode::InvalidArgument,
+            format!("membership change refused: {error}"),
+        ),
+        RaftError::APIError(ClientWriteError::PreconditionFailed(error)) => ApiError::new(
             ErrorCode::InvalidArgument,
             format!("membership change refused: {error}"),
         ),
@@ -154,7 +163,7 @@ pub async fn add_member(
 /// addresses it has, and an address may belong to one member only.
 fn refuse_address_conflicts(app: &AppState, id: u64, member: &Member) -> Result<(), ApiError> {
     let metrics = app.raft.metrics();
-    let metrics = metrics.borrow();
+    let metrics = metrics.borrow_watched();
     let membership = metrics.membership_config.membership();
     if let Some(existing) = membership.get_node(&id) {
         if existing != member {
@@ -196,12 +205,10 @@ pub async fn remove_member(
 ) -> Result<ApiAnswer, ApiError> {
     let (is_voter, is_member) = {
         let metrics = app.raft.metrics();
-        let metrics = metrics.borrow();
+        let metrics = metrics.borrow_watched();
         let membership = metrics.membership_config.membership();
-        (
-            membership.voter_ids().any(|voter| voter == id),
-            membership.get_node(&id).is_some(),
-        )
+        let is_voter = membership.voter_ids().any(|voter| voter == id);
+        (is_voter, membership.get_node(&id).is_some())
     };
     if !is_member {
         return Err(ApiError::not_found(format!("node {id} is not a member")));
@@ -329,7 +336,7 @@ pub async fn healthz() -> ApiAnswer {
 pub async fn readyz(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
     let ready = {
         let metrics = app.raft.metrics();
-        let metrics = metrics.borrow();
+        let metrics = metrics.borrow_watched();
         let applied = metrics.last_applied.map_or(0, |log_id| log_id.index);
         let lag = metrics.last_log_index.unwrap_or(0).saturating_sub(applied);
         let caught_up = if metrics.current_leader == Some(app.node_id) {
@@ -337,8 +344,9 @@ pub async fn readyz(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> 
         } else {
             lag <= READY_LAG_MAX
         };
-        metrics.running_state.is_ok() && metrics.current_leader.is_some() && caught_up
+        metrics.running_state.is_ok() && caught_up
     };
+    let ready = ready && app.leader().is_some();
     if !ready {
         return Err(ApiError::no_leader(None));
     }
@@ -364,7 +372,7 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
         .unwrap_or_default();
     let text = {
         let metrics = app.raft.metrics();
-        let metrics = metrics.borrow();
+        let metrics = metrics.borrow_watched();
         app.metrics.render(
             &metrics,
             sessions,

@@ -27,6 +27,7 @@ use axum::response::{IntoResponse, Response};
 use baton_api::{ErrorCode, HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
 use baton_raft_store::store::Member;
 use futures_util::StreamExt;
+use openraft::async_runtime::WatchReceiver;
 use tokio::time::Instant;
 
 use super::error::ApiError;

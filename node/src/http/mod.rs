@@ -38,13 +38,15 @@ use baton_api::{HEADER_CLUSTER_TIME, HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER};
 use baton_raft_store::machine::{
     IdempotencyTag, Limits, Machine, Namespace, NewSession, Owner, Rejection, SessionId,
 };
-use baton_raft_store::store::{MachineHandle, TypeConfig};
-use openraft::Raft;
+use baton_raft_store::store::{MachineHandle, Raft};
+use openraft::async_runtime::WatchReceiver;
+use openraft::{Instant as _, ReadPolicy};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::clock::NodeClock;
 use crate::metrics::Metrics;
+use crate::network::LeaderContact;
 use crate::proposer::Proposer;
 
 pub use auth::bootstrap as bootstrap_token;
@@ -62,7 +64,7 @@ pub struct AppState(Arc<Shared>);
 
 pub struct Shared {
     pub node_id: u64,
-    pub raft: Raft<TypeConfig>,
+    pub raft: Raft,
     pub machine: MachineHandle,
     pub proposer: Proposer,
     pub clock: Arc<NodeClock>,
@@ -77,6 +79,8 @@ pub struct Shared {
     /// The election timeout (`--election-timeout-ms`): a forward to a leader that stops
     /// answering gives up on it after twice this.
     pub election_timeout: Duration,
+    /// When this node last heard from its leader (the peer router keeps it).
+    pub leader_contact: LeaderContact,
     /// `--auth`: requests need a token (see `auth.rs`).
     pub auth: bool,
     /// `https` with --tls-cert: how a follower reaches the leader's client API.
@@ -139,13 +143,30 @@ impl AppState {
         }
     }
 
+    /// The leader this node is in touch with: itself while a quorum acknowledged it within
+    /// twice the election timeout, or the leader whose appends it accepted within that time.
+    /// With pre-vote, a node cut off from the others goes on naming its last leader; contact,
+    /// not the name, says whether it still has one.
     pub fn leader(&self) -> Option<u64> {
-        self.raft.metrics().borrow().current_leader
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        let leader = metrics.current_leader?;
+        let recent = self.election_timeout * 2;
+        let in_touch = if leader == self.node_id {
+            metrics.state.is_leader()
+                && metrics
+                    .last_quorum_acked
+                    .as_ref()
+                    .is_some_and(|acked| acked.elapsed() < recent)
+        } else {
+            self.leader_contact.within(recent)
+        };
+        in_touch.then_some(leader)
     }
 
     fn is_leader(&self) -> bool {
         let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
+        let metrics = metrics.borrow_watched();
         metrics.state.is_leader() && metrics.current_leader == Some(self.node_id)
     }
 
@@ -177,7 +198,7 @@ impl AppState {
     async fn read_index_here(&self) -> Result<u64, ApiError> {
         // A leader restored after a restart may not yet know which of its entries are
         // committed: it answers reads only once it has applied its whole takeover log.
-        let term = self.raft.metrics().borrow().current_term;
+        let term = self.raft.metrics().borrow_watched().current_term;
         if !self
             .proposer
             .wait_leader_ready(term, self.leader_wait())
@@ -185,8 +206,12 @@ impl AppState {
         {
             return Err(ApiError::no_leader(None));
         }
-        match tokio::time::timeout(self.leader_wait(), self.raft.ensure_linearizable()).await {
-            Ok(Ok(read_log_id)) => Ok(read_log_id.map_or(0, |log_id| log_id.index)),
+        // ReadIndex: leadership confirmed by a quorum after the read arrived. Lease reads would
+        // skip that round trip, but are safe only if no pause outlasts the lease, and Baton's
+        // fault model has pauses (a SIGSTOP, a GC) of any length (docs/guarantees.md, G1).
+        let read_index = self.raft.ensure_linearizable(ReadPolicy::ReadIndex);
+        match tokio::time::timeout(self.leader_wait(), read_index).await {
+            Ok(Ok(read_log_id)) => Ok(read_log_id.index()),
             Ok(Err(error)) => {
                 tracing::debug!(%error, "read index refused");
                 Err(ApiError::no_leader(

@@ -13,6 +13,7 @@ use baton_raft_store::machine::{
     Compensation, IdempotencyTag, Name, Namespace, SessionId, TaskFence, TaskSpec,
 };
 
+use openraft::async_runtime::WatchReceiver;
 use tokio::time::Instant;
 
 use super::convert;

@@ -1,8 +1,8 @@
 //! The proposer: the one place where commands become log entries.
 //!
 //! Request handlers hand a `Command` to `Proposer::propose`; one batcher task groups whatever
-//! is waiting into a `Batch` (group commit: openraft 0.9 awaits each append, so batching is
-//! ours), stamps it with the leader's cluster time, and hands it to openraft in stamp order.
+//! is waiting into a `Batch` (group commit: one entry, one append and one flush for many
+//! commands), stamps it with the leader's cluster time, and hands it to openraft in stamp order.
 //! One batch replicates at a time: the batcher waits for its batch's answer itself and hands
 //! each waiter its response; meanwhile new requests queue up and ride in the next batch, so
 //! batches grow with load and every log append, flush and replication round carries as many
@@ -21,10 +21,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_raft_store::machine::{Batch, Command, Response};
-use baton_raft_store::store::{Applied, MachineHandle, Member, TypeConfig};
-use openraft::error::ClientWriteError;
-use openraft::raft::ClientWriteResponse;
-use openraft::Raft;
+use baton_raft_store::store::{Applied, MachineHandle, Raft, TypeConfig};
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::ClientWriteError;
+use openraft::impls::ProgressResponder;
+use openraft::raft::ClientWriteResult;
 use tokio::sync::{mpsc, oneshot, watch};
 
 mod leader_time;
@@ -94,7 +95,7 @@ struct Proposal {
 impl Proposer {
     /// Starts the batcher task for this node.
     pub fn spawn(
-        raft: Raft<TypeConfig>,
+        raft: Raft,
         machine: MachineHandle,
         clock: Arc<dyn Clock>,
         node_id: u64,
@@ -176,17 +177,14 @@ impl Proposer {
 
 /// What the waiters of an entry handed to openraft learn from openraft's answer for it.
 ///
-/// Once handed over, the entry may be committed whatever happens to this node: openraft answers
-/// `ForwardToLeader` both when it refuses the entry up front and when it deletes the entry from
-/// a deposed leader's log (a conflict, or a snapshot install that truncates after the committed
-/// index), and in the second case a new leader may already have committed and applied it. So
-/// every failure after the hand-over is `Unknown`, never `NotLeader` (docs/api.md: `NO_LEADER` means
-/// surely not applied).
+/// openraft 0.10 answers `ForwardToLeader` only for an entry it refused before appending it
+/// (this node is not the leader, is handing leadership over, or its leader lease lapsed): surely
+/// not applied, so `NotLeader`. An entry it appended and then deleted from a deposed leader's
+/// log (a conflict, or a snapshot install) is `LogEntryDiscarded`: a new leader may already
+/// have committed and applied it, so that and every other failure after the hand-over is
+/// `Unknown`, never `NotLeader` (docs/api.md: `NO_LEADER` means surely not applied).
 fn entry_outcome(
-    outcome: Result<
-        Result<ClientWriteResponse<TypeConfig>, ClientWriteError<u64, Member>>,
-        NoAnswer,
-    >,
+    outcome: Result<ClientWriteResult<TypeConfig>, NoAnswer>,
     commands: usize,
 ) -> Result<Applied, ProposeError> {
     match outcome {
@@ -196,7 +194,10 @@ fn entry_outcome(
             written.log_id,
             written.data.responses.len(),
         ),
-        Ok(Err(ClientWriteError::ForwardToLeader(_))) => Err(ProposeError::Unknown(
+        Ok(Err(ClientWriteError::ForwardToLeader(forward))) => Err(ProposeError::NotLeader {
+            leader: forward.leader_id,
+        }),
+        Ok(Err(ClientWriteError::LogEntryDiscarded(_))) => Err(ProposeError::Unknown(
             "this node stopped being the leader before the write was known to be committed"
                 .to_owned(),
         )),
@@ -217,13 +218,12 @@ enum NoAnswer {
 
 /// openraft's answer for an entry handed over, waited for at most `timeout`.
 ///
-/// The bound is not a nicety: openraft 0.9 never answers an entry that a snapshot install
-/// replaces without truncating it (a deposed leader whose log ends before the snapshot's last
-/// index and that saw no conflicting append first: it neither applies nor deletes the entry).
-/// The batcher waits for that answer before its next batch; waiting forever, a node that lost a
-/// batch that way could never propose again, even once elected leader. After the bound (the
-/// longest a request waits for a leader) the outcome is unknown, as it already is for the
-/// request that waits the same time, and the batcher goes on.
+/// The bound is not a nicety: the batcher waits for that answer before its next batch, and an
+/// answer that never came would stop it for good, even once this node is elected leader again.
+/// openraft 0.9 never answered an entry a snapshot install replaced without truncating it; 0.10
+/// answers it `LogEntryDiscarded`, but the batcher does not bet its life on that. After the
+/// bound (the longest a request waits for a leader) the outcome is unknown, as it already is
+/// for the request that waits the same time, and the batcher goes on.
 async fn answer_within<T>(
     answer: impl std::future::Future<Output = Result<T, oneshot::error::RecvError>>,
     timeout: Duration,
@@ -237,7 +237,7 @@ async fn answer_within<T>(
 
 struct Batcher {
     ready: watch::Sender<Option<u64>>,
-    raft: Raft<TypeConfig>,
+    raft: Raft,
     machine: MachineHandle,
     clock: Arc<dyn Clock>,
     node_id: u64,
@@ -327,12 +327,13 @@ impl Batcher {
         let Pending {
             commands, replies, ..
         } = pending;
-        let receiver = match self
+        let (responder, receiver) = ProgressResponder::complete_only();
+        match self
             .raft
-            .client_write_ff(Batch { stamp_ms, commands })
+            .client_write_ff(Batch { stamp_ms, commands }, Some(responder))
             .await
         {
-            Ok(receiver) => receiver,
+            Ok(()) => {}
             Err(fatal) => {
                 tracing::error!(error = %fatal, "raft stopped; refusing proposals");
                 for reply in replies.into_iter().flatten() {
@@ -369,7 +370,7 @@ impl Batcher {
 
     fn is_leader(&self) -> bool {
         let metrics = self.raft.metrics();
-        let metrics = metrics.borrow();
+        let metrics = metrics.borrow_watched();
         metrics.state.is_leader() && metrics.current_leader == Some(self.node_id)
     }
 
@@ -379,7 +380,7 @@ impl Batcher {
         loop {
             let (term, last_log_index) = {
                 let metrics = self.raft.metrics();
-                let metrics = metrics.borrow();
+                let metrics = metrics.borrow_watched();
                 if !metrics.state.is_leader() || metrics.current_leader != Some(self.node_id) {
                     return Err(metrics.current_leader);
                 }
@@ -414,7 +415,7 @@ impl Batcher {
                         .await
                         .is_err()
                     {
-                        let leader = self.raft.metrics().borrow().current_leader;
+                        let leader = self.raft.metrics().borrow_watched().current_leader;
                         return Err(leader.filter(|id| *id != self.node_id));
                     }
                 }
@@ -426,14 +427,15 @@ impl Batcher {
 #[cfg(test)]
 mod tests {
     use baton_raft_store::machine::{Reply, Response};
-    use openraft::error::ForwardToLeader;
-    use openraft::{CommittedLeaderId, LogId};
+    use baton_raft_store::store::log_id;
+    use openraft::errors::ForwardToLeader;
+    use openraft::raft::ClientWriteResponse;
 
     use super::*;
 
     fn written(responses: usize) -> ClientWriteResponse<TypeConfig> {
         ClientWriteResponse {
-            log_id: LogId::new(CommittedLeaderId::new(3, 1), 9),
+            log_id: log_id(3, 1, 9),
             data: Applied {
                 time_ms: 1_234,
                 responses: (0..responses)
@@ -448,12 +450,16 @@ mod tests {
     }
 
     #[test]
-    fn losing_the_leader_after_the_hand_over_is_an_unknown_outcome() {
-        let forward = ClientWriteError::ForwardToLeader(ForwardToLeader {
-            leader_id: Some(2),
-            leader_node: None,
-        });
-        let outcome = entry_outcome(Ok(Err(forward)), 1);
+    fn a_refused_entry_is_not_applied_and_a_discarded_one_is_unknown() {
+        let refused =
+            ClientWriteError::ForwardToLeader(ForwardToLeader::new(2, Default::default()));
+        let outcome = entry_outcome(Ok(Err(refused)), 1);
+        assert!(
+            matches!(outcome, Err(ProposeError::NotLeader { leader: Some(2) })),
+            "{outcome:?}"
+        );
+        let discarded = ClientWriteError::LogEntryDiscarded(ForwardToLeader::empty());
+        let outcome = entry_outcome(Ok(Err(discarded)), 1);
         assert!(
             matches!(outcome, Err(ProposeError::Unknown(_))),
             "{outcome:?}"

@@ -4,6 +4,8 @@
 //! These are log types, a durability contract: changing a variant's shape changes the on-disk
 //! format. They are deliberately distinct from the HTTP wire types in `baton-client`.
 
+use std::fmt;
+
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::auth::{NewToken, TokenView};
@@ -18,6 +20,19 @@ use super::types::{Invalid, Labels, LeaseMode, Limits, Name, Namespace, Resource
 pub struct Batch {
     pub stamp_ms: u64,
     pub commands: Vec<Command>,
+}
+
+/// How a log line names an entry's batch: its stamp and how many commands it carries (never
+/// the commands, which hold session ids).
+impl fmt::Display for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "batch(stamp {} ms, {} commands)",
+            self.stamp_ms,
+            self.commands.len()
+        )
+    }
 }
 
 impl Batch {

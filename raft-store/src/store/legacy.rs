@@ -7,12 +7,10 @@
 
 use std::path::Path;
 
-use openraft::{LogId, SnapshotMeta, Vote};
-
 use super::files::Files;
 use super::{
-    decode, encode, LogStore, Member, StoreError, COMMITTED_FILE, PURGED_FILE, STORE_FORMAT,
-    VOTE_FILE,
+    decode, encode, LogId, LogStore, SnapshotMeta, StoreError, Vote, COMMITTED_FILE, PURGED_FILE,
+    STORE_FORMAT, VOTE_FILE,
 };
 
 /// The file sled creates first in a database's directory.
@@ -60,15 +58,13 @@ impl Sled {
         if self.format == Some(STORE_FORMAT) {
             return Ok(());
         }
-        if let Some(vote) = self.meta_value::<Vote<u64>>(VOTE_KEY, "vote")? {
+        if let Some(vote) = self.meta_value::<Vote>(VOTE_KEY, "vote")? {
             files.replace(VOTE_FILE, &vote)?;
         }
-        if let Some(purged) =
-            self.meta_value::<LogId<u64>>(LAST_PURGED_KEY, "last purged log id")?
-        {
+        if let Some(purged) = self.meta_value::<LogId>(LAST_PURGED_KEY, "last purged log id")? {
             files.replace(PURGED_FILE, &purged)?;
         }
-        if let Some(committed) = self.meta_value::<LogId<u64>>(COMMITTED_KEY, "committed log id")? {
+        if let Some(committed) = self.meta_value::<LogId>(COMMITTED_KEY, "committed log id")? {
             files.write_unsynced(COMMITTED_FILE, &Some(committed))?;
         }
         let snapshots = self.db.open_tree(SNAPSHOT_TREE)?;
@@ -76,7 +72,7 @@ impl Sled {
         let data = snapshots.get(SNAPSHOT_DATA_KEY)?;
         match (meta, data) {
             (Some(meta), Some(data)) => {
-                let meta: SnapshotMeta<u64, Member> = decode(&meta, "sled's snapshot meta")?;
+                let meta: SnapshotMeta = decode(&meta, "sled's snapshot meta")?;
                 let counter = match snapshots.get(SNAPSHOT_COUNTER_KEY)? {
                     Some(bytes) => decode::<u64>(&bytes, "sled's snapshot counter")?,
                     None => 0,

@@ -15,19 +15,16 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use openraft::storage::{LogFlushed, LogState, RaftLogStorage};
-use openraft::{Entry, ErrorSubject, ErrorVerb, LogId, OptionalSend, RaftLogReader, Vote};
+use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
+use openraft::{OptionalSend, RaftLogReader};
 
 use super::segments::{index_span, SegmentLog};
 use super::{
-    decode, encode, run_blocking, storage_error, Database, SnapshotProgress, StorageResult,
-    StoreError, TypeConfig, COMMITTED_FILE, PURGED_FILE, VOTE_FILE,
+    decode, encode, io_error, run_blocking, Database, Entry, LogId, StorageResult, StoreError,
+    TypeConfig, Vote, COMMITTED_FILE, PURGED_FILE, VOTE_FILE,
 };
 
-/// How long a purge waits for a snapshot install to become durable before the node stops.
-const PURGE_WAIT_MAX: Duration = Duration::from_secs(120);
 /// A segment file that has reached this size gets no more entries. A purge removes whole
 /// segments, so this is also about how much a purged prefix may keep on disk.
 const SEGMENT_BYTES_TARGET: u64 = 64 << 20;
@@ -37,6 +34,9 @@ const IMPORT_BATCH_MAX: usize = 1_024;
 const RECENT_ENTRIES_MAX: usize = 1_024;
 /// ... and at most this many bytes of their encodings.
 const RECENT_BYTES_MAX: usize = 8 << 20;
+/// The most bytes of encoded entries one read for a replication stream returns (at least one
+/// entry): an append to a follower stays well under the peer message limit.
+pub const REPLICATION_READ_BYTES_MAX: usize = 16 << 20;
 
 /// The durable Raft log and vote of one node.
 ///
@@ -55,7 +55,7 @@ pub struct LogStore {
 /// disk without the disk.
 #[derive(Debug, Default)]
 struct Recent {
-    entries: VecDeque<(Entry<TypeConfig>, usize)>,
+    entries: VecDeque<(Entry, usize)>,
     bytes: usize,
 }
 
@@ -69,7 +69,7 @@ impl Recent {
     }
 
     /// Adds entries just written; they follow the last one kept, or replace everything.
-    fn push(&mut self, appended: Vec<(Entry<TypeConfig>, usize)>) {
+    fn push(&mut self, appended: Vec<(Entry, usize)>) {
         let Some((first, _)) = appended.first() else {
             return;
         };
@@ -88,8 +88,8 @@ impl Recent {
         }
     }
 
-    /// The entries of `[start, end)` when every one of them is kept.
-    fn get(&self, start: u64, end: u64) -> Option<Vec<Entry<TypeConfig>>> {
+    /// The entries of `[start, end)` when every one of them is kept, with their encoded sizes.
+    fn get(&self, start: u64, end: u64) -> Option<Vec<(Entry, usize)>> {
         let first = self.first_index()?;
         let last = self.last_index()?;
         if start < first || end > last + 1 || start >= end {
@@ -100,7 +100,7 @@ impl Recent {
         Some(
             self.entries
                 .range(from..to)
-                .map(|(entry, _)| entry.clone())
+                .map(|(entry, bytes)| (entry.clone(), *bytes))
                 .collect(),
         )
     }
@@ -133,19 +133,29 @@ impl Recent {
     }
 }
 
-/// Reads entries for openraft's replication streams and for startup.
+/// Reads entries for openraft's replication streams and for startup, and the vote.
 ///
 /// Guarantees: returns the entries present in `range`, in index order, with no gaps among
 /// them; an entry that is absent (purged, or never written) is simply not returned. An I/O
-/// error, undecodable bytes, or an entry stored under another index than its own is a
-/// `StorageError` (a corrupt log stops the node rather than replicating garbage).
+/// error, undecodable bytes, or an entry stored under another index than its own is an error
+/// (a corrupt log stops the node rather than replicating garbage). A replication read
+/// (`limited_get_log_entries`) stops at `REPLICATION_READ_BYTES_MAX` bytes of entries, after
+/// at least one.
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
         &mut self,
         range: RB,
-    ) -> StorageResult<Vec<Entry<TypeConfig>>> {
-        self.read_entries(range)
-            .map_err(|error| storage_error(ErrorSubject::Logs, ErrorVerb::Read, error))
+    ) -> StorageResult<Vec<Entry>> {
+        self.read_entries(range, usize::MAX).map_err(io_error)
+    }
+
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> StorageResult<Vec<Entry>> {
+        self.read_entries(start..end, REPLICATION_READ_BYTES_MAX)
+            .map_err(io_error)
+    }
+
+    async fn read_vote(&mut self) -> StorageResult<Option<Vote>> {
+        self.database.files.read(VOTE_FILE).map_err(io_error)
     }
 }
 
@@ -163,11 +173,11 @@ impl RaftLogReader<TypeConfig> for LogStore {
 ///   last purged log id before it removes whole segments of the prefix, and `open` finishes an
 ///   interrupted purge.
 /// - Nothing that a restart needs is purged: an entry is removed only once a durable snapshot
-///   covers it. openraft 0.9 purges up to a snapshot received from the leader while its
-///   state-machine worker is still persisting that snapshot, so `purge` waits for the install
-///   to be durable; a purge past every durable snapshot is honoured by the readers (openraft
-///   never reads below its purge point) but leaves the entries on disk, and `open` forgets it.
-/// - On any I/O or decoding error the method returns a `StorageError` (and `append` also
+///   covers it. openraft 0.10 purges only after the snapshot covering the purge point is
+///   flushed (built or installed); should a purge ever go past every durable snapshot, it is
+///   honoured by the readers (openraft never reads below its purge point) but leaves the
+///   entries on disk, and `open` forgets it.
+/// - On any I/O or decoding error the method returns an `io::Error` (and `append` also
 ///   reports the error through its callback): openraft then stops the node. Nothing is retried
 ///   or ignored here.
 impl RaftLogStorage<TypeConfig> for LogStore {
@@ -184,7 +194,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 last_log_id,
             })
         };
-        read().map_err(|error| storage_error(ErrorSubject::Logs, ErrorVerb::Read, error))
+        read().map_err(io_error)
     }
 
     async fn get_log_reader(&mut self) -> Self::LogReader {
@@ -192,12 +202,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     /// Durable before returning: the vote file is replaced and synced with its directory.
-    async fn save_vote(&mut self, vote: &Vote<u64>) -> StorageResult<()> {
+    async fn save_vote(&mut self, vote: &Vote) -> StorageResult<()> {
         let files = self.database.files.clone();
         let vote = *vote;
         run_blocking(move || files.replace(VOTE_FILE, &vote))
             .await
-            .map_err(|error| storage_error(ErrorSubject::Vote, ErrorVerb::Write, error))?;
+            .map_err(io_error)?;
         // The harness's `votes` checker reads these lines: one node never votes for two
         // candidates in a term, and no two nodes see two leaders of one term.
         tracing::info!(
@@ -209,43 +219,36 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
-    async fn read_vote(&mut self) -> StorageResult<Option<Vote<u64>>> {
-        self.database
-            .files
-            .read(VOTE_FILE)
-            .map_err(|error| storage_error(ErrorSubject::Vote, ErrorVerb::Read, error))
-    }
-
     /// Records the committed log id so that, after a restart, openraft re-applies the committed
     /// entries after the last snapshot before serving. Written in place and never synced: a
     /// crash may lose it or tear it, and it then reads as absent. That only means re-applying
     /// less at startup and learning the rest from the leader; a saved value never points past
     /// the flushed log, because every append fsyncs before openraft can commit it.
-    async fn save_committed(&mut self, committed: Option<LogId<u64>>) -> StorageResult<()> {
+    async fn save_committed(&mut self, committed: Option<LogId>) -> StorageResult<()> {
         self.database
             .files
             .write_unsynced(COMMITTED_FILE, &committed)
-            .map_err(|error| storage_error(ErrorSubject::Store, ErrorVerb::Write, error))
+            .map_err(io_error)
     }
 
-    async fn read_committed(&mut self) -> StorageResult<Option<LogId<u64>>> {
+    async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {
         self.database
             .files
-            .read_unsynced::<Option<LogId<u64>>>(COMMITTED_FILE)
+            .read_unsynced::<Option<LogId>>(COMMITTED_FILE)
             .map(Option::flatten)
-            .map_err(|error| storage_error(ErrorSubject::Store, ErrorVerb::Read, error))
+            .map_err(io_error)
     }
 
     /// Encodes the entries, writes and fsyncs them (readable as soon as this returns), then
     /// calls back. The callback is never invoked before the fsync
     /// succeeded; on failure it receives the error.
-    async fn append<I>(&mut self, entries: I, callback: LogFlushed<TypeConfig>) -> StorageResult<()>
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> StorageResult<()>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
+        I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
         let result = async {
-            let entries: Vec<Entry<TypeConfig>> = entries.into_iter().collect();
+            let entries: Vec<Entry> = entries.into_iter().collect();
             let records = entries
                 .iter()
                 .map(|entry| Ok((entry.log_id.index, encode(entry, "log entry")?)))
@@ -266,38 +269,33 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         };
         match result.await {
             Ok(()) => {
-                callback.log_io_completed(Ok(()));
+                callback.io_completed(Ok(()));
                 // Zeros ahead of the records for the next appends, once this one is answered.
-                self.segments
-                    .preallocate()
-                    .map_err(|error| storage_error(ErrorSubject::Logs, ErrorVerb::Write, error))
+                self.segments.preallocate().map_err(io_error)
             }
             Err(error) => {
-                callback.log_io_completed(Err(io::Error::other(error.to_string())));
-                Err(storage_error(ErrorSubject::Logs, ErrorVerb::Write, error))
+                callback.io_completed(Err(io::Error::other(error.to_string())));
+                Err(io_error(error))
             }
         }
     }
 
-    /// Removes the entries from `log_id.index` on, durably.
-    async fn truncate(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
-        self.recent()
-            .map_err(|error| storage_error(ErrorSubject::Log(log_id), ErrorVerb::Delete, error))?
-            .truncate(log_id.index);
+    /// Keeps the entries up to `last_log_id` (none when `None`) and removes the rest, durably.
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StorageResult<()> {
+        let from = last_log_id.map_or(0, |log_id| log_id.index + 1);
+        self.recent().map_err(io_error)?.truncate(from);
         let segments = self.segments.clone();
-        run_blocking(move || segments.truncate(log_id.index))
+        run_blocking(move || segments.truncate(from))
             .await
-            .map_err(|error| storage_error(ErrorSubject::Log(log_id), ErrorVerb::Delete, error))
+            .map_err(io_error)
     }
 
-    /// Waits until a snapshot being installed covers `log_id` (see the contract above), records
-    /// `log_id` as the last purged log id and fsyncs, then removes the whole segments up to it
-    /// that the durable snapshot covers. A crash between the two leaves stale entries below the
-    /// purge point, which `open` removes; never a hole above it.
-    async fn purge(&mut self, log_id: LogId<u64>) -> StorageResult<()> {
+    /// Records `log_id` as the last purged log id and fsyncs, then removes the whole segments
+    /// up to it that the durable snapshot covers. A crash between the two leaves stale entries
+    /// below the purge point, which `open` removes; never a hole above it.
+    async fn purge(&mut self, log_id: LogId) -> StorageResult<()> {
         let result = async {
             self.recent()?.purge(log_id.index);
-            let progress = self.wait_for_installed_snapshot(log_id.index).await?;
             if self
                 .last_purged()?
                 .is_some_and(|last_purged| last_purged >= log_id)
@@ -306,7 +304,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             }
             let files = self.database.files.clone();
             run_blocking(move || files.replace(PURGED_FILE, &log_id)).await?;
-            let Some(durable) = progress.durable else {
+            let Some(durable) = self.database.durable_snapshot()? else {
                 return Ok(());
             };
             // File removals and a directory fsync: off the async worker, which also runs
@@ -316,9 +314,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let upto = durable.index.min(log_id.index);
             run_blocking(move || segments.remove_through(upto)).await
         };
-        result
-            .await
-            .map_err(|error| storage_error(ErrorSubject::Log(log_id), ErrorVerb::Delete, error))
+        result.await.map_err(io_error)
     }
 }
 
@@ -335,7 +331,7 @@ impl LogStore {
             segments,
             recent: Arc::default(),
         };
-        let durable = store.database.snapshot_progress.borrow().durable;
+        let durable = store.database.durable_snapshot()?;
         if let Some(last_purged) = store.last_purged()? {
             let kept_purge = match durable {
                 Some(durable) if durable.index >= last_purged.index => Some(last_purged),
@@ -381,36 +377,7 @@ impl LogStore {
         self.segments.append(&records, true)
     }
 
-    /// While a snapshot from the leader is being received or installed, waits until a durable
-    /// snapshot covers `index` (openraft purges up to the snapshot in parallel with persisting
-    /// it). Returns the snapshot progress the purge may go by. An install that failed, or one
-    /// that takes longer than `PURGE_WAIT_MAX`, is an error: the node stops rather than purge
-    /// what a restart would need.
-    async fn wait_for_installed_snapshot(
-        &self,
-        index: u64,
-    ) -> Result<SnapshotProgress, StoreError> {
-        let mut progress = self.database.snapshot_progress.subscribe();
-        let settled = progress
-            .wait_for(|progress| progress.failed || !progress.receiving || progress.covers(index));
-        let progress = match tokio::time::timeout(PURGE_WAIT_MAX, settled).await {
-            Ok(Ok(progress)) => *progress,
-            Ok(Err(_)) => return Err(StoreError::Refused("the snapshot progress is gone".to_owned())),
-            Err(_) => {
-                return Err(StoreError::Refused(format!(
-                    "purge up to index {index}: the snapshot install covering it did not become durable within {PURGE_WAIT_MAX:?}"
-                )))
-            }
-        };
-        if progress.failed && !progress.covers(index) {
-            return Err(StoreError::Refused(format!(
-                "purge up to index {index}: the snapshot install covering it failed"
-            )));
-        }
-        Ok(progress)
-    }
-
-    fn last_purged(&self) -> Result<Option<LogId<u64>>, StoreError> {
+    fn last_purged(&self) -> Result<Option<LogId>, StoreError> {
         self.database.files.read(PURGED_FILE)
     }
 
@@ -434,7 +401,7 @@ impl LogStore {
     }
 
     /// The log id of the last entry after the purge point.
-    fn last_entry_log_id(&self) -> Result<Option<LogId<u64>>, StoreError> {
+    fn last_entry_log_id(&self) -> Result<Option<LogId>, StoreError> {
         let last_purged = self.last_purged()?;
         let Some((_, last)) = self.segments.bounds()? else {
             return Ok(None);
@@ -442,16 +409,18 @@ impl LogStore {
         if last_purged.is_some_and(|purged| last <= purged.index) {
             return Ok(None);
         }
-        let entries = self.read_entries(last..=last)?;
+        let entries = self.read_entries(last..=last, usize::MAX)?;
         Ok(entries.last().map(|entry| entry.log_id))
     }
 
     /// The entries in `range` after the purge point (entries a purge past the durable snapshot
-    /// left on disk are not part of the log).
+    /// left on disk are not part of the log), stopping once `bytes_max` bytes of encoded
+    /// entries are read (after at least one).
     fn read_entries(
         &self,
         range: impl RangeBounds<u64>,
-    ) -> Result<Vec<Entry<TypeConfig>>, StoreError> {
+        bytes_max: usize,
+    ) -> Result<Vec<Entry>, StoreError> {
         let first = self.last_purged()?.map_or(0, |purged| purged.index + 1);
         let start = match range.start_bound() {
             Bound::Included(start) => Bound::Included((*start).max(first)),
@@ -460,20 +429,25 @@ impl LogStore {
         };
         let end = range.end_bound().cloned();
         if let Some((start, Some(end))) = index_span(&(start, end)) {
-            if let Some(entries) = self.recent()?.get(start, end) {
-                return Ok(entries);
+            if let Some(kept) = self.recent()?.get(start, end) {
+                return Ok(within_bytes(kept, bytes_max));
             }
         }
-        let mut entries: Vec<Entry<TypeConfig>> = Vec::new();
+        let mut entries: Vec<(Entry, usize)> = Vec::new();
+        let mut bytes = 0;
         for (index, payload) in self.segments.read((start, end))? {
-            let entry: Entry<TypeConfig> = decode(&payload, &format!("log entry {index}"))?;
+            if !entries.is_empty() && bytes + payload.len() > bytes_max {
+                break;
+            }
+            bytes += payload.len();
+            let entry: Entry = decode(&payload, &format!("log entry {index}"))?;
             if entry.log_id.index != index {
                 return Err(StoreError::Corrupt {
                     what: format!("log entry {index}"),
                     reason: format!("it holds the entry for index {}", entry.log_id.index),
                 });
             }
-            if let Some(previous) = entries.last() {
+            if let Some((previous, _)) = entries.last() {
                 if previous.log_id.index + 1 != index {
                     return Err(StoreError::Corrupt {
                         what: "log".to_owned(),
@@ -481,22 +455,36 @@ impl LogStore {
                     });
                 }
             }
-            entries.push(entry);
+            entries.push((entry, payload.len()));
         }
-        Ok(entries)
+        Ok(entries.into_iter().map(|(entry, _)| entry).collect())
     }
+}
+
+/// The first of `entries` whose encodings total at most `bytes_max`, and at least one.
+fn within_bytes(entries: Vec<(Entry, usize)>, bytes_max: usize) -> Vec<Entry> {
+    let mut bytes = 0;
+    let mut kept = Vec::with_capacity(entries.len());
+    for (entry, size) in entries {
+        if !kept.is_empty() && bytes + size > bytes_max {
+            break;
+        }
+        bytes += size;
+        kept.push(entry);
+    }
+    kept
 }
 
 /// Decodes an entry an earlier build stored in sled under `key` and checks that it is the entry
 /// for that index.
-fn decode_sled_entry(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, StoreError> {
+fn decode_sled_entry(key: &[u8], value: &[u8]) -> Result<Entry, StoreError> {
     let index = <[u8; 8]>::try_from(key)
         .map(u64::from_be_bytes)
         .map_err(|_| StoreError::Corrupt {
             what: "log key".to_owned(),
             reason: format!("{} bytes instead of 8", key.len()),
         })?;
-    let entry: Entry<TypeConfig> = decode(value, &format!("log entry {index}"))?;
+    let entry: Entry = decode(value, &format!("log entry {index}"))?;
     if entry.log_id.index != index {
         return Err(StoreError::Corrupt {
             what: format!("log entry {index}"),
@@ -508,23 +496,24 @@ fn decode_sled_entry(key: &[u8], value: &[u8]) -> Result<Entry<TypeConfig>, Stor
 
 #[cfg(test)]
 mod tests {
-    use openraft::{CommittedLeaderId, EntryPayload};
+    use openraft::EntryPayload;
 
+    use super::super::log_id;
     use super::*;
 
-    fn entry(term: u64, index: u64) -> (Entry<TypeConfig>, usize) {
+    fn entry(term: u64, index: u64) -> (Entry, usize) {
         let entry = Entry {
-            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            log_id: log_id(term, 1, index),
             payload: EntryPayload::Blank,
         };
         (entry, 100)
     }
 
-    fn terms(entries: Option<Vec<Entry<TypeConfig>>>) -> Option<Vec<(u64, u64)>> {
+    fn terms(entries: Option<Vec<(Entry, usize)>>) -> Option<Vec<(u64, u64)>> {
         entries.map(|entries| {
             entries
                 .iter()
-                .map(|entry| (entry.log_id.leader_id.term, entry.log_id.index))
+                .map(|(entry, _)| (entry.log_id.leader_id.term, entry.log_id.index))
                 .collect()
         })
     }

@@ -11,9 +11,13 @@
 //! re-applies the committed log after it (the committed log id is saved for exactly that).
 //!
 //! Every byte read back from disk is checked and decoded with a size limit; garbage is an
-//! error naming the file, never a panic. Every I/O or decoding error becomes an openraft
-//! `StorageError`, which stops the node. Nothing here interprets commands: that is `machine`'s
-//! job.
+//! error naming the file, never a panic. Every I/O or decoding error is returned to openraft as
+//! an `io::Error`, which it turns into a `StorageError` that stops the node. Nothing here
+//! interprets commands: that is `machine`'s job.
+//!
+//! The openraft types the rest of Baton names (`LogId`, `Vote`, `Entry`, `SnapshotMeta`, the
+//! `Raft` handle, ...) are aliases here, so that the node never spells an openraft generic
+//! and a bump of openraft changes this file rather than every user.
 
 mod change_watch;
 mod files;
@@ -26,14 +30,13 @@ mod state_machine;
 
 use std::fmt;
 use std::fs;
-use std::io::Cursor;
+use std::io::{self, Cursor};
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
-use openraft::{AnyError, ErrorSubject, ErrorVerb, LogId, StorageError, StorageIOError};
+use openraft::type_config::alias;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
 
 use crate::machine::{decode_value, encode_value, Batch, CodecError, Machine, Response};
 
@@ -45,19 +48,43 @@ use self::state_machine::SnapshotWritten;
 pub use self::state_machine::{MachineHandle, SnapshotBuilder, StateMachineStore};
 
 openraft::declare_raft_types!(
-    /// The openraft type configuration of a Baton cluster.
+    /// The openraft type configuration of a Baton cluster: log entries carry `Batch`es, apply
+    /// answers `Applied`, members are numbered by `--id` and reached at a `Member`'s addresses.
+    /// The rest are openraft's defaults (leader ids of term and node, tokio).
     pub TypeConfig:
         D = Batch,
         R = Applied,
         NodeId = u64,
         Node = Member,
-        Entry = openraft::Entry<TypeConfig>,
-        SnapshotData = Cursor<Vec<u8>>,
-        AsyncRuntime = openraft::TokioRuntime,
 );
 
-/// The openraft error type every storage method returns.
-pub type StorageResult<T> = Result<T, StorageError<u64>>;
+/// A Baton node's Raft handle.
+pub type Raft = openraft::Raft<TypeConfig, StateMachineStore>;
+/// A log entry's position: the leader (term and node) that proposed it, and its index.
+pub type LogId = alias::LogIdOf<TypeConfig>;
+/// A node's vote: the leader id it voted for, and whether that leader is committed.
+pub type Vote = alias::VoteOf<TypeConfig>;
+/// One log entry.
+pub type Entry = alias::EntryOf<TypeConfig>;
+/// What a snapshot covers: the last log id applied to it and the membership then.
+pub type SnapshotMeta = alias::SnapshotMetaOf<TypeConfig>;
+/// A membership with the log id of the entry that set it.
+pub type StoredMembership = alias::StoredMembershipOf<TypeConfig>;
+/// A snapshot's bytes, whole in memory.
+pub type SnapshotData = Cursor<Vec<u8>>;
+/// A snapshot: its meta and its bytes.
+pub type Snapshot = alias::SnapshotOf<TypeConfig, SnapshotData>;
+
+/// The log id of entry `index`, proposed by the leader `node_id` elected in `term`.
+pub fn log_id(term: u64, node_id: u64, index: u64) -> LogId {
+    openraft::LogId::new(
+        openraft::impls::leader_id_adv::LeaderId { term, node_id },
+        index,
+    )
+}
+
+/// What every storage method returns to openraft: an I/O error stops the node.
+pub type StorageResult<T> = Result<T, io::Error>;
 
 /// What applying one log entry produced.
 ///
@@ -145,7 +172,6 @@ fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineSto
     let database = Database {
         files,
         snapshot_write: Arc::default(),
-        snapshot_progress: Arc::new(watch::Sender::new(SnapshotProgress::default())),
     };
     // The state machine first: it finds the durable snapshot, which bounds what the log may
     // have purged.
@@ -189,28 +215,17 @@ struct Database {
     /// Serializes snapshot writes (a background build against an install), so an older snapshot
     /// never overwrites a newer one, and says what the snapshot file holds.
     snapshot_write: Arc<Mutex<SnapshotWritten>>,
-    /// What the durable snapshot covers and whether one is being received: the state machine
-    /// writes it, the log's `purge` waits on it.
-    snapshot_progress: Arc<watch::Sender<SnapshotProgress>>,
 }
 
-/// The snapshot side of the purge rule: the log may remove an entry only once a durable
-/// snapshot covers it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct SnapshotProgress {
-    /// The last log id the persisted (fsynced) snapshot covers.
-    durable: Option<LogId<u64>>,
-    /// A snapshot from the leader is being received or installed: openraft purges the log up
-    /// to it in parallel with the install, so `purge` waits for it to be durable.
-    receiving: bool,
-    /// An install failed: the node is stopping, and nothing past the durable snapshot goes.
-    failed: bool,
-}
-
-impl SnapshotProgress {
-    /// Whether the durable snapshot covers the entry at `index`.
-    fn covers(&self, index: u64) -> bool {
-        self.durable.is_some_and(|durable| durable.index >= index)
+impl Database {
+    /// The last log id the persisted (fsynced) snapshot covers: the log may remove an entry
+    /// only once it is covered.
+    fn durable_snapshot(&self) -> Result<Option<LogId>, StoreError> {
+        Ok(self
+            .snapshot_write
+            .lock()
+            .map_err(|_| StoreError::Poisoned)?
+            .last_log_id)
     }
 }
 
@@ -241,13 +256,9 @@ fn decode<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, StoreError
     })
 }
 
-/// Turns a store error into the openraft error that stops the node.
-fn storage_error(
-    subject: ErrorSubject<u64>,
-    verb: ErrorVerb,
-    error: StoreError,
-) -> StorageError<u64> {
-    StorageIOError::new(subject, verb, AnyError::new(&error)).into()
+/// A store error as the I/O error openraft takes, and stops the node on.
+fn io_error(error: StoreError) -> io::Error {
+    io::Error::other(error)
 }
 
 /// The state the machine is in, and the log position it is at. Shared between the openraft
@@ -255,8 +266,8 @@ fn storage_error(
 #[derive(Debug)]
 struct AppliedState {
     machine: Machine,
-    last_applied: Option<LogId<u64>>,
-    last_membership: openraft::StoredMembership<u64, Member>,
+    last_applied: Option<LogId>,
+    last_membership: StoredMembership,
     /// The machine holds lease state (it applied a normal entry or came from a snapshot): from
     /// then on every entry must be the one right after `last_applied`.
     consecutive: bool,

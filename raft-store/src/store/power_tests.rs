@@ -9,26 +9,24 @@
 use std::sync::Arc;
 
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
-use openraft::{
-    CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, RaftSnapshotBuilder, Vote,
-};
+use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
 use super::files::sim::SimDisk;
-use super::{open_on, TypeConfig};
+use super::{open_on, Entry, LogId, Vote};
 
 /// What the store acknowledged before the cut.
 #[derive(Debug, Default, Clone, Copy)]
 struct Acknowledged {
-    vote: Option<Vote<u64>>,
-    purged: Option<LogId<u64>>,
-    snapshot: Option<LogId<u64>>,
+    vote: Option<Vote>,
+    purged: Option<LogId>,
+    snapshot: Option<LogId>,
 }
 
-fn log_id(term: u64, index: u64) -> LogId<u64> {
-    LogId::new(CommittedLeaderId::new(term, 1), index)
+fn log_id(term: u64, index: u64) -> LogId {
+    super::log_id(term, 1, index)
 }
 
-fn blank(term: u64, index: u64) -> Entry<TypeConfig> {
+fn blank(term: u64, index: u64) -> Entry {
     Entry {
         log_id: log_id(term, index),
         payload: EntryPayload::Blank,
@@ -72,6 +70,8 @@ async fn workload(dir: &std::path::Path, disk: &Arc<SimDisk>, acked: &mut Acknow
         if log.save_committed(Some(log_id(term, index))).await.is_err() {
             return;
         }
+        let entries =
+            futures_util::stream::iter(entries.into_iter().map(|entry| Ok((entry, None))));
         if machine.apply(entries).await.is_err() {
             return;
         }

@@ -5,22 +5,21 @@
 //! The `Machine` lives in memory behind one `RwLock`, together with the log id of the last
 //! applied entry and the last applied membership, so a reader always sees a machine and the
 //! log position it is at, never one without the other. Only snapshots are persisted (the
-//! `snapshot` file: a counter for unique ids, the meta, and the machine's bytes). A restart rebuilds the machine
+//! `snapshot` file: a counter of the snapshots built here, the meta, and the machine's bytes). A restart rebuilds the machine
 //! from the last snapshot and openraft re-applies the committed log after it: every entry is in
 //! the rebuilt state exactly once. Deciding what a command does belongs to `machine`, never here.
 
-use std::io::Cursor;
+use std::io::{self, Cursor};
 
-use openraft::storage::{RaftStateMachine, Snapshot, SnapshotMeta};
-use openraft::{
-    DefensiveError, Entry, EntryPayload, ErrorSubject, ErrorVerb, LogId, OptionalSend,
-    RaftSnapshotBuilder, StorageError, StoredMembership, Violation,
-};
+use futures_util::TryStreamExt;
+use openraft::storage::{EntryResponder, RaftStateMachine};
+use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 
 use super::files::Files;
 use super::{
-    decode, encode, run_blocking, storage_error, Applied, AppliedState, ChangeWatch, Database,
-    Member, SharedState, StorageResult, StoreError, TypeConfig, Watching, SNAPSHOT_FILE,
+    decode, encode, io_error, run_blocking, Applied, AppliedState, ChangeWatch, Database, Entry,
+    LogId, SharedState, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoreError,
+    StoredMembership, TypeConfig, Watching, SNAPSHOT_FILE,
 };
 use crate::machine::{Command, Machine, Name, Namespace, ResourcePath};
 
@@ -50,6 +49,55 @@ pub struct SnapshotBuilder {
 }
 
 impl StateMachineStore {
+    /// Applies `entries` in order (see the contract on `RaftStateMachine` below) and returns
+    /// what each one produced, in order. An entry out of order stops at that entry with
+    /// `StoreError::Refused`, the ones before it applied.
+    pub fn apply_entries(
+        &self,
+        entries: impl IntoIterator<Item = Entry>,
+    ) -> Result<Vec<Applied>, StoreError> {
+        let mut state = self.state.write().map_err(|_| StoreError::Poisoned)?;
+        let mut applied = Vec::new();
+        for entry in entries {
+            let normal = matches!(entry.payload, EntryPayload::Normal(_));
+            state.consecutive |= normal;
+            if let Some(last_applied) = state.last_applied {
+                let in_order = if state.consecutive {
+                    entry.log_id.index == last_applied.index + 1
+                } else {
+                    entry.log_id.index > last_applied.index
+                };
+                if !in_order {
+                    return Err(StoreError::Refused(format!(
+                        "applying entry {} after {last_applied}: entries apply once each, in order",
+                        entry.log_id
+                    )));
+                }
+            }
+            state.last_applied = Some(entry.log_id);
+            let responses = match entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(batch) => {
+                    let responses = state.machine.apply(&batch);
+                    self.watch.changed(state.machine.applied_events());
+                    if batch.commands.iter().any(Command::changes_access) {
+                        self.watch.changed_access();
+                    }
+                    responses
+                }
+                EntryPayload::Membership(membership) => {
+                    state.last_membership = StoredMembership::new(Some(entry.log_id), membership);
+                    Vec::new()
+                }
+            };
+            applied.push(Applied {
+                time_ms: state.machine.time_ms(),
+                responses,
+            });
+        }
+        Ok(applied)
+    }
+
     /// A read handle on this state machine's applied state.
     pub fn handle(&self) -> MachineHandle {
         MachineHandle {
@@ -85,9 +133,6 @@ impl StateMachineStore {
             },
         };
         tracing::info!(last_applied = ?state.last_applied, "state machine rebuilt from the last snapshot");
-        database
-            .snapshot_progress
-            .send_modify(|progress| progress.durable = state.last_applied);
         Ok(StateMachineStore {
             state: SharedState::new(state.into()),
             database,
@@ -102,7 +147,7 @@ impl MachineHandle {
     /// state is unusable and the node is stopping).
     pub fn read<T>(
         &self,
-        read: impl FnOnce(&Machine, Option<LogId<u64>>) -> T,
+        read: impl FnOnce(&Machine, Option<LogId>) -> T,
     ) -> Result<T, StoreError> {
         let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
         Ok(read(&state.machine, state.last_applied))
@@ -127,12 +172,12 @@ impl MachineHandle {
     }
 
     /// The log id of the last applied entry.
-    pub fn last_applied(&self) -> Result<Option<LogId<u64>>, StoreError> {
+    pub fn last_applied(&self) -> Result<Option<LogId>, StoreError> {
         self.read(|_, last_applied| last_applied)
     }
 
     /// The last applied membership, with the log id of the entry that set it.
-    pub fn last_membership(&self) -> Result<StoredMembership<u64, Member>, StoreError> {
+    pub fn last_membership(&self) -> Result<StoredMembership, StoreError> {
         let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
         Ok(state.last_membership.clone())
     }
@@ -140,81 +185,47 @@ impl MachineHandle {
 
 /// The state machine contract Baton relies on.
 ///
-/// - `apply` runs each entry through `Machine::apply` (normal entries), records membership
-///   (membership entries), advances the last applied log id, and returns one `Applied` per
-///   entry, in order. It refuses an entry at or below the last applied index (applying twice)
-///   and, once the machine holds lease state (a normal entry applied, or a snapshot), any
-///   entry that is not the one right after the last applied (a skipped entry), with a
-///   `StorageError`. Before that it takes any higher index: openraft's own storage suite
-///   drives fresh machines with sparse blank and membership entries.
+/// - `apply` (through `apply_entries`) runs each entry through `Machine::apply` (normal
+///   entries), records membership (membership entries), advances the last applied log id,
+///   and answers each entry proposed here with its `Applied`, in order, once the whole run is
+///   applied. It refuses an entry at
+///   or below the last applied index (applying twice) and, once the machine holds lease state
+///   (a normal entry applied, or a snapshot), any entry that is not the one right after the
+///   last applied (a skipped entry), with an error. Before that it takes any higher index:
+///   openraft's own storage suite drives fresh machines with sparse blank and membership
+///   entries.
 /// - The machine is in memory; snapshots are what is durable. `build_snapshot` and
-///   `install_snapshot` fsync the snapshot before returning. openraft purges the log after a
-///   build returns, but runs the purge that follows an install in parallel with it: the log's
-///   `purge` waits for the install to be durable (it learns of it through the store's snapshot
-///   progress), so no entry is removed that the durable snapshot does not cover. A built
-///   snapshot never replaces a persisted one that covers more of the log.
+///   `install_snapshot` fsync the snapshot before returning, and openraft purges the log only
+///   after that. A built snapshot never replaces a persisted one that covers more of the log.
 /// - Snapshot bytes are `Machine::encode_snapshot`; the applied log id and membership travel in
-///   openraft's `SnapshotMeta`. Bytes that do not decode are a `StorageError`, never a panic.
-/// - Any I/O, encoding or decoding error, or a poisoned lock, is a `StorageError`: openraft
+///   openraft's `SnapshotMeta`. Bytes that do not decode are an error, never a panic.
+/// - Any I/O, encoding or decoding error, or a poisoned lock, is an `io::Error`: openraft
 ///   stops the node.
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
+    type SnapshotData = SnapshotData;
     type SnapshotBuilder = SnapshotBuilder;
 
-    async fn applied_state(
-        &mut self,
-    ) -> StorageResult<(Option<LogId<u64>>, StoredMembership<u64, Member>)> {
+    async fn applied_state(&mut self) -> StorageResult<(Option<LogId>, StoredMembership)> {
         let state = self.state.read().map_err(|_| poisoned())?;
         Ok((state.last_applied, state.last_membership.clone()))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> StorageResult<Vec<Applied>>
+    async fn apply<Strm>(&mut self, entries: Strm) -> StorageResult<()>
     where
-        I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
-        I::IntoIter: OptionalSend,
+        Strm: futures_util::Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>>
+            + Unpin
+            + OptionalSend,
     {
-        let mut state = self.state.write().map_err(|_| poisoned())?;
-        let mut applied = Vec::new();
-        for entry in entries {
-            let normal = matches!(entry.payload, EntryPayload::Normal(_));
-            state.consecutive |= normal;
-            if let Some(last_applied) = state.last_applied {
-                let in_order = if state.consecutive {
-                    entry.log_id.index == last_applied.index + 1
-                } else {
-                    entry.log_id.index > last_applied.index
-                };
-                if !in_order {
-                    let violation = Violation::ApplyNonConsecutive {
-                        prev: Some(last_applied),
-                        next: entry.log_id,
-                    };
-                    return Err(
-                        DefensiveError::new(ErrorSubject::Apply(entry.log_id), violation).into(),
-                    );
-                }
+        // The whole run first: the state's lock is a std lock, never held across an await.
+        let (entries, responders): (Vec<Entry>, Vec<_>) =
+            entries.try_collect::<Vec<_>>().await?.into_iter().unzip();
+        let applied = self.apply_entries(entries).map_err(io_error)?;
+        for (responder, applied) in responders.into_iter().zip(applied) {
+            if let Some(responder) = responder {
+                responder.send(applied);
             }
-            state.last_applied = Some(entry.log_id);
-            let responses = match entry.payload {
-                EntryPayload::Blank => Vec::new(),
-                EntryPayload::Normal(batch) => {
-                    let responses = state.machine.apply(&batch);
-                    self.watch.changed(state.machine.applied_events());
-                    if batch.commands.iter().any(Command::changes_access) {
-                        self.watch.changed_access();
-                    }
-                    responses
-                }
-                EntryPayload::Membership(membership) => {
-                    state.last_membership = StoredMembership::new(Some(entry.log_id), membership);
-                    Vec::new()
-                }
-            };
-            applied.push(Applied {
-                time_ms: state.machine.time_ms(),
-                responses,
-            });
         }
-        Ok(applied)
+        Ok(())
     }
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
@@ -224,76 +235,46 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
-    /// Marks a snapshot from the leader as on its way: from now until it is installed, the log
-    /// purges nothing the durable snapshot does not cover without waiting for it.
-    async fn begin_receiving_snapshot(&mut self) -> StorageResult<Box<Cursor<Vec<u8>>>> {
-        self.database
-            .snapshot_progress
-            .send_modify(|progress| progress.receiving = true);
-        Ok(Box::new(Cursor::new(Vec::new())))
-    }
-
     /// Decodes the received bytes (an error on garbage), persists meta and bytes with an fsync,
-    /// then replaces the in-memory machine, applied log id and membership at once. Only then is
-    /// the snapshot durable for the log's `purge`, which openraft runs in parallel and which
-    /// waits for it; a failure makes that purge fail too.
+    /// then replaces the in-memory machine, applied log id and membership at once.
     async fn install_snapshot(
         &mut self,
-        meta: &SnapshotMeta<u64, Member>,
-        snapshot: Box<Cursor<Vec<u8>>>,
+        meta: &SnapshotMeta,
+        snapshot: SnapshotData,
     ) -> StorageResult<()> {
         tracing::info!(snapshot = %meta, "installing snapshot");
-        let result = self.install(meta, snapshot).await;
-        if result.is_ok() {
-            self.watch.changed_all();
-        }
-        self.database
-            .snapshot_progress
-            .send_modify(|progress| match &result {
-                Ok(()) => {
-                    progress.durable = progress.durable.max(meta.last_log_id);
-                    progress.receiving = false;
-                }
-                Err(_) => progress.failed = true,
-            });
-        result
+        self.install(meta, snapshot).await?;
+        self.watch.changed_all();
+        Ok(())
     }
 
     /// The last persisted snapshot (built here or installed), read back from disk.
-    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot<TypeConfig>>> {
+    async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot>> {
         let database = self.database.clone();
         let persisted = run_blocking(move || read_persisted_snapshot(&database))
             .await
-            .map_err(|error| storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Read, error))?;
+            .map_err(io_error)?;
         Ok(persisted.map(|(meta, data)| Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Cursor::new(data),
         }))
     }
 }
 
 impl StateMachineStore {
-    async fn install(
-        &mut self,
-        meta: &SnapshotMeta<u64, Member>,
-        snapshot: Box<Cursor<Vec<u8>>>,
-    ) -> StorageResult<()> {
-        let signature = meta.signature();
-        let fail = |verb, error| {
-            storage_error(ErrorSubject::Snapshot(Some(signature.clone())), verb, error)
-        };
+    async fn install(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> StorageResult<()> {
         let data = snapshot.into_inner();
         // Decoding a large snapshot is seconds of CPU: off the async workers, like building one.
         let (machine, data) = run_blocking(move || Ok((Machine::decode_snapshot(&data)?, data)))
             .await
-            .map_err(|error| fail(ErrorVerb::Read, error))?;
+            .map_err(io_error)?;
         let database = self.database.clone();
         let persisted_meta = meta.clone();
         run_blocking(move || {
             persist_snapshot(&database, persisted_meta, &data, SnapshotOrigin::Installed)
         })
         .await
-        .map_err(|error| fail(ErrorVerb::Write, error))?;
+        .map_err(io_error)?;
         tracing::info!(snapshot = %meta, "snapshot installed");
         let mut state = self.state.write().map_err(|_| poisoned())?;
         *state = AppliedState {
@@ -308,14 +289,15 @@ impl StateMachineStore {
 
 /// Encodes the machine under the read lock (so `apply` waits for the encoding, and the bytes
 /// match the applied log id exactly), then persists meta and bytes with an fsync before
-/// returning. The snapshot id is `{term}-{index}-{counter}` with a persisted counter, unique
-/// across restarts.
+/// returning.
 ///
 /// All of it runs on a blocking thread: encoding a million leases takes a large fraction of a
 /// second of CPU, and on an async worker it starved the node's heartbeats and appends long
 /// enough for a follower to call an election (seen in the memory bench).
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
-    async fn build_snapshot(&mut self) -> StorageResult<Snapshot<TypeConfig>> {
+    type SnapshotData = SnapshotData;
+
+    async fn build_snapshot(&mut self) -> StorageResult<Snapshot> {
         let (state, database) = (self.state.clone(), self.database.clone());
         let (meta, data) = run_blocking(move || {
             let (data, meta) = {
@@ -324,7 +306,6 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                 let meta = SnapshotMeta {
                     last_log_id: state.last_applied,
                     last_membership: state.last_membership.clone(),
-                    snapshot_id: String::new(),
                 };
                 (data, meta)
             };
@@ -332,36 +313,36 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             Ok((meta, data))
         })
         .await
-        .map_err(|error| storage_error(ErrorSubject::Snapshot(None), ErrorVerb::Write, error))?;
+        .map_err(io_error)?;
         tracing::info!(snapshot = %meta, bytes = data.len(), "snapshot built");
-        self.database
-            .snapshot_progress
-            .send_modify(|progress| progress.durable = progress.durable.max(meta.last_log_id));
         Ok(Snapshot {
             meta,
-            snapshot: Box::new(Cursor::new(data)),
+            snapshot: Cursor::new(data),
         })
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SnapshotOrigin {
-    /// Built here: gets a fresh id, and is not written over a persisted snapshot that covers
-    /// more of the log (a slow build racing an install).
+    /// Built here: counted, and not written over a persisted snapshot that covers more of the
+    /// log (a slow build racing an install).
     Built,
     /// Received from the leader: openraft already decided it is newer; written as is.
     Installed,
 }
 
 /// Replaces the snapshot file with one holding the meta and the bytes, durably, under the
-/// snapshot-write lock. Returns the meta as persisted (with its id, for a built snapshot).
-/// Blocking.
+/// snapshot-write lock. Returns the meta. Blocking.
+///
+/// The file's header keeps a counter of the snapshots built here beside the meta: earlier
+/// builds made snapshot ids of it, and read the header as (counter, meta), so a data dir stays
+/// readable by the release before this one.
 fn persist_snapshot(
     database: &Database,
-    mut meta: SnapshotMeta<u64, Member>,
+    meta: SnapshotMeta,
     data: &[u8],
     origin: SnapshotOrigin,
-) -> Result<SnapshotMeta<u64, Member>, StoreError> {
+) -> Result<SnapshotMeta, StoreError> {
     let mut written = database
         .snapshot_write
         .lock()
@@ -369,7 +350,6 @@ fn persist_snapshot(
     let mut counter = written.counter;
     if origin == SnapshotOrigin::Built {
         counter = counter.saturating_add(1);
-        meta.snapshot_id = snapshot_id(meta.last_log_id, counter);
         if written.last_log_id > meta.last_log_id {
             return Ok(meta);
         }
@@ -397,9 +377,9 @@ pub(super) fn write_snapshot_file(
 }
 
 /// A persisted snapshot: its meta and the machine's bytes.
-type PersistedSnapshot = (SnapshotMeta<u64, Member>, Vec<u8>);
-/// The snapshot file: the counter of its id, its meta and the machine's bytes.
-type SnapshotFile = (u64, SnapshotMeta<u64, Member>, Vec<u8>);
+type PersistedSnapshot = (SnapshotMeta, Vec<u8>);
+/// The snapshot file: the counter of snapshots built here, its meta and the machine's bytes.
+type SnapshotFile = (u64, SnapshotMeta, Vec<u8>);
 
 /// The snapshot file split into its counter, meta and bytes.
 fn read_snapshot_file(files: &Files) -> Result<Option<SnapshotFile>, StoreError> {
@@ -411,8 +391,7 @@ fn read_snapshot_file(files: &Files) -> Result<Option<SnapshotFile>, StoreError>
         .map(|length| u32::from_le_bytes(*length) as usize)
         .filter(|length| 4 + length <= payload.len())
         .ok_or_else(|| files.corrupt(SNAPSHOT_FILE, "the meta's length runs past the end"))?;
-    let (counter, meta): (u64, SnapshotMeta<u64, Member>) =
-        decode(&payload[4..4 + length], "snapshot meta")?;
+    let (counter, meta): (u64, SnapshotMeta) = decode(&payload[4..4 + length], "snapshot meta")?;
     payload.drain(..4 + length);
     Ok(Some((counter, meta, payload)))
 }
@@ -422,23 +401,15 @@ fn read_persisted_snapshot(database: &Database) -> Result<Option<PersistedSnapsh
     Ok(read_snapshot_file(&database.files)?.map(|(_, meta, data)| (meta, data)))
 }
 
-/// What the snapshot file holds: the counter of its id and the last log id it covers. Kept
-/// under the snapshot-write lock, so that a write never reads the file back.
+/// What the snapshot file holds: the counter of snapshots built here and the last log id it
+/// covers (the durable snapshot the log's purge goes by). Kept under the snapshot-write lock,
+/// so that a write never reads the file back.
 #[derive(Debug, Default)]
 pub(super) struct SnapshotWritten {
     counter: u64,
-    last_log_id: Option<LogId<u64>>,
+    pub(super) last_log_id: Option<LogId>,
 }
 
-fn snapshot_id(last_log_id: Option<LogId<u64>>, counter: u64) -> String {
-    let (term, index) = last_log_id.map_or((0, 0), |log_id| (log_id.leader_id.term, log_id.index));
-    format!("{term}-{index}-{counter}")
-}
-
-fn poisoned() -> StorageError<u64> {
-    storage_error(
-        ErrorSubject::StateMachine,
-        ErrorVerb::Read,
-        StoreError::Poisoned,
-    )
+fn poisoned() -> io::Error {
+    io_error(StoreError::Poisoned)
 }
