@@ -356,6 +356,30 @@ impl Cluster {
         self.node(id).process.kill();
     }
 
+    /// SIGTERM, then waits up to `within` for the process to exit and reaps it: its status.
+    /// A process still running then is SIGKILLed and the stop is an error.
+    pub async fn terminate(
+        &self,
+        id: u64,
+        within: Duration,
+    ) -> anyhow::Result<std::process::ExitStatus> {
+        let process = &self.node(id).process;
+        process
+            .signal("TERM")
+            .map_err(|error| anyhow::anyhow!("SIGTERM to node {id}: {error}"))?;
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = process.try_reap() {
+                return Ok(status);
+            }
+            if Instant::now() > deadline {
+                process.kill();
+                bail!("node {id} did not exit within {within:?} of SIGTERM");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// The first node found to have exited by itself (not by a kill of the harness), with the
     /// tail of its log. The run stops on it: a crash is a finding, and a restart must not
     /// cover it up.

@@ -1,7 +1,8 @@
 //! Failover and durability (G3, G5): after a SIGKILL of the leader a new leader serves writes
 //! within a bounded time with every acknowledged lease, session, fence and value intact and
 //! fences still rising; after a SIGKILL of all three nodes at once and a restart, the same
-//! holds, and a held resource is still refused.
+//! holds, and a held resource is still refused. SIGTERM of a leader hands leadership over
+//! before it exits.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -258,4 +259,77 @@ async fn leader_failover_and_a_full_restart_keep_every_acknowledged_write() {
         .await
         .expect_json(201);
     acknowledged.granted(&after_restart);
+}
+
+/// The leader each live node names in `/v1/cluster`.
+async fn named_leaders(cluster: &Cluster) -> Vec<(u64, Option<u64>)> {
+    let mut named = Vec::new();
+    for node in cluster.live_nodes() {
+        let status: Value = cluster
+            .api()
+            .get(node, "/v1/cluster")
+            .await
+            .expect_json(200);
+        named.push((node.id, status["leader_id"].as_u64()));
+    }
+    named
+}
+
+/// SIGTERM of the leader hands leadership over before the process exits (docs/guarantees.md,
+/// "Graceful stop"): it exits 0 with another node already leading, so writes pause for the
+/// hand-over, not for an election timeout, and nothing acknowledged is lost. SIGTERM of a
+/// follower exits 0 at once; a leader whose followers are gone exits 0 within the bound.
+#[tokio::test]
+async fn a_sigterm_of_the_leader_hands_leadership_over_before_it_exits() {
+    let cluster = Cluster::start(3).await;
+    let api = cluster.api();
+    let leader = cluster.leader().await;
+    api.put(leader, "/v1/kv/handed/over", &json!({"value": 1}))
+        .await
+        .expect_status(200);
+    let stopped = leader.id;
+    let status = leader.terminate().await;
+    assert!(status.success(), "{status:?}");
+    assert!(
+        leader.log_tail(200).contains("leadership handed over"),
+        "{}",
+        leader.log_tail(40)
+    );
+    // At the old leader's exit a survivor already leads, and says so.
+    let named = named_leaders(&cluster).await;
+    let successor = named
+        .iter()
+        .find(|(id, leader)| Some(*id) == *leader)
+        .map(|(id, _)| *id);
+    assert!(
+        successor.is_some_and(|id| id != stopped),
+        "no survivor leads at the old leader's exit: {named:?}"
+    );
+    let successor = cluster.node(successor.expect("a successor"));
+    let entry: KvEntry = api
+        .get(successor, "/v1/kv/handed/over")
+        .await
+        .expect_json(200);
+    assert_eq!(entry.value, json!(1));
+
+    // A follower's SIGTERM: exit 0 at once.
+    cluster.node(stopped).restart();
+    cluster.wait_ready(RESTART_TIMEOUT).await;
+    let follower = cluster.followers().await[0];
+    let started = Instant::now();
+    assert!(follower.terminate().await.success());
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    follower.restart();
+    cluster.wait_ready(RESTART_TIMEOUT).await;
+
+    // A leader whose followers are gone cannot hand over: it still exits 0, within the bound.
+    let leader = cluster.leader().await;
+    for follower in cluster.followers().await {
+        follower.kill();
+    }
+    assert!(leader.terminate().await.success());
 }

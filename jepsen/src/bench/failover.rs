@@ -1,6 +1,8 @@
 //! `--workload failover`: three `batond` processes of its own with batond's default flags, one
 //! writer putting a key through the client library (which knows all three endpoints); the
-//! leader is SIGKILLed, the writer's gap measured, the node restarted, `--repeat` times.
+//! leader is SIGKILLed (or, with `--signal term`, sent SIGTERM, on which it hands leadership
+//! over and must exit 0), the writer's gap measured, the node restarted, `--repeat` times.
+//! The writer (`SteadyWriter`) is shared with `disruption`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,12 +12,57 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 
 use super::report::{Chart, Figures};
-use super::{own_cluster, percentile_ms, BenchArgs};
+use super::{own_cluster, percentile_ms, BenchArgs, Signal};
 use crate::cluster::Readiness;
 
 /// A steady writer's view of each write: when it was sent, when it ended, whether it was
 /// acknowledged.
-type Writes = Arc<Mutex<Vec<(Instant, Instant, bool)>>>;
+pub(super) type Writes = Arc<Mutex<Vec<(Instant, Instant, bool)>>>;
+
+/// One writer putting a key again and again through `client`, recording every write.
+pub(super) struct SteadyWriter {
+    pub(super) writes: Writes,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl SteadyWriter {
+    pub(super) fn start(client: baton_client::Client, key: &'static str) -> SteadyWriter {
+        let writes: Writes = Arc::default();
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = {
+            let (writes, stop) = (writes.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut sequence = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    sequence += 1;
+                    let sent = Instant::now();
+                    let ok = client
+                        .kv_put(key, serde_json::Value::from(sequence))
+                        .await
+                        .is_ok();
+                    writes
+                        .lock()
+                        .expect("writes")
+                        .push((sent, Instant::now(), ok));
+                    if !ok {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+            })
+        };
+        SteadyWriter { writes, stop, task }
+    }
+
+    /// Stops the writer; how many writes were acknowledged and how many failed.
+    pub(super) async fn stop(self) -> anyhow::Result<(usize, usize)> {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.context("the writer")?;
+        let writes = self.writes.lock().expect("writes");
+        let acknowledged = writes.iter().filter(|(_, _, ok)| *ok).count();
+        Ok((acknowledged, writes.len() - acknowledged))
+    }
+}
 
 /// How long the cluster runs undisturbed before each kill, and after a restart.
 const FAILOVER_SETTLE: Duration = Duration::from_secs(3);
@@ -35,31 +82,11 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
     let client = baton_client::Client::builder(endpoints.iter().map(String::as_str))
         .holder("bench-failover")
         .build()?;
-    let writes: Writes = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let writer = {
-        let (writes, stop) = (writes.clone(), stop.clone());
-        tokio::spawn(async move {
-            let mut sequence = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                sequence += 1;
-                let sent = Instant::now();
-                let ok = client
-                    .kv_put("bench/failover", serde_json::Value::from(sequence))
-                    .await
-                    .is_ok();
-                writes
-                    .lock()
-                    .expect("writes")
-                    .push((sent, Instant::now(), ok));
-                if !ok {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        })
-    };
+    let writer = SteadyWriter::start(client, "bench/failover");
+    let writes = writer.writes.clone();
+    let terminate = args.signal == Signal::Term;
     let mut gaps: Vec<Duration> = Vec::new();
-    println!("kill  leader  gap_ms");
+    println!("stop  leader  gap_ms");
     for kill in 1..=args.repeat {
         tokio::time::sleep(FAILOVER_SETTLE).await;
         let leader = cluster
@@ -67,7 +94,14 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
             .await
             .context("no leader to kill: the cluster is not settled")?;
         let killed_at = Instant::now();
-        cluster.kill(leader);
+        if terminate {
+            let status = cluster.terminate(leader, FAILOVER_GAP_MAX).await?;
+            if !status.success() {
+                bail!("node {leader} exited with {status} after SIGTERM");
+            }
+        } else {
+            cluster.kill(leader);
+        }
         let gap = loop {
             if let Some(gap) = write_gap(&writes, killed_at) {
                 break gap;
@@ -84,22 +118,18 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
             .await
             .map_err(|failure| anyhow::anyhow!("{}: {}", failure.kind(), failure.cause))?;
     }
-    stop.store(true, Ordering::Relaxed);
-    writer.await.context("the writer")?;
+    let (acknowledged, failed) = writer.stop().await?;
     let mut sorted = gaps.clone();
     sorted.sort();
     let (median, max) = (percentile_ms(&sorted, 0.5), percentile_ms(&sorted, 1.0));
-    let (acknowledged, failed) = {
-        let writes = writes.lock().expect("writes");
-        let acknowledged = writes.iter().filter(|(_, _, ok)| *ok).count();
-        (acknowledged, writes.len() - acknowledged)
-    };
+    let how = if terminate { "SIGTERMs" } else { "SIGKILLs" };
     println!(
-        "failover: {} leader kills, write gap median {median:.0} ms, max {max:.0} ms; {acknowledged} writes acknowledged, {failed} failed",
+        "failover: {} leader {how}, write gap median {median:.0} ms, max {max:.0} ms; {acknowledged} writes acknowledged, {failed} failed",
         gaps.len(),
     );
     let json = serde_json::json!({
         "workload": "failover",
+        "signal": if terminate { "term" } else { "kill" },
         "kills": gaps.len(),
         "gaps_ms": gaps.iter().map(|gap| gap.as_millis() as u64).collect::<Vec<_>>(),
         "median_ms": median.round() as u64,
@@ -108,7 +138,10 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
         "writes_failed": failed,
     });
     let chart = Chart {
-        title: format!("write gap per leader kill (median {median:.0} ms)"),
+        title: format!(
+            "write gap per leader {} (median {median:.0} ms)",
+            if terminate { "SIGTERM" } else { "SIGKILL" }
+        ),
         unit: "ms".to_owned(),
         bars: gaps
             .iter()
@@ -122,7 +155,7 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
 
 /// The gap around `killed_at`: from the last acknowledged write that ended before it to the
 /// end of the first acknowledged write sent after it; `None` until there is one.
-fn write_gap(writes: &Writes, killed_at: Instant) -> Option<Duration> {
+pub(super) fn write_gap(writes: &Writes, killed_at: Instant) -> Option<Duration> {
     let writes = writes.lock().expect("writes");
     let last_before = writes
         .iter()

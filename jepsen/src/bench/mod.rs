@@ -11,11 +11,16 @@
 //!   around it.
 //!
 //! With their own three `batond` processes (batond's default flags; `--batond`):
-//! - `failover`: the leader SIGKILLed under a steady writer, the writer's gap, `--repeat` times.
+//! - `failover`: the leader SIGKILLed (`--signal term`: SIGTERMed) under a steady writer, the
+//!   writer's gap, `--repeat` times.
+//! - `disruption`: a follower cut off for `--seconds` and healed, then a member removed while it
+//!   keeps running, under a steady writer: the healthy majority's term must not change and its
+//!   writes must not pause longer than `DISRUPTION_GAP_MAX` (exit 1 otherwise).
 //! - `memory`: L live leases, then every node's RSS and data size, and a node's restart time.
 
 mod client;
 mod cycles;
+mod disruption;
 mod etcd;
 mod expiry;
 mod failover;
@@ -60,6 +65,13 @@ pub struct BenchArgs {
     /// `failover`: how many leader kills.
     #[arg(long, default_value_t = 10)]
     repeat: usize,
+    /// `failover`: how the leader is stopped: `kill` (SIGKILL) or `term` (SIGTERM, on which
+    /// it hands leadership over first).
+    #[arg(long, value_enum, default_value_t = Signal::Kill)]
+    signal: Signal,
+    /// `disruption`: the network between the nodes (network namespaces or the proxy mesh).
+    #[arg(long, value_enum, default_value_t = crate::net::NetChoice::Auto)]
+    net: crate::net::NetChoice,
     /// `failover`, `memory`: the batond binary (default: next to this one, then on PATH).
     #[arg(long)]
     batond: Option<PathBuf>,
@@ -70,6 +82,13 @@ pub struct BenchArgs {
     out: Option<PathBuf>,
 }
 
+/// `--signal`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Signal {
+    Kill,
+    Term,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 enum Workload {
     /// Acquire (creating a session), keepalive, end the session.
@@ -78,6 +97,8 @@ enum Workload {
     Tasks,
     /// A leader SIGKILLed under a steady writer, `--repeat` times: the writer's gap.
     Failover,
+    /// A follower cut off and healed, a member removed while it runs: no term change, no gap.
+    Disruption,
     /// `--sessions` sessions each renewed once per `--period`, and a probe's acquire latency.
     Sessions,
     /// `--leases` leases expiring together, and a probe's latency around their deadline.
@@ -92,6 +113,7 @@ impl Workload {
             Workload::Leases => "leases",
             Workload::Tasks => "tasks",
             Workload::Failover => "failover",
+            Workload::Disruption => "disruption",
             Workload::Sessions => "sessions",
             Workload::Expiry => "expiry",
             Workload::Memory => "memory",
@@ -109,6 +131,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Workload::Sessions => sessions::run(&args).await?,
         Workload::Expiry => expiry::run(&args).await?,
         Workload::Failover => failover::run(&args, &out).await?,
+        Workload::Disruption => disruption::run(&args, &out).await?,
         Workload::Memory => memory::run(&args, &out).await?,
     };
     figures.write(&out, args.workload.name())?;
@@ -140,6 +163,15 @@ fn out_dir(given: Option<&Path>, workload: Workload) -> anyhow::Result<PathBuf> 
 /// Starts three `batond` processes with batond's default flags, their data and logs under
 /// `run_dir`, and waits until they have a leader.
 async fn own_cluster(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<ClusterGuard> {
+    own_cluster_on(args, run_dir, crate::net::NetChoice::Auto).await
+}
+
+/// `own_cluster` on the network `net`.
+async fn own_cluster_on(
+    args: &BenchArgs,
+    run_dir: &Path,
+    net: crate::net::NetChoice,
+) -> anyhow::Result<ClusterGuard> {
     Cluster::start(ClusterConfig {
         batond: find_batond(args.batond.as_deref())?,
         run_dir: run_dir.to_owned(),
@@ -147,7 +179,7 @@ async fn own_cluster(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Cluster
         election_timeout_ms: None,
         tick_ms: None,
         clock_control: false,
-        net: crate::net::NetChoice::Auto,
+        net,
         snapshot_log_entries: None,
         secure: false,
         lazy_data_dirs: None,
