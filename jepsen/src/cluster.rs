@@ -51,6 +51,9 @@ pub struct ClusterConfig {
     pub secure: bool,
     /// Every node's data dir on a lazy file system of its own (`lazyfs`), for power cuts.
     pub lazy_data_dirs: Option<Torn>,
+    /// An earlier release's `batond`: every node starts on it, until the `upgrade` nemesis
+    /// moves it to `batond` on the same data dir.
+    pub batond_before: Option<PathBuf>,
 }
 
 /// What a secured cluster runs with: its certificates and the bootstrap admin token the
@@ -172,6 +175,8 @@ pub struct Cluster {
     /// The lazy file systems the data dirs are on (`lazy_data_dirs`), in id order; unmounted
     /// when the cluster goes, after its processes.
     mounts: Vec<LazyMount>,
+    /// The nodes that run `batond` rather than `batond_before` (all of them without one).
+    upgraded: Mutex<std::collections::BTreeSet<u64>>,
 }
 
 /// Owns the right to stop a cluster: dropping it resumes and kills every node process.
@@ -285,6 +290,7 @@ impl Cluster {
             http,
             stopped: std::sync::atomic::AtomicBool::new(false),
             mounts,
+            upgraded: Mutex::default(),
         }));
         for node in &cluster.0.nodes {
             cluster.0.spawn(node)?;
@@ -354,6 +360,24 @@ impl Cluster {
     /// SIGKILL (resuming first if paused), reaped at once.
     pub fn kill(&self, id: u64) {
         self.node(id).process.kill();
+    }
+
+    /// The binary node `id` runs: the earlier release's until it is upgraded.
+    fn batond_of(&self, id: u64) -> PathBuf {
+        match &self.config.batond_before {
+            Some(before) if !lock(&self.upgraded).contains(&id) => before.clone(),
+            _ => self.config.batond.clone(),
+        }
+    }
+
+    /// Whether node `id` runs `batond` (always so without an earlier release).
+    pub fn is_upgraded(&self, id: u64) -> bool {
+        self.config.batond_before.is_none() || lock(&self.upgraded).contains(&id)
+    }
+
+    /// From its next start on, node `id` runs `batond` instead of the earlier release.
+    pub fn upgrade(&self, id: u64) {
+        lock(&self.upgraded).insert(id);
     }
 
     /// SIGTERM, then waits up to `within` for the process to exit and reaps it: its status.
@@ -747,7 +771,8 @@ impl Cluster {
         if stopped() {
             bail!("the cluster is stopped");
         }
-        let mut command = self.net.command(node.id, &self.config.batond);
+        let batond = self.batond_of(node.id);
+        let mut command = self.net.command(node.id, &batond);
         command.args(&node.args);
         if let Some(security) = &self.security {
             command.env("BATON_BOOTSTRAP_TOKEN", &security.token);
@@ -755,7 +780,7 @@ impl Cluster {
         let pid = node
             .process
             .start(command, &format!("baton-jepsen: node {}", node.id))
-            .with_context(|| format!("spawn {}", self.config.batond.display()))?;
+            .with_context(|| format!("spawn {}", batond.display()))?;
         lock(&self.pids).insert(node.id, pid);
         // `stop_all` may have run between the check above and the start: it killed nothing
         // then, so this start must not outlive it.

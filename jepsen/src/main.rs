@@ -17,6 +17,7 @@ mod nemesis;
 mod net;
 mod report;
 mod runner;
+mod upgrade;
 mod workloads;
 
 use clap::{Parser, Subcommand};

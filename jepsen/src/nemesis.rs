@@ -9,7 +9,10 @@
 //! clients stalled inside their critical section), `partition` (isolate a node, isolate the
 //! leader, a bridge, a one-way cut), `clock` (node rates within the 1% rate error, wall
 //! offsets of any size, guard clocks within the rate error), `clock-beyond` (rates and jumps
-//! outside G6's assumptions) and `membership` (remove a node, add it back). What must never
+//! outside G6's assumptions), `membership` (remove a node, add it back) and `upgrade` (a
+//! rolling upgrade: one node at a time stopped with SIGTERM and started again on the same data
+//! dir with the new `batond`, the others still on the earlier release; once all run the new one,
+//! a SIGTERM and restart of any node, the leader's hand-over included). What must never
 //! live here: any fault aimed at something the harness did not start.
 //!
 //! Every restart must succeed: a node that cannot be restarted (spawn fails, it exits, it is
@@ -52,6 +55,8 @@ pub enum Fault {
     ClockBeyond,
     /// Remove a node and add it back.
     Membership,
+    /// Stop a node with SIGTERM and start it on the new binary (a rolling upgrade).
+    Upgrade,
 }
 
 impl Fault {
@@ -66,9 +71,10 @@ impl Fault {
             "clock" => Fault::Clock,
             "clock-beyond" => Fault::ClockBeyond,
             "membership" => Fault::Membership,
+            "upgrade" => Fault::Upgrade,
             "none" | "" => return Ok(None),
             other => anyhow::bail!(
-                "unknown nemesis {other:?}: kill, kill-all, power, pause, partition, clock, clock-beyond, membership, none"
+                "unknown nemesis {other:?}: kill, kill-all, power, pause, partition, clock, clock-beyond, membership, upgrade, none"
             ),
         }))
     }
@@ -84,6 +90,7 @@ impl Fault {
             Fault::Clock => "clock",
             Fault::ClockBeyond => "clock-beyond",
             Fault::Membership => "membership",
+            Fault::Upgrade => "upgrade",
         }
     }
 }
@@ -120,6 +127,8 @@ pub const INSTALL_FINISHED: &str = "snapshot installed";
 const INSTALL_WATCH: Duration = Duration::from_secs(5);
 /// How long a follower stays down at most while the others commit past its log.
 const LAG_WAIT_MAX: Duration = Duration::from_secs(8);
+/// How long a node told to stop (SIGTERM) may take to exit, a leader's hand-over included.
+const UPGRADE_STOP_MAX: Duration = Duration::from_secs(10);
 
 /// How many faults of each kind were injected.
 pub type Injected = BTreeMap<String, u64>;
@@ -169,6 +178,7 @@ impl Nemesis {
                 Fault::Clock => self.clock(&mut rng, false).await,
                 Fault::ClockBeyond => self.clock(&mut rng, true).await,
                 Fault::Membership => self.membership(&mut rng).await,
+                Fault::Upgrade => self.upgrade(&mut rng).await?,
             };
             *injected.entry(name).or_default() += 1;
             self.sleep(Duration::from_millis(rng.random_range(800..2_000)))
@@ -283,6 +293,51 @@ impl Nemesis {
             json!({"node": node, "restarted": restarted.is_ok()}),
         );
         restarted.map(|()| "kill".to_owned())
+    }
+
+    /// One step of a rolling upgrade: a node still on the earlier release (any node once none
+    /// is) is stopped with SIGTERM, which must exit 0, and started again on the new binary; it
+    /// must come back ready.
+    async fn upgrade(&self, rng: &mut StdRng) -> Result<String, NodeFailure> {
+        let pending: Vec<u64> = self
+            .cluster
+            .ids()
+            .into_iter()
+            .filter(|id| !self.cluster.is_upgraded(*id))
+            .collect();
+        let leader = self.cluster.leader().await;
+        let node = match pending.as_slice() {
+            [] => self.target(rng).await.0,
+            pending => pending[rng.random_range(0..pending.len())],
+        };
+        let upgrade = !pending.is_empty();
+        self.start(
+            "upgrade",
+            json!({"node": node, "leader": leader == Some(node), "upgrade": upgrade}),
+        );
+        let stopped = self.cluster.terminate(node, UPGRADE_STOP_MAX).await;
+        let stopped = match stopped {
+            Ok(status) if status.success() => Ok(()),
+            Ok(status) => Err(format!("it exited with {status} on SIGTERM")),
+            Err(error) => Err(format!("{error:#}")),
+        };
+        if let Err(cause) = stopped {
+            return Err(NodeFailure {
+                node,
+                fault: NodeFault::Crashed,
+                cause,
+                log_tail: self.cluster.log_tail(node),
+            });
+        }
+        if upgrade {
+            self.cluster.upgrade(node);
+        }
+        let restarted = self.cluster.restart(node, self.readiness()).await;
+        self.stop(
+            "upgrade",
+            json!({"node": node, "restarted": restarted.is_ok()}),
+        );
+        restarted.map(|()| "upgrade".to_owned())
     }
 
     /// SIGKILLs every node at once (paused ones too), keeps them down a moment (for `power`,

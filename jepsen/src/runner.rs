@@ -28,7 +28,7 @@ pub struct TestArgs {
     #[arg(long, value_enum)]
     workload: Workload,
     /// Faults, comma-separated: kill, kill-all, power, pause, partition, clock, clock-beyond,
-    /// membership, none.
+    /// membership, upgrade, none.
     #[arg(long, value_delimiter = ',', default_value = "none")]
     nemesis: Vec<String>,
     /// Seconds of workload (1..=3600); healing and checking come on top.
@@ -68,6 +68,14 @@ pub struct TestArgs {
     /// (its first half reaches the disk).
     #[arg(long)]
     power_torn: bool,
+    /// With the `upgrade` nemesis: the git revision of the release to upgrade from; its
+    /// batond is built once and cached under target/upgrade-from/.
+    #[arg(long, conflicts_with = "batond_before")]
+    upgrade_from: Option<String>,
+    /// With the `upgrade` nemesis: the earlier release's batond binary, instead of building
+    /// one with --upgrade-from.
+    #[arg(long)]
+    batond_before: Option<PathBuf>,
 }
 
 /// `--snapshot-log-entries` of a `--snapshot-heavy` run: small enough that a follower down for
@@ -156,6 +164,15 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     };
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     let batond = find_batond(args.batond.as_deref())?;
+    let batond_before = match (&args.upgrade_from, &args.batond_before) {
+        (Some(revision), None) => Some(crate::upgrade::earlier_batond(revision)?),
+        (None, Some(path)) if path.is_file() => Some(path.clone()),
+        (None, Some(path)) => bail!("--batond-before {} is not a file", path.display()),
+        _ => None,
+    };
+    if faults.contains(&Fault::Upgrade) != batond_before.is_some() {
+        bail!("the upgrade nemesis and --upgrade-from (or --batond-before) go together");
+    }
     let snapshot_log_entries = args
         .snapshot_log_entries
         .or(args.snapshot_heavy.then_some(SNAPSHOT_HEAVY_LOG_ENTRIES));
@@ -176,6 +193,7 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
             } else {
                 crate::lazyfs::Torn::No
             }),
+        batond_before,
     };
     let guard: ClusterGuard = Cluster::start(config)
         .await

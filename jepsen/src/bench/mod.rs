@@ -183,6 +183,7 @@ async fn own_cluster_on(
         snapshot_log_entries: None,
         secure: false,
         lazy_data_dirs: None,
+        batond_before: None,
     })
     .await
 }

@@ -1,0 +1,84 @@
+//! The earlier release a rolling-upgrade run starts from (`--upgrade-from REV`): its `batond`,
+//! built once from the repository's own history and cached under
+//! `target/upgrade-from/<commit>/batond`, so that every later change of the data or wire format
+//! is tried against the release before it the same way.
+//!
+//! The build uses a detached `git worktree` of that commit and a target directory of its own,
+//! both removed once the binary is cached. What must never live here: anything about the run.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context};
+
+/// The `batond` of commit `revision` of the repository around the current directory, built
+/// (release profile) unless it is cached already.
+pub fn earlier_batond(revision: &str) -> anyhow::Result<PathBuf> {
+    let top = git(Path::new("."), &["rev-parse", "--show-toplevel"])
+        .context("--upgrade-from needs the Baton repository around the current directory")?;
+    let top = PathBuf::from(top);
+    let commit = git(
+        &top,
+        &["rev-parse", "--verify", &format!("{revision}^{{commit}}")],
+    )
+    .with_context(|| format!("--upgrade-from {revision}: no such commit"))?;
+    let cache = top.join("target").join("upgrade-from").join(&commit);
+    let batond = cache.join("batond");
+    if batond.is_file() {
+        return Ok(batond);
+    }
+    let source = cache.join("src");
+    let target = cache.join("target");
+    if source.exists() {
+        // A build a crash interrupted: start over.
+        let _ = git(&top, &["worktree", "remove", "--force", path_str(&source)?]);
+        let _ = std::fs::remove_dir_all(&source);
+    }
+    eprintln!("baton-jepsen: building batond of {revision} ({commit}) for the upgrade run, once");
+    git(
+        &top,
+        &["worktree", "add", "--detach", path_str(&source)?, &commit],
+    )?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let built = Command::new(cargo)
+        .args(["build", "--release", "-p", "baton-node", "--bin", "batond"])
+        .env("CARGO_TARGET_DIR", &target)
+        .current_dir(&source)
+        .status()
+        .context("running cargo")?;
+    let copied = if built.success() {
+        std::fs::copy(target.join("release").join("batond"), &batond)
+            .map(drop)
+            .context("caching the built batond")
+    } else {
+        Err(anyhow::anyhow!(
+            "cargo build of {revision} failed ({built})"
+        ))
+    };
+    let _ = git(&top, &["worktree", "remove", "--force", path_str(&source)?]);
+    let _ = std::fs::remove_dir_all(&target);
+    copied?;
+    Ok(batond)
+}
+
+/// `git ARGS` in `directory`: its trimmed standard output, or an error with its standard error.
+fn git(directory: &Path, args: &[&str]) -> anyhow::Result<String> {
+    let output = Command::new("git")
+        .args(args)
+        .current_dir(directory)
+        .output()
+        .context("running git")?;
+    if !output.status.success() {
+        bail!(
+            "git {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).trim().to_owned())
+}
+
+fn path_str(path: &Path) -> anyhow::Result<&str> {
+    path.to_str()
+        .with_context(|| format!("{} is not UTF-8", path.display()))
+}
