@@ -66,6 +66,9 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         // A member coming back from a partition, or one removed that keeps running, asks first
         // whether it could win, and disturbs no healthy leader (docs/guarantees.md).
         enable_pre_vote: Some(true),
+        // The log store writes an append and returns, flushing it on a thread of its own: so
+        // the followers get the entries while the leader flushes them (docs/performance.md).
+        broadcast_submitted_on_append: Some(true),
         ..Default::default()
     }
     .validate()

@@ -55,6 +55,19 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
     {
         bail!("give --clients as counts of 1..=4096");
     }
+    let fdatasync = match &args.fsync_probe {
+        Some(dir) => {
+            let p50 = super::probe::fdatasync_p50(dir)?;
+            println!(
+                "fdatasync of a {}-byte write under {}: p50 {} us",
+                super::probe::RECORD_BYTES,
+                dir.display(),
+                p50.as_micros()
+            );
+            Some(p50)
+        }
+        None => None,
+    };
     let http = Http::default();
     let first_call = match args.workload {
         Workload::Tasks => "claim",
@@ -93,6 +106,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         "workload": args.workload.name(),
         "seconds": args.seconds,
         "first_call": first_call,
+        "fdatasync_p50_us": fdatasync.map(|p50| p50.as_micros() as u64),
         "rows": rows.iter().map(|row| serde_json::json!({
             "system": name(row.system),
             "clients": row.clients,

@@ -25,6 +25,7 @@ mod etcd;
 mod expiry;
 mod failover;
 mod memory;
+mod probe;
 mod report;
 mod sessions;
 
@@ -53,6 +54,10 @@ pub struct BenchArgs {
     /// comma-separated; each concurrency then runs against Baton and against etcd.
     #[arg(long, value_delimiter = ',')]
     etcd: Vec<String>,
+    /// `leases`, `tasks`: measure one `fdatasync` of a small write on the disk under this
+    /// directory (where the nodes' data dirs are) and print it beside the cycle's latency.
+    #[arg(long)]
+    fsync_probe: Option<PathBuf>,
     /// `sessions`: how many sessions to keep alive.
     #[arg(long, default_value_t = 10_000)]
     sessions: usize,

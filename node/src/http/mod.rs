@@ -153,11 +153,18 @@ impl AppState {
         let leader = metrics.current_leader?;
         let recent = self.election_timeout * 2;
         let in_touch = if leader == self.node_id {
+            // A lone voter is its own quorum (openraft reports no acknowledgement then).
+            let alone = metrics
+                .membership_config
+                .membership()
+                .voter_ids()
+                .all(|voter| voter == self.node_id);
             metrics.state.is_leader()
-                && metrics
-                    .last_quorum_acked
-                    .as_ref()
-                    .is_some_and(|acked| acked.elapsed() < recent)
+                && (alone
+                    || metrics
+                        .last_quorum_acked
+                        .as_ref()
+                        .is_some_and(|acked| acked.elapsed() < recent))
         } else {
             self.leader_contact.within(recent)
         };

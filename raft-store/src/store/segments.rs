@@ -1,9 +1,12 @@
 //! The Raft log's entries on disk: a directory of segment files, each a run of records in
-//! index order, written and fdatasynced by the thread that appends.
+//! index order.
 //!
 //! Why not sled: every sled flush hands the write to sled's IO thread pool and waits for it, and
 //! sled pages and indexes each entry it stores; a Raft log needs neither. Here an append is one
-//! positioned write of all its records and one `fdatasync`, on the calling thread.
+//! positioned write of all its records (`write`, on the calling thread: readable at once) and one
+//! `fdatasync` (`Flush::complete`, on whichever thread the caller chooses: durable then). At most
+//! one append is written and not yet synced: the next `write` waits for its flush. So what a
+//! crash can leave unsynced is always the last append alone, as the recovery rule below needs.
 //!
 //! A segment is named by the index of its first record (`00000000000000000042.log`). A record is
 //! `len: u32 | crc: u32 | index: u64 | payload`, little-endian, where `len` counts the payload
@@ -37,7 +40,7 @@ use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
 
 use super::StoreError;
 
@@ -62,6 +65,43 @@ pub(super) struct SegmentLog {
     segment_bytes_target: u64,
     writer: Mutex<()>,
     state: RwLock<Segments>,
+    /// Whether the last append is written and not yet synced; `Flush::complete` settles it.
+    unsynced: Arc<(Mutex<Unsynced>, Condvar)>,
+}
+
+/// The last append's flush.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+enum Unsynced {
+    /// Every append written is synced.
+    #[default]
+    None,
+    /// One is written and its flush not done yet.
+    Pending,
+    /// A flush failed: nothing more is written (the node is stopping).
+    Failed(String),
+}
+
+/// The flush an append still owes: `complete` makes its records durable.
+#[derive(Debug)]
+#[must_use = "an append is durable only once its flush completes"]
+pub(super) struct Flush {
+    file: Arc<File>,
+    unsynced: Arc<(Mutex<Unsynced>, Condvar)>,
+}
+
+impl Flush {
+    /// `fdatasync`s the append's segment, and lets the next append be written.
+    pub(super) fn complete(self) -> Result<(), StoreError> {
+        let synced = self.file.sync_data();
+        let (unsynced, settled) = &*self.unsynced;
+        let mut unsynced = unsynced.lock().map_err(|_| StoreError::Poisoned)?;
+        *unsynced = match &synced {
+            Ok(()) => Unsynced::None,
+            Err(error) => Unsynced::Failed(error.to_string()),
+        };
+        settled.notify_all();
+        synced.map_err(|error| io_error("fsync the log", error))
+    }
 }
 
 #[derive(Debug, Default)]
@@ -188,6 +228,7 @@ impl SegmentLog {
             segment_bytes_target,
             writer: Mutex::new(()),
             state: RwLock::new(segments),
+            unsynced: Arc::default(),
         })
     }
 
@@ -200,16 +241,30 @@ impl SegmentLog {
     }
 
     /// Writes `records` (index, payload), whose indexes must be consecutive, after the last
-    /// record on disk, and fsyncs them before returning. The first may follow the last on disk
-    /// or, when `gap_allowed`, any later index: a new segment starts there (the caller allows
-    /// it only when everything on disk is below its purge point).
+    /// record on disk, and fsyncs them before returning. See `write`.
     pub(super) fn append(
         &self,
         records: &[(u64, Vec<u8>)],
         gap_allowed: bool,
     ) -> Result<(), StoreError> {
+        match self.write(records, gap_allowed)? {
+            Some(flush) => flush.complete(),
+            None => Ok(()),
+        }
+    }
+
+    /// Writes `records` (index, payload), whose indexes must be consecutive, after the last
+    /// record on disk, once the append before is synced; they are readable when this returns,
+    /// and durable once the returned flush completes (`None`: nothing to write). The first may
+    /// follow the last on disk or, when `gap_allowed`, any later index: a new segment starts
+    /// there (the caller allows it only when everything on disk is below its purge point).
+    pub(super) fn write(
+        &self,
+        records: &[(u64, Vec<u8>)],
+        gap_allowed: bool,
+    ) -> Result<Option<Flush>, StoreError> {
         let Some(&(first_index, _)) = records.first() else {
-            return Ok(());
+            return Ok(None);
         };
         let _writer = self.lock_writer()?;
         let mut bytes = Vec::with_capacity(
@@ -226,11 +281,12 @@ impl SegmentLog {
             }
             frame(*index, payload, &mut bytes)?;
         }
+        let mut unsynced = self.wait_synced()?;
         let (segment, file, offset) = self.segment_for(first_index, gap_allowed)?;
         file.write_all_at(&bytes, offset)
             .map_err(|error| io_error("append to the log", error))?;
-        file.sync_data()
-            .map_err(|error| io_error("fsync the log", error))?;
+        *unsynced = Unsynced::Pending;
+        drop(unsynced);
         let mut state = self.write_state()?;
         let mut position = offset;
         for (index, payload) in records {
@@ -249,15 +305,40 @@ impl SegmentLog {
             open.len = position;
             open.allocated = open.allocated.max(position);
         }
-        Ok(())
+        Ok(Some(Flush {
+            file,
+            unsynced: self.unsynced.clone(),
+        }))
+    }
+
+    /// Waits until no append is written and unsynced; a failed flush is an error. The guard
+    /// keeps it so until dropped.
+    fn wait_synced(&self) -> Result<std::sync::MutexGuard<'_, Unsynced>, StoreError> {
+        let (unsynced, settled) = &*self.unsynced;
+        let unsynced = unsynced.lock().map_err(|_| StoreError::Poisoned)?;
+        let unsynced = settled
+            .wait_while(unsynced, |unsynced| *unsynced == Unsynced::Pending)
+            .map_err(|_| StoreError::Poisoned)?;
+        if let Unsynced::Failed(error) = &*unsynced {
+            return Err(StoreError::Io(format!(
+                "an earlier fsync of the log failed: {error}"
+            )));
+        }
+        Ok(unsynced)
     }
 
     /// Makes sure the last segment has at least half of `PREALLOCATE_BYTES` of zeros after its
     /// records, writing (and fdatasyncing) `PREALLOCATE_BYTES` more when it has not. Called after
-    /// an append has been acknowledged, so the next appends find their bytes already there. A
-    /// segment that is full gets none: the next append starts a new one.
+    /// an append's flush, so the next appends find their bytes already there. A segment that is
+    /// full gets none: the next append starts a new one.
+    ///
+    /// Never waits for a flush: it runs on the thread that completes them. With an append
+    /// written and not yet synced it does nothing (the next call does it).
     pub(super) fn preallocate(&self) -> Result<(), StoreError> {
         let _writer = self.lock_writer()?;
+        if *self.unsynced.0.lock().map_err(|_| StoreError::Poisoned)? != Unsynced::None {
+            return Ok(());
+        }
         let (first, file, from) = {
             let state = self.read_state()?;
             let Some((first, segment)) = state.files.iter().next_back() else {
@@ -323,6 +404,7 @@ impl SegmentLog {
     /// segment that holds `index` is cut before it.
     pub(super) fn truncate(&self, index: u64) -> Result<(), StoreError> {
         let _writer = self.lock_writer()?;
+        let _synced = self.wait_synced()?;
         let mut state = self.write_state()?;
         // Every segment that starts at or after `index`, the newest first.
         let doomed: Vec<u64> = state
@@ -362,6 +444,7 @@ impl SegmentLog {
     /// that share a segment with later ones stay on disk; the caller ignores them.
     pub(super) fn remove_through(&self, index: u64) -> Result<(), StoreError> {
         let _writer = self.lock_writer()?;
+        let _synced = self.wait_synced()?;
         let mut state = self.write_state()?;
         let firsts: Vec<u64> = state.files.keys().copied().collect();
         let mut removed = false;
@@ -757,6 +840,32 @@ mod tests {
         fs::remove_file(dir.path().join(segment_name(7))).unwrap();
         let log = SegmentLog::open(dir.path(), SMALL).unwrap();
         assert_eq!(log.bounds().unwrap(), Some((1, 6)));
+    }
+
+    /// A written append is readable at once and durable once its flush completes; the next
+    /// append waits for that flush, so a crash can leave only the last append unsynced.
+    #[test]
+    fn a_write_is_readable_at_once_and_the_next_waits_for_its_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(SegmentLog::open(dir.path(), SMALL).unwrap());
+        let flush = log.write(&records(1..=3), false).unwrap().expect("a flush");
+        assert_eq!(indexes(&log, ..), vec![1, 2, 3]);
+        let next = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let flush = log.write(&records(4..=6), false).unwrap().expect("a flush");
+                flush.complete().unwrap();
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(
+            !next.is_finished(),
+            "the next append was written before the flush"
+        );
+        assert_eq!(indexes(&log, ..), vec![1, 2, 3]);
+        flush.complete().unwrap();
+        next.join().unwrap();
+        assert_eq!(indexes(&log, ..), (1..=6).collect::<Vec<_>>());
     }
 
     #[test]
