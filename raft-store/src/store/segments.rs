@@ -332,10 +332,16 @@ impl SegmentLog {
     /// an append's flush, so the next appends find their bytes already there. A segment that is
     /// full gets none: the next append starts a new one.
     ///
-    /// Never waits for a flush: it runs on the thread that completes them. With an append
-    /// written and not yet synced it does nothing (the next call does it).
+    /// Never waits, neither for a flush nor for the writer lock: it runs on the thread that
+    /// completes the flushes, and a writer may hold the lock while it waits for the next flush
+    /// in that thread's queue. With an append being written, or written and not yet synced, it
+    /// does nothing (the next call does it).
     pub(super) fn preallocate(&self) -> Result<(), StoreError> {
-        let _writer = self.lock_writer()?;
+        let _writer = match self.writer.try_lock() {
+            Ok(writer) => writer,
+            Err(std::sync::TryLockError::WouldBlock) => return Ok(()),
+            Err(std::sync::TryLockError::Poisoned(_)) => return Err(StoreError::Poisoned),
+        };
         if *self.unsynced.0.lock().map_err(|_| StoreError::Poisoned)? != Unsynced::None {
             return Ok(());
         }
@@ -866,6 +872,45 @@ mod tests {
         flush.complete().unwrap();
         next.join().unwrap();
         assert_eq!(indexes(&log, ..), (1..=6).collect::<Vec<_>>());
+    }
+
+    /// The flusher thread preallocates after answering a flush, with the next flush behind it
+    /// in its queue; an append may by then hold the writer lock and wait for that next flush.
+    /// Preallocating must not wait for the writer: that would wait for the flush behind it
+    /// (found by the harness: a follower wedged for good after a SIGSTOP/SIGCONT).
+    #[test]
+    fn preallocating_never_waits_for_an_append_that_waits_for_a_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = Arc::new(SegmentLog::open(dir.path(), 1 << 20).unwrap());
+        let first = log.write(&records(1..=3), false).unwrap().expect("a flush");
+        first.complete().unwrap();
+        let second = log.write(&records(4..=6), false).unwrap().expect("a flush");
+        let third = {
+            let log = log.clone();
+            std::thread::spawn(move || {
+                let flush = log.write(&records(7..=9), false).unwrap().expect("a flush");
+                flush.complete().unwrap();
+            })
+        };
+        // The third append holds the writer lock, waiting for the second's flush.
+        while log.writer.try_lock().is_ok() {
+            std::thread::yield_now();
+        }
+        let (done, preallocated) = std::sync::mpsc::channel();
+        {
+            let log = log.clone();
+            std::thread::spawn(move || done.send(log.preallocate().is_ok()));
+        }
+        let answer = preallocated.recv_timeout(std::time::Duration::from_secs(5));
+        // Unwedge the threads either way, so a failure reports instead of hanging.
+        second.complete().unwrap();
+        third.join().unwrap();
+        assert_eq!(
+            answer,
+            Ok(true),
+            "preallocate waited for the writer, which waits for a flush queued behind it"
+        );
+        assert_eq!(indexes(&log, ..), (1..=9).collect::<Vec<_>>());
     }
 
     #[test]
