@@ -613,6 +613,33 @@ impl Cluster {
             .collect()
     }
 
+    /// SIGKILLs every node at the instant their disks lose power: no sync completes from the
+    /// moment before the signals (`LazyMount::power_off`), and each process is reaped. Then
+    /// `cut_power` drops what they had not synced.
+    pub fn kill_all_powered_off(&self) {
+        for mount in &self.mounts {
+            mount.power_off();
+        }
+        for node in &self.nodes {
+            node.process.send_kill();
+        }
+        for mount in &self.mounts {
+            mount.killing();
+        }
+        for node in &self.nodes {
+            node.process.kill();
+        }
+    }
+
+    /// Makes every sync on node `id`'s lazy disk take `delay` (zero: at once); nothing without
+    /// lazy data dirs.
+    pub fn set_sync_delay(&self, id: u64, delay: Duration) {
+        let position = self.ids().iter().position(|each| *each == id);
+        if let Some(mount) = position.and_then(|position| self.mounts.get(position)) {
+            mount.set_sync_delay(delay);
+        }
+    }
+
     /// Node `id`'s log file (every start's stdout and stderr).
     pub fn log_path(&self, id: u64) -> &std::path::Path {
         self.node(id).process.log_path()

@@ -27,6 +27,7 @@
 use std::collections::BTreeMap;
 use std::ffi::{OsStr, OsString};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -66,6 +67,7 @@ pub struct Cut {
 /// A lazy file system mounted at a directory; unmounted when dropped.
 pub struct LazyMount {
     state: Arc<Mutex<State>>,
+    sync_delay_us: Arc<AtomicU64>,
     mountpoint: PathBuf,
     session: Option<fuser::BackgroundSession>,
 }
@@ -90,27 +92,58 @@ impl LazyMount {
             MountOption::FSName("baton-lazyfs".to_owned()),
             MountOption::NoAtime,
         ];
+        let sync_delay_us = Arc::new(AtomicU64::new(0));
         let session = fuser::spawn_mount(
             LazyFs {
                 state: state.clone(),
+                sync_delay_us: sync_delay_us.clone(),
             },
             mountpoint,
             &config,
         )?;
         Ok(LazyMount {
             state,
+            sync_delay_us,
             mountpoint: mountpoint.to_owned(),
             session: Some(session),
         })
     }
 
-    /// Cuts power: everything not synced is dropped (see the module's rules). Call it once the
-    /// processes that used the mount are dead.
-    pub fn cut_power(&self, torn: Torn) -> Cut {
+    /// Makes every file sync take `delay` before it answers (zero: at once), as a slow disk
+    /// would; other operations go on meanwhile. A sync makes durable what the file held when it
+    /// was asked for, unless a power cut comes first.
+    pub fn set_sync_delay(&self, delay: Duration) {
+        let micros = u64::try_from(delay.as_micros()).unwrap_or(u64::MAX);
+        self.sync_delay_us.store(micros, Ordering::Relaxed);
+    }
+
+    /// Turns the power off: from now until `cut_power`, no sync makes anything durable, those
+    /// still under way included, and none is answered until `killing`. Call it before
+    /// signalling the processes that use the mount, so that a sync a dying process waits for
+    /// cannot complete.
+    pub fn power_off(&self) {
+        self.lock().power = Power::Off;
+    }
+
+    /// The processes using the mount have been sent SIGKILL: syncs held since `power_off`,
+    /// and any asked from now on, fail (a process cannot exit while the kernel waits for an
+    /// answer on its behalf). Nothing becomes durable.
+    pub fn killing(&self) {
+        let mut state = self.lock();
+        state.power = Power::Dying;
+        state.answer_held();
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
             .unwrap_or_else(|poison| poison.into_inner())
-            .cut(torn)
+    }
+
+    /// Cuts power: everything not synced is dropped (see the module's rules). Call it once the
+    /// processes that used the mount are dead.
+    pub fn cut_power(&self, torn: Torn) -> Cut {
+        self.lock().cut(torn)
     }
 }
 
@@ -159,6 +192,36 @@ struct Inode {
 struct State {
     inodes: BTreeMap<u64, Inode>,
     next: u64,
+    /// How many power cuts there have been: a slow sync that a cut overtook makes nothing
+    /// durable.
+    cuts: u64,
+    /// Between `power_off` and the cut no sync makes anything durable.
+    power: Power,
+    /// Syncs asked for while the power is off: unanswered until the processes are being
+    /// killed, as a machine without power answers nothing (so no process learns of a failed
+    /// sync and stops on its own before it is killed).
+    held: HeldSyncs,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Power {
+    On,
+    /// Syncs are held unanswered.
+    Off,
+    /// The processes have been sent SIGKILL: syncs are answered with EIO, which none of them
+    /// will see (a FUSE request the kernel has sent must be answered before its process can
+    /// exit).
+    Dying,
+}
+
+/// Syncs held unanswered until the power cut.
+#[derive(Default)]
+struct HeldSyncs(Vec<ReplyEmpty>);
+
+impl std::fmt::Debug for HeldSyncs {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "{} held syncs", self.0.len())
+    }
 }
 
 impl State {
@@ -173,10 +236,16 @@ impl State {
         State {
             inodes: BTreeMap::from([(INodeNo::ROOT.0, root)]),
             next: INodeNo::ROOT.0 + 1,
+            cuts: 0,
+            power: Power::On,
+            held: HeldSyncs::default(),
         }
     }
 
     fn cut(&mut self, torn: Torn) -> Cut {
+        self.cuts += 1;
+        self.power = Power::On;
+        self.answer_held();
         let mut cut = Cut::default();
         for inode in self.inodes.values_mut() {
             match &mut inode.kind {
@@ -267,6 +336,12 @@ impl State {
         }
     }
 
+    fn answer_held(&mut self) {
+        for reply in std::mem::take(&mut self.held.0) {
+            reply.error(Errno::EIO);
+        }
+    }
+
     fn file(&mut self, ino: u64) -> Result<&mut FileData, Errno> {
         match self.inodes.get_mut(&ino).map(|inode| &mut inode.kind) {
             Some(Kind::File(file)) => Ok(file),
@@ -327,6 +402,23 @@ impl State {
 /// The FUSE side.
 struct LazyFs {
     state: Arc<Mutex<State>>,
+    sync_delay_us: Arc<AtomicU64>,
+}
+
+/// Makes `asked`, what file `ino` held when a sync was asked for, its durable bytes, unless a
+/// power cut came since (`cuts` is the count when it was asked). What was written after the
+/// ask stays pending.
+fn settle_sync(state: &mut State, ino: u64, cuts: u64, asked: Vec<u8>) {
+    if state.cuts != cuts || state.power != Power::On {
+        return;
+    }
+    if let Ok(file) = state.file(ino) {
+        if file.current == asked {
+            file.pending_bytes = 0;
+            file.last_write = None;
+        }
+        file.durable = asked;
+    }
 }
 
 impl LazyFs {
@@ -596,15 +688,38 @@ impl Filesystem for LazyFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.lock().file(ino.0) {
-            Ok(file) => {
-                file.durable = file.current.clone();
-                file.pending_bytes = 0;
-                file.last_write = None;
-                reply.ok();
-            }
-            Err(errno) => reply.error(errno),
+        let delay = Duration::from_micros(self.sync_delay_us.load(Ordering::Relaxed));
+        let mut state = self.lock();
+        match state.power {
+            Power::Off => return state.held.0.push(reply),
+            Power::Dying => return reply.error(Errno::EIO),
+            Power::On => {}
         }
+        let cuts = state.cuts;
+        let asked = match state.file(ino.0) {
+            Ok(file) => file.current.clone(),
+            Err(errno) => return reply.error(errno),
+        };
+        if delay.is_zero() {
+            settle_sync(&mut state, ino.0, cuts, asked);
+            return reply.ok();
+        }
+        drop(state);
+        // A slow disk: the sync answers later, from a thread of its own, so the mount serves
+        // other operations (the followers' reads of what was written, say) meanwhile.
+        let shared = self.state.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            let mut state = shared.lock().unwrap_or_else(|poison| poison.into_inner());
+            match state.power {
+                Power::Off => return state.held.0.push(reply),
+                Power::Dying => return reply.error(Errno::EIO),
+                Power::On if state.cuts != cuts => return reply.error(Errno::EIO),
+                Power::On => {}
+            }
+            settle_sync(&mut state, ino.0, cuts, asked);
+            reply.ok();
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -656,7 +771,13 @@ impl Filesystem for LazyFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.lock().dir(ino.0) {
+        let mut state = self.lock();
+        match state.power {
+            Power::Off => return state.held.0.push(reply),
+            Power::Dying => return reply.error(Errno::EIO),
+            Power::On => {}
+        }
+        match state.dir(ino.0) {
             Ok(dir) => {
                 dir.durable = dir.current.clone();
                 reply.ok();

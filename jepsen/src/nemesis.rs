@@ -133,6 +133,10 @@ const UPGRADE_STOP_MAX: Duration = Duration::from_secs(10);
 /// How many faults of each kind were injected.
 pub type Injected = BTreeMap<String, u64>;
 
+/// How long each sync takes on a leader's disk made slow before a power cut (`kill_all`):
+/// long beside a follower's sync, so the followers commit what the leader has not synced.
+const SLOW_SYNC: Duration = Duration::from_millis(40);
+
 /// The first fault comes after this quiet time.
 const QUIET_FIRST: Duration = Duration::from_millis(1_500);
 
@@ -344,13 +348,35 @@ impl Nemesis {
     /// drops what their disks had not synced), then starts them all before waiting for any
     /// (one alone cannot become ready without a quorum). Every one must come back:
     /// acknowledged writes are on disk, whatever the crash cut short.
+    ///
+    /// Half the power cuts first give the leader a slow disk (each sync takes
+    /// `SLOW_SYNC` for a moment under load): the followers then hold, synced, entries
+    /// the leader has written and not yet synced, and the cut takes them from the leader
+    /// alone. A leader that came back in its old term with a shorter log would write other
+    /// entries at those indexes, and the replicas would part (the digest checker sees it).
     async fn kill_all(&self, rng: &mut StdRng, fault: Fault) -> Result<String, NodeFailure> {
         let down = Duration::from_millis(rng.random_range(50..1_500));
         let name = fault.name();
-        self.start(name, json!({"down_ms": down.as_millis() as u64}));
+        let slow_leader = if fault == Fault::Power && rng.random_bool(0.5) {
+            self.cluster.leader().await
+        } else {
+            None
+        };
+        if let Some(leader) = slow_leader {
+            self.cluster.set_sync_delay(leader, SLOW_SYNC);
+            tokio::time::sleep(Duration::from_millis(rng.random_range(100..600))).await;
+        }
+        self.start(
+            name,
+            json!({"down_ms": down.as_millis() as u64, "slow_sync_node": slow_leader}),
+        );
         let ids = self.cluster.ids();
-        for id in &ids {
-            self.cluster.kill(*id);
+        if fault == Fault::Power {
+            self.cluster.kill_all_powered_off();
+        } else {
+            for id in &ids {
+                self.cluster.kill(*id);
+            }
         }
         if fault == Fault::Power {
             // The processes are gone: `kill` waits for each to exit.
@@ -365,6 +391,9 @@ impl Nemesis {
                 })
                 .collect();
             self.history.nemesis("power-cut", json!({"lost": lost}));
+            if let Some(leader) = slow_leader {
+                self.cluster.set_sync_delay(leader, Duration::ZERO);
+            }
         }
         tokio::time::sleep(down).await;
         let mut restarted = ids.iter().try_for_each(|id| self.cluster.start_again(*id));

@@ -3,8 +3,9 @@
 //! `target/upgrade-from/<commit>/batond`, so that every later change of the data or wire format
 //! is tried against the release before it the same way.
 //!
-//! The build uses a detached `git worktree` of that commit and a target directory of its own,
-//! both removed once the binary is cached. What must never live here: anything about the run.
+//! The build uses a detached `git worktree` of that commit and a target directory of its own
+//! (seeded with a copy of the current release build's dependencies, so only what differs is
+//! compiled), both removed once the binary is cached. What must never live here: anything about the run.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -39,6 +40,7 @@ pub fn earlier_batond(revision: &str) -> anyhow::Result<PathBuf> {
         &top,
         &["worktree", "add", "--detach", path_str(&source)?, &commit],
     )?;
+    seed_from_current_build(&top.join("target").join("release"), &target.join("release"));
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let built = Command::new(cargo)
         .args(["build", "--release", "-p", "baton-node", "--bin", "batond"])
@@ -59,6 +61,25 @@ pub fn earlier_batond(revision: &str) -> anyhow::Result<PathBuf> {
     let _ = std::fs::remove_dir_all(&target);
     copied?;
     Ok(batond)
+}
+
+/// Copies the current release build's compiled dependencies into the earlier release's target
+/// directory, so that cargo rebuilds only what differs (the crates of a different version, and
+/// Baton's own) instead of every dependency. Only a saving: what does not match cargo rebuilds,
+/// and a copy that fails leaves a full build. A copy, not hard links: rustc writes some outputs
+/// in place, which would change the current build's files.
+fn seed_from_current_build(current: &Path, earlier: &Path) {
+    if !current.join("deps").is_dir() || std::fs::create_dir_all(earlier).is_err() {
+        return;
+    }
+    let copied = Command::new("cp")
+        .arg("-a")
+        .args(["deps", "build", ".fingerprint"].map(|part| current.join(part)))
+        .arg(earlier)
+        .status();
+    if !copied.is_ok_and(|status| status.success()) {
+        eprintln!("baton-jepsen: could not copy the current build's dependencies; building all");
+    }
 }
 
 /// `git ARGS` in `directory`: its trimmed standard output, or an error with its standard error.

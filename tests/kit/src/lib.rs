@@ -157,6 +157,8 @@ struct State {
     /// reaps it and across later starts, so that a crash is never mistaken for a kill nor
     /// covered up by a restart.
     crashed: Option<ExitStatus>,
+    /// Sent SIGKILL by [`Process::send_kill`] and not reaped yet: its exit is no crash.
+    killed: bool,
 }
 
 impl Process {
@@ -199,6 +201,7 @@ impl Process {
         let pid = child.id();
         state.child = Some(child);
         state.paused = false;
+        state.killed = false;
         Ok(pid)
     }
 
@@ -239,7 +242,8 @@ impl Process {
     /// [`Process::signal`] and [`Process::try_reap`]), whatever ran since.
     pub fn crashed(&self) -> Option<ExitStatus> {
         let exited = self.exit_status();
-        self.lock().crashed.or(exited)
+        let state = self.lock();
+        state.crashed.or(exited.filter(|_| !state.killed))
     }
 
     /// Takes the process back once it has exited (after a SIGTERM, say): its status, or
@@ -252,14 +256,35 @@ impl Process {
         Some(status)
     }
 
+    /// SIGKILL (SIGCONT first if paused) without waiting for the exit, which is then no
+    /// crash; [`Process::kill`] reaps it. A process that had already exited by itself is
+    /// recorded as crashed.
+    pub fn send_kill(&self) {
+        let mut state = self.lock();
+        let paused = state.paused;
+        let Some(child) = state.child.as_mut() else {
+            return;
+        };
+        if let Ok(Some(status)) = child.try_wait() {
+            state.crashed.get_or_insert(status);
+            return;
+        }
+        if paused {
+            let _ = signal(child.id(), "CONT");
+        }
+        let _ = child.kill();
+        state.killed = true;
+    }
+
     /// SIGKILL (SIGCONT first if paused) and reap. A process that had already exited by
     /// itself is recorded as crashed (see [`Process::exit_status`]). Safe on a process that
     /// is not running.
     pub fn kill(&self) {
         let mut state = self.lock();
         let paused = state.paused;
+        let killed = std::mem::take(&mut state.killed);
         if let Some(mut child) = state.child.take() {
-            if let Ok(Some(status)) = child.try_wait() {
+            if let (false, Ok(Some(status))) = (killed, child.try_wait()) {
                 state.crashed.get_or_insert(status);
             }
             if paused {
