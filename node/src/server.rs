@@ -69,6 +69,11 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         // The log store writes an append and returns, flushing it on a thread of its own: so
         // the followers get the entries while the leader flushes them (docs/performance.md).
         broadcast_submitted_on_append: Some(true),
+        // So a leader's followers may hold, synced, entries the leader had not synced when its
+        // power went: a leader restored in its old term after such a cut would write other
+        // entries at those indexes, and the replicas would part. A restarted leader stands for
+        // election like any node instead; one whose log lacks committed entries cannot win.
+        enable_leader_restore: Some(false),
         ..Default::default()
     }
     .validate()
