@@ -957,6 +957,47 @@ mod tests {
         assert!(!root.join("a").exists() && !root.join("b").exists());
     }
 
+    /// A slow sync completes later while other writes go on; one that the power overtakes
+    /// makes nothing durable, and a sync asked for with the power off is not answered until
+    /// the processes are being killed.
+    #[test]
+    fn a_sync_the_power_overtakes_makes_nothing_durable() {
+        let Some((dir, mount)) = mounted() else {
+            return;
+        };
+        let path = dir.path().join("log");
+        let file = std::sync::Arc::new(File::create(&path).unwrap());
+        sync_dir(dir.path());
+        mount.set_sync_delay(Duration::from_millis(100));
+        file.write_all_at(b"kept", 0).unwrap();
+        let started = std::time::Instant::now();
+        file.sync_data().unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(100));
+        file.write_all_at(b"lost", 4).unwrap();
+        let syncing = {
+            let file = file.clone();
+            std::thread::spawn(move || file.sync_data())
+        };
+        std::thread::sleep(Duration::from_millis(20));
+        mount.power_off();
+        let held = {
+            let file = file.clone();
+            std::thread::spawn(move || file.sync_data())
+        };
+        std::thread::sleep(Duration::from_millis(150));
+        assert!(
+            !held.is_finished(),
+            "a sync was answered with the power off"
+        );
+        mount.killing();
+        assert!(syncing.join().unwrap().is_err());
+        assert!(held.join().unwrap().is_err());
+        drop(file);
+        mount.set_sync_delay(Duration::ZERO);
+        mount.cut_power(Torn::No);
+        assert_eq!(fs::read(&path).unwrap(), b"kept");
+    }
+
     #[test]
     fn a_torn_cut_keeps_a_prefix_of_the_last_write() {
         let Some((dir, mount)) = mounted() else {
