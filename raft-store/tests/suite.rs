@@ -715,6 +715,23 @@ fn record_offsets(bytes: &[u8]) -> Vec<(usize, usize)> {
     records
 }
 
+/// A new data dir carries the stamp earlier builds (store formats 1 and 2) look for: a sled
+/// database recording format 3. Without it such a build found no sled database, made an empty
+/// one and started as a node with no vote and no log (it did: e0da6e0 served on a dir this
+/// build had made), free to vote again in a term it had voted in.
+#[tokio::test]
+async fn a_new_dir_is_stamped_so_that_earlier_builds_refuse_it() {
+    let dir = TempDir::new().unwrap();
+    drop(open(dir.path()).await.unwrap());
+    {
+        let db = sled::open(dir.path()).unwrap();
+        assert_eq!(sled_format(&db), 3);
+    }
+    // And this build opens it again as its own.
+    let (mut log_store, _) = open(dir.path()).await.unwrap();
+    assert_eq!(log_store.read_vote().await.unwrap(), None);
+}
+
 /// What an earlier build wrote into sled: the bincode of `value`.
 fn bincode_of(value: &impl serde::Serialize) -> Vec<u8> {
     bincode::serde::encode_to_vec(value, bincode::config::standard()).unwrap()

@@ -3,9 +3,11 @@
 //! entries too, in a `log` tree). `open` copies them into the files of `files.rs` and the
 //! segments once, records format 3, and then retires the sled database: it stamps it with
 //! format 3, so that an earlier build refuses the dir instead of reading a stale vote, and
-//! empties its trees. sled types never leave this module.
+//! empties its trees. A new data dir gets such a stamp too (`stamp_new`). sled types never
+//! leave this module.
 
-use std::path::Path;
+use std::fs::File;
+use std::path::{Path, PathBuf};
 
 use super::files::Files;
 use super::{
@@ -28,6 +30,7 @@ const SNAPSHOT_COUNTER_KEY: &[u8] = b"counter";
 
 /// An earlier build's sled database in the data dir.
 pub(super) struct Sled {
+    dir: PathBuf,
     db: sled::Db,
     meta: sled::Tree,
     /// The store format it records: 1 or 2 for a database still in use, 3 once retired.
@@ -49,7 +52,24 @@ impl Sled {
         if let Some(found) = format.filter(|found| !(1..=STORE_FORMAT).contains(found)) {
             return Err(StoreError::UnsupportedFormat { found });
         }
-        Ok(Some(Sled { db, meta, format }))
+        Ok(Some(Sled {
+            dir: dir.to_owned(),
+            db,
+            meta,
+            format,
+        }))
+    }
+
+    /// Makes a sled database in the new data dir `dir` that records this store format and
+    /// holds nothing else: builds of formats 1 and 2 look only there, and without it would
+    /// take the dir for an empty one and start with no vote and no log.
+    pub(super) fn stamp_new(dir: &Path) -> Result<(), StoreError> {
+        let db = sled::Config::new().path(dir).open()?;
+        db.open_tree(META_TREE)?
+            .insert(FORMAT_KEY, encode(&STORE_FORMAT, "store format")?)?;
+        db.flush()?;
+        drop(db);
+        sync_sled_files(dir)
     }
 
     /// Copies the vote, the purge point, the committed log id and the snapshot into `files`,
@@ -131,6 +151,9 @@ impl Sled {
             }
         }
         self.db.flush()?;
+        let Sled { dir, db, meta, .. } = self;
+        drop((meta, db));
+        sync_sled_files(&dir)?;
         tracing::info!(
             "the data dir's sled database is retired: its state now lives in the store's own files"
         );
@@ -147,4 +170,24 @@ impl Sled {
             .map(|bytes| decode(&bytes, &format!("sled's {what}")))
             .transpose()
     }
+}
+
+/// fsyncs a closed sled database's files and the data dir: sled's own flush uses
+/// `sync_file_range`, which a power cut does not respect, and a stamp that a cut could tear
+/// would leave the dir unopenable.
+fn sync_sled_files(dir: &Path) -> Result<(), StoreError> {
+    let io = |error: std::io::Error| StoreError::Io(format!("sync sled's files: {error}"));
+    for item in std::fs::read_dir(dir).map_err(io)? {
+        let item = item.map_err(io)?;
+        let name = item.file_name();
+        let name = name.to_string_lossy();
+        let sled_owns =
+            name == SLED_CONF || name == "db" || name == "blobs" || name.starts_with("snap.");
+        if sled_owns {
+            File::open(item.path())
+                .and_then(|file| file.sync_all())
+                .map_err(io)?;
+        }
+    }
+    File::open(dir).and_then(|file| file.sync_all()).map_err(io)
 }

@@ -163,7 +163,15 @@ fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineSto
     if let Some(found) = found_format.filter(|found| *found != STORE_FORMAT) {
         return Err(StoreError::UnsupportedFormat { found });
     }
-    let sled = legacy::Sled::find(dir)?;
+    // A dir that records this format has its sled database retired or stamped durably
+    // already (both come before the format file): sled is not opened again.
+    let sled = match found_format {
+        Some(_) => None,
+        None => legacy::Sled::find(dir)?,
+    };
+    if found_format.is_none() && sled.is_none() {
+        legacy::Sled::stamp_new(dir)?;
+    }
     if found_format.is_none() {
         if let Some(sled) = &sled {
             sled.copy_state(&files)?;
@@ -178,13 +186,11 @@ fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineSto
     let state_machine = StateMachineStore::open(database.clone())?;
     let log_store = LogStore::open(database.clone(), &dir.join(LOG_DIR))?;
     if found_format.is_none() {
-        if let Some(sled) = &sled {
+        if let Some(sled) = sled {
             sled.copy_log(&log_store)?;
+            sled.retire()?;
         }
         database.files.replace(FORMAT_FILE, &STORE_FORMAT)?;
-    }
-    if let Some(sled) = sled {
-        sled.retire()?;
     }
     Ok((log_store, state_machine))
 }
