@@ -12,6 +12,8 @@ use crate::proposer::ProposeError;
 
 /// How long a caller should wait before retrying after `NO_LEADER` or overload.
 const RETRY_AFTER_MS: u64 = 1_000;
+/// The wait after a `NO_LEADER` that names the leader (a hand-over, say): it leads already.
+const RETRY_AFTER_KNOWN_LEADER_MS: u64 = 20;
 
 /// A refused or failed request, ready to be sent as problem+json.
 #[derive(Debug)]
@@ -73,6 +75,11 @@ impl ApiError {
             "no leader is reachable right now; the request was not applied: retry after Retry-After",
         );
         error.problem.leader = leader;
+        if leader.is_some() {
+            // Retry-After stays whole seconds (at least 1); the body's figure is the one that
+            // tells a client a leader is there to ask at once.
+            error.problem.retry_after_ms = Some(RETRY_AFTER_KNOWN_LEADER_MS);
+        }
         error
     }
 
@@ -222,6 +229,15 @@ mod tests {
         assert_eq!(
             response.headers()[header::CONTENT_TYPE],
             PROBLEM_CONTENT_TYPE
+        );
+        // Named, the leader is asked again at once; unnamed, a second later.
+        assert_eq!(
+            ApiError::no_leader(Some(2)).problem.retry_after_ms,
+            Some(20)
+        );
+        assert_eq!(
+            ApiError::no_leader(None).problem.retry_after_ms,
+            Some(1_000)
         );
     }
 }
