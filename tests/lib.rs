@@ -62,7 +62,7 @@ pub struct ClusterConfig {
     pub nodes: u64,
     /// `--heartbeat-ms`.
     pub heartbeat_ms: u64,
-    /// `--election-timeout-ms` (the minimum; the server uses up to twice this).
+    /// `--election-timeout-ms` (the minimum; the server uses up to one and a half times this).
     pub election_timeout_ms: u64,
     /// `--tick-ms`: the idle tick that keeps cluster time moving without writes.
     pub tick_ms: u64,

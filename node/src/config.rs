@@ -112,7 +112,7 @@ pub struct Tuning {
     pub peer_ca: Option<PathBuf>,
     #[arg(long, env = "BATON_HEARTBEAT_MS", default_value_t = 50)]
     pub heartbeat_ms: u64,
-    /// Minimum election timeout; the maximum is twice this.
+    /// Minimum election timeout; the maximum is one and a half times this.
     #[arg(long, env = "BATON_ELECTION_TIMEOUT_MS", default_value_t = 150)]
     pub election_timeout_ms: u64,
     /// How often an idle leader commits a tick so cluster time keeps pace.
