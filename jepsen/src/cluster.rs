@@ -867,29 +867,45 @@ fn load_average() -> String {
 
 /// Finds the `batond` binary: the flag, `BATOND_BIN`, next to this executable, or `PATH`.
 pub fn find_batond(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
+    find_binary(
+        "batond",
+        flag,
+        "BATOND_BIN",
+        "cargo build --release -p baton-node",
+    )
+}
+
+/// The binary `name`: `flag` (`--NAME PATH`), else `$env`, else next to this binary, else on
+/// `PATH`; `build` says how to make it when there is none.
+pub fn find_binary(
+    name: &str,
+    flag: Option<&Path>,
+    env: &str,
+    build: &str,
+) -> anyhow::Result<PathBuf> {
     if let Some(path) = flag {
         if path.is_file() {
             return Ok(path.to_path_buf());
         }
-        bail!("--batond {} is not a file", path.display());
+        bail!("--{name} {} is not a file", path.display());
     }
-    if let Some(path) = std::env::var_os("BATOND_BIN") {
+    if let Some(path) = std::env::var_os(env) {
         return Ok(PathBuf::from(path));
     }
     if let Some(sibling) = std::env::current_exe()
         .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join("batond")))
+        .and_then(|exe| exe.parent().map(|dir| dir.join(name)))
         .filter(|path| path.is_file())
     {
         return Ok(sibling);
     }
     for dir in std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()) {
-        let candidate = dir.join("batond");
+        let candidate = dir.join(name);
         if candidate.is_file() {
             return Ok(candidate);
         }
     }
-    bail!("no batond binary: pass --batond PATH (build it with `cargo build --release -p baton-node`)")
+    bail!("no {name} binary: pass --{name} PATH (build it with `{build}`)")
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -31,10 +31,86 @@ const IDLE_PER_ENDPOINT_MAX: usize = 1_024;
 /// One HTTP/1.1 connection's sending half; hyper's connection task does its I/O.
 type Connection = SendRequest<Full<Bytes>>;
 
+/// How the load's requests use connections: `--connections`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Connections {
+    /// All requests share one pool of kept-alive connections, at most N of them busy at once
+    /// (a request beyond that waits for one, and the wait counts in its latency).
+    Pooled(usize),
+    /// Each session (or each client of the lease cycle) keeps connections of its own, as an
+    /// agent process holding its own connection does.
+    PerSession,
+    /// A new TCP connection for every request, closed by the client after the answer, as a
+    /// `curl` or a hook process does.
+    Fresh,
+}
+
+impl Connections {
+    /// Connections busy at once in the default pool.
+    pub const POOLED_DEFAULT: usize = 512;
+
+    /// The client for one session or client of the load: `shared` when the mode shares one,
+    /// else a pool of its own.
+    pub(super) fn client(self, shared: &Http) -> Http {
+        match self {
+            Connections::PerSession => Http::default(),
+            Connections::Pooled(_) | Connections::Fresh => shared.clone(),
+        }
+    }
+
+    /// The client that `client` hands out when shared.
+    pub(super) fn shared(self) -> Http {
+        match self {
+            Connections::Pooled(busy) => Http {
+                busy: Some(Arc::new(tokio::sync::Semaphore::new(busy))),
+                ..Http::default()
+            },
+            Connections::PerSession => Http::default(),
+            Connections::Fresh => Http {
+                fresh: true,
+                ..Http::default()
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Connections::Pooled(busy) => write!(f, "pooled:{busy}"),
+            Connections::PerSession => write!(f, "per-session"),
+            Connections::Fresh => write!(f, "fresh"),
+        }
+    }
+}
+
+/// `pooled:N` (or `pooled`, N = 512), `per-session`, `fresh`.
+pub(crate) fn parse_connections(text: &str) -> Result<Connections, String> {
+    match text {
+        "per-session" => Ok(Connections::PerSession),
+        "fresh" => Ok(Connections::Fresh),
+        "pooled" => Ok(Connections::Pooled(Connections::POOLED_DEFAULT)),
+        _ => {
+            let busy = text
+                .strip_prefix("pooled:")
+                .and_then(|busy| busy.parse::<usize>().ok())
+                .filter(|busy| (1..=65_536).contains(busy))
+                .ok_or_else(|| {
+                    format!("{text:?}: give pooled:N (N 1..=65536), per-session or fresh")
+                })?;
+            Ok(Connections::Pooled(busy))
+        }
+    }
+}
+
 /// A pool of connections to `http://host:port` endpoints; clones share it.
 #[derive(Clone, Default)]
 pub(super) struct Http {
     idle: Arc<Mutex<HashMap<String, Vec<Connection>>>>,
+    /// With `pooled:N`: the N connections that may be busy at once.
+    busy: Option<Arc<tokio::sync::Semaphore>>,
+    /// With `fresh`: every request on a new connection, closed after it.
+    fresh: bool,
 }
 
 /// A whole answer.
@@ -127,6 +203,10 @@ impl Http {
         let authority =
             authority(endpoint).map_err(|error| HttpError::Connect(error.to_string()))?;
         let exchanged = async {
+            let _busy = match &self.busy {
+                Some(busy) => Some(busy.acquire().await.expect("never closed")),
+                None => None,
+            };
             loop {
                 let idle = self.take_idle(authority);
                 let reused = idle.is_some();
@@ -183,6 +263,9 @@ impl Http {
     }
 
     fn take_idle(&self, authority: &str) -> Option<Connection> {
+        if self.fresh {
+            return None;
+        }
         let mut idle = self
             .idle
             .lock()
@@ -197,6 +280,10 @@ impl Http {
     }
 
     fn put_idle(&self, authority: &str, connection: Connection) {
+        if self.fresh {
+            // Dropped: hyper's connection task closes the socket.
+            return;
+        }
         let mut idle = self
             .idle
             .lock()
@@ -228,6 +315,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn connection_modes_parse_and_bad_ones_say_what_to_give() {
+        assert_eq!(parse_connections("pooled:64"), Ok(Connections::Pooled(64)));
+        assert_eq!(
+            parse_connections("pooled"),
+            Ok(Connections::Pooled(Connections::POOLED_DEFAULT))
+        );
+        assert_eq!(
+            parse_connections("per-session"),
+            Ok(Connections::PerSession)
+        );
+        assert_eq!(parse_connections("fresh"), Ok(Connections::Fresh));
+        for refused in [
+            "",
+            "pooled:0",
+            "pooled:x",
+            "pooled:65537",
+            "per_session",
+            "new",
+        ] {
+            let error = parse_connections(refused).unwrap_err();
+            assert!(
+                error.contains("per-session or fresh"),
+                "{refused:?}: {error}"
+            );
+        }
+        assert_eq!(Connections::Pooled(8).to_string(), "pooled:8");
+    }
+
+    #[test]
     fn endpoints_are_plain_http_host_and_port() {
         assert_eq!(
             authority("http://127.0.0.1:7431").unwrap(),
@@ -243,10 +359,12 @@ mod tests {
         assert!(authority("http://").is_err());
     }
 
-    /// A real exchange with a server on loopback, a second one on the kept connection, and one
-    /// after the server dropped it (sent again on a new connection).
-    #[tokio::test]
-    async fn requests_reuse_a_kept_connection_and_survive_its_close() {
+    /// A loopback server that answers every request with the number of the connection it came
+    /// on and the request's body; with `first_closes_after`, the first connection closes after
+    /// answering that many.
+    async fn echo_server(
+        first_closes_after: Option<usize>,
+    ) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = listener.local_addr().unwrap();
@@ -290,7 +408,7 @@ mod tests {
                             );
                             socket.write_all(reply.as_bytes()).await.unwrap();
                             answered += 1;
-                            if number == 1 && answered == 2 {
+                            if number == 1 && Some(answered) == first_closes_after {
                                 return;
                             }
                         }
@@ -298,23 +416,35 @@ mod tests {
                 });
             }
         });
+        (address, connections)
+    }
+
+    async fn echo(http: &Http, endpoint: &str, round: u64) -> u64 {
+        let answer = http
+            .post(
+                endpoint,
+                "/echo",
+                Some(&serde_json::json!({ "round": round })),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.status, StatusCode::OK);
+        let value: serde_json::Value = answer.json().unwrap();
+        assert_eq!(value["echo"]["round"], round);
+        value["connection"].as_u64().unwrap()
+    }
+
+    /// A real exchange with a server on loopback, a second one on the kept connection, and one
+    /// after the server dropped it (sent again on a new connection).
+    #[tokio::test]
+    async fn requests_reuse_a_kept_connection_and_survive_its_close() {
+        let (address, _) = echo_server(Some(2)).await;
         let http = Http::default();
         let endpoint = format!("http://{address}");
         let mut seen = Vec::new();
         for round in 0..3 {
-            let answer = http
-                .post(
-                    &endpoint,
-                    "/echo",
-                    Some(&serde_json::json!({ "round": round })),
-                    None,
-                )
-                .await
-                .unwrap();
-            assert_eq!(answer.status, StatusCode::OK);
-            let value: serde_json::Value = answer.json().unwrap();
-            assert_eq!(value["echo"]["round"], round);
-            seen.push(value["connection"].as_u64().unwrap());
+            seen.push(echo(&http, &endpoint, round).await);
             // Let the server's close reach the client before the next request.
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
@@ -323,5 +453,43 @@ mod tests {
             http.get("http://127.0.0.1:1", "/", None).await,
             Err(HttpError::Connect(_))
         ));
+    }
+
+    /// `fresh` opens a connection per request; `per-session` clients keep one each; `pooled:1`
+    /// sends concurrent requests one after the other on one connection.
+    #[tokio::test]
+    async fn each_connection_mode_uses_connections_as_it_says() {
+        let (address, connections) = echo_server(None).await;
+        let endpoint = format!("http://{address}");
+        let fresh = Connections::Fresh.shared();
+        let mut seen = Vec::new();
+        for round in 0..3 {
+            seen.push(echo(&fresh, &endpoint, round).await);
+        }
+        assert_eq!(seen, vec![1, 2, 3], "a new connection each time");
+
+        let shared = Connections::PerSession.shared();
+        let (first, second) = (
+            Connections::PerSession.client(&shared),
+            Connections::PerSession.client(&shared),
+        );
+        let a = echo(&first, &endpoint, 0).await;
+        let b = echo(&second, &endpoint, 1).await;
+        assert_ne!(a, b, "each session its own connection");
+        assert_eq!(echo(&first, &endpoint, 2).await, a, "and kept");
+
+        let before = connections.load(std::sync::atomic::Ordering::SeqCst);
+        let pooled = Connections::Pooled(1).shared();
+        let together = futures_util::future::join_all((0..4).map(|round| {
+            let (pooled, endpoint) = (Connections::Pooled(1).client(&pooled), endpoint.clone());
+            async move { echo(&pooled, &endpoint, round).await }
+        }))
+        .await;
+        assert!(together.iter().all(|&connection| connection == together[0]));
+        assert_eq!(
+            connections.load(std::sync::atomic::Ordering::SeqCst),
+            before + 1,
+            "one connection for four concurrent requests"
+        );
     }
 }

@@ -164,10 +164,12 @@ async fn measure(
             deadline,
         ))
     });
+    // The clients' connections (`--connections`); `http` stays the setup's.
+    let load = args.connections.shared();
     let started = Instant::now();
     let mut tasks = Vec::new();
     for client in 0..clients {
-        let http = http.clone();
+        let http = args.connections.client(&load);
         let endpoint = endpoints[client % endpoints.len()].clone();
         let prefix = format!("bench/{}/{clients}/{client}", std::process::id());
         tasks.push(match (system, args.workload) {

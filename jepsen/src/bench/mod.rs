@@ -7,6 +7,8 @@
 //!   latency of each cycle's first call. `--etcd` runs the same lease cycle against etcd's JSON
 //!   gateway in the same run (`etcd`), so the ratio comes from one machine at one time.
 //! - `sessions`: N sessions renewed once per period, and a probe's acquire latency.
+//! - `hooks`: agents each running the real `baton hook claude-code` process per edit: the
+//!   hook's time end to end beside a bare process start.
 //! - `expiry`: L leases whose sessions all expire at the same moment, and the probe's latency
 //!   around it.
 //!
@@ -24,6 +26,7 @@ mod disruption;
 mod etcd;
 mod expiry;
 mod failover;
+mod hooks;
 mod memory;
 mod probe;
 mod report;
@@ -61,9 +64,24 @@ pub struct BenchArgs {
     /// `sessions`: how many sessions to keep alive.
     #[arg(long, default_value_t = 10_000)]
     sessions: usize,
+    /// `sessions`, `leases`, `tasks`: how requests use connections: `pooled:N` (one shared
+    /// pool, at most N connections busy at once), `per-session` (each session, or each client
+    /// of a cycle, keeps its own), or `fresh` (a new TCP connection per request, closed after
+    /// it, as curl or a hook process does).
+    #[arg(long, default_value = "pooled:512", value_parser = client::parse_connections)]
+    connections: client::Connections,
     /// `sessions`: how often each session is renewed, e.g. `3s` or `500ms`.
     #[arg(long, default_value = "3s", value_parser = parse_period)]
     period: Duration,
+    /// `hooks`: how many agents run the hook.
+    #[arg(long, default_value_t = 200)]
+    agents: usize,
+    /// `hooks`: edits per second of each agent, e.g. `2/s` (or `2`).
+    #[arg(long, default_value = "2/s", value_parser = parse_rate)]
+    rate: f64,
+    /// `hooks`: the baton binary (default: `BATON_BIN`, next to this one, then on PATH).
+    #[arg(long)]
+    baton: Option<PathBuf>,
     /// `expiry`, `memory`: how many leases (default 100,000 for expiry, 1,000,000 for memory).
     #[arg(long)]
     leases: Option<usize>,
@@ -106,6 +124,8 @@ enum Workload {
     Disruption,
     /// `--sessions` sessions each renewed once per `--period`, and a probe's acquire latency.
     Sessions,
+    /// `--agents` agents each running `baton hook claude-code` per edit at `--rate`.
+    Hooks,
     /// `--leases` leases expiring together, and a probe's latency around their deadline.
     Expiry,
     /// `--leases` live leases on a cluster of its own: RSS, data size, restart time.
@@ -120,6 +140,7 @@ impl Workload {
             Workload::Failover => "failover",
             Workload::Disruption => "disruption",
             Workload::Sessions => "sessions",
+            Workload::Hooks => "hooks",
             Workload::Expiry => "expiry",
             Workload::Memory => "memory",
         }
@@ -131,9 +152,14 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         bail!("--etcd goes with --workload leases only");
     }
     let out = out_dir(args.out.as_deref(), args.workload)?;
+    if args.workload == Workload::Sessions && args.connections == client::Connections::PerSession {
+        // A connection per session, and some to spare for the probe and the setup's pool.
+        open_file_limit(args.sessions as u64 + 1_024)?;
+    }
     let figures = match args.workload {
         Workload::Leases | Workload::Tasks => cycles::run(&args).await?,
         Workload::Sessions => sessions::run(&args).await?,
+        Workload::Hooks => hooks::run(&args, &out).await?,
         Workload::Expiry => expiry::run(&args).await?,
         Workload::Failover => failover::run(&args, &out).await?,
         Workload::Disruption => disruption::run(&args, &out).await?,
@@ -193,6 +219,23 @@ async fn own_cluster_on(
     .await
 }
 
+/// Raises this process's open-file limit to at least `needed` descriptors: the soft limit up to
+/// the hard one, and past the hard one where the system lets this process raise it (root).
+fn open_file_limit(needed: u64) -> anyhow::Result<()> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).context("getrlimit")?;
+    if soft >= needed {
+        return Ok(());
+    }
+    setrlimit(Resource::RLIMIT_NOFILE, needed, needed.max(hard)).with_context(|| {
+        format!(
+            "--connections per-session needs {needed} open files and the limit is {soft} (hard \
+             {hard}), which this process may not raise: raise it (ulimit -n) or give fewer \
+             --sessions"
+        )
+    })
+}
+
 /// Checks `--seconds`, and `--endpoints` and `--etcd` (`http://host:port` each) for the workloads
 /// that run against endpoints.
 fn check_endpoints_and_seconds(args: &BenchArgs) -> anyhow::Result<()> {
@@ -219,6 +262,19 @@ fn parse_period(text: &str) -> Result<Duration, String> {
         return Err(format!("the period must be 10ms..=60s, got {text}"));
     }
     Ok(period)
+}
+
+/// `2/s` or `2`: edits a second of one agent, 0.01..=100.
+fn parse_rate(text: &str) -> Result<f64, String> {
+    let rate: f64 = text
+        .strip_suffix("/s")
+        .unwrap_or(text)
+        .parse()
+        .map_err(|_| format!("{text:?} is not a rate like 2/s"))?;
+    if !(0.01..=100.0).contains(&rate) {
+        return Err(format!("the rate must be 0.01/s..=100/s, got {text}"));
+    }
+    Ok(rate)
 }
 
 /// The `fraction` percentile of `sorted` latencies (nearest rank), in milliseconds; NaN when
@@ -255,6 +311,15 @@ mod tests {
         assert_eq!(parse_period("2"), Ok(Duration::from_secs(2)));
         for refused in ["", "3m", "5ms", "61s", "-1s", "s"] {
             assert!(parse_period(refused).is_err(), "{refused:?} was taken");
+        }
+    }
+
+    #[test]
+    fn rates_are_per_second_within_bounds() {
+        assert_eq!(parse_rate("2/s"), Ok(2.0));
+        assert_eq!(parse_rate("0.5"), Ok(0.5));
+        for refused in ["", "2/m", "0/s", "101/s", "-1", "x/s"] {
+            assert!(parse_rate(refused).is_err(), "{refused:?} was taken");
         }
     }
 

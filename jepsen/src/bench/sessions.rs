@@ -12,16 +12,15 @@ use baton_client::api::{CreateSessionRequest, CreateSessionResponse};
 use futures_util::{stream, StreamExt};
 use hyper::StatusCode;
 
-use super::client::{Http, HttpError};
+use super::client::{Connections, Http, HttpError};
 use super::cycles::cycles_until;
 use super::report::{Chart, Figures};
 use super::{check_endpoints_and_seconds, percentile_ms, BenchArgs};
 
-/// Keepalives in flight at most; a renewal due while all are busy waits, and its wait counts
-/// in its latency.
-const SESSIONS_IN_FLIGHT_MAX: usize = 512;
 /// Sessions created at once while setting up.
 const SESSIONS_CREATING: usize = 64;
+/// Renewals at once while opening the measured connections.
+const SETUP_IN_FLIGHT: usize = 512;
 
 /// A session the bench made: the endpoint it talks to and its id.
 pub(super) type BenchSession = (String, String);
@@ -71,17 +70,7 @@ pub(super) async fn renew_all(
     // fail the compiler's check that they are Send for every lifetime.
     let renewals: Vec<_> = sessions
         .iter()
-        .map(|(endpoint, session)| async move {
-            let answer = http
-                .post::<()>(
-                    endpoint,
-                    &format!("/v1/sessions/{session}/keepalive"),
-                    None,
-                    namespace,
-                )
-                .await;
-            answer.is_ok_and(|answer| answer.status.is_success())
-        })
+        .map(|(endpoint, session)| renew(http, endpoint, session, namespace))
         .collect();
     let renewed: Vec<bool> = stream::iter(renewals)
         .buffer_unordered(in_flight)
@@ -89,6 +78,19 @@ pub(super) async fn renew_all(
         .await;
     let failed = renewed.iter().filter(|renewed| !**renewed).count();
     failed as u64
+}
+
+/// One keepalive of `session` at `endpoint`; whether it was answered with success.
+async fn renew(http: &Http, endpoint: &str, session: &str, namespace: Option<&str>) -> bool {
+    let answer = http
+        .post::<()>(
+            endpoint,
+            &format!("/v1/sessions/{session}/keepalive"),
+            None,
+            namespace,
+        )
+        .await;
+    answer.is_ok_and(|answer| answer.status.is_success())
 }
 
 pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
@@ -106,23 +108,48 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         setup.elapsed().as_secs_f64()
     );
 
+    // Each session's client: one shared pool (`pooled:N`, `fresh`) or a pool of its own.
+    let connections = args.connections;
+    let shared = connections.shared();
+    let clients: Vec<Http> = sessions
+        .iter()
+        .map(|_| connections.client(&shared))
+        .collect();
     // The connections the renewals will use, opened before the measurement: a fleet's agents
     // keep theirs open, and one opened while measuring would count in a renewal's latency.
-    let warm = sessions.len().min(SESSIONS_IN_FLIGHT_MAX);
-    let failed = renew_all(&http, &sessions[..warm], None, SESSIONS_IN_FLIGHT_MAX).await;
+    let warm = match connections {
+        Connections::Pooled(busy) => sessions.len().min(busy),
+        Connections::PerSession => sessions.len(),
+        Connections::Fresh => 0,
+    };
+    let warmed: Vec<bool> = stream::iter(sessions.iter().zip(&clients).take(warm))
+        .map(|((endpoint, session), http)| renew(http, endpoint, session, None))
+        .buffer_unordered(SETUP_IN_FLIGHT)
+        .collect()
+        .await;
+    let failed = warmed.iter().filter(|renewed| !**renewed).count();
     if failed > 0 {
         bail!("{failed} of {warm} renewals failed before the measurement");
+    }
+    if warm > 0 {
+        eprintln!(
+            "baton-jepsen bench: {warm} connections opened ({connections}) in {:.1} s",
+            setup.elapsed().as_secs_f64()
+        );
     }
 
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
+    // The probe is an agent of its own, with its own connection.
     let probe = tokio::spawn(cycles_until(
-        http.clone(),
+        Http::default(),
         args.endpoints[0].clone(),
         format!("bench/sessions-probe/{}", std::process::id()),
         deadline,
     ));
-    let in_flight = Arc::new(tokio::sync::Semaphore::new(SESSIONS_IN_FLIGHT_MAX));
+    // Renewals pending at most, as many as there are sessions: a server that falls behind makes
+    // the bench wait here rather than pile up tasks (and, `fresh`, sockets) without bound.
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(sessions.len()));
     // Each renewal's latency with the second of the run it was due in.
     let latencies: Arc<Mutex<Vec<(u64, Duration)>>> = Arc::default();
     let errors = Arc::new(AtomicU64::new(0));
@@ -134,20 +161,12 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         tokio::time::sleep_until(due.into()).await;
         let permit = in_flight.clone().acquire_owned().await?;
         let (endpoint, session) = sessions[index].clone();
-        let (http, latencies, errors) = (http.clone(), latencies.clone(), errors.clone());
+        let http = clients[index].clone();
+        let (latencies, errors) = (latencies.clone(), errors.clone());
         let was_due = due;
         let second = due.duration_since(started).as_secs();
         renewals.push(tokio::spawn(async move {
-            let answer = http
-                .post::<()>(
-                    &endpoint,
-                    &format!("/v1/sessions/{session}/keepalive"),
-                    None,
-                    None,
-                )
-                .await;
-            let ok = answer.is_ok_and(|answer| answer.status.is_success());
-            if ok {
+            if renew(&http, &endpoint, &session, None).await {
                 let latency = was_due.elapsed();
                 latencies.lock().expect("latencies").push((second, latency));
             } else {
@@ -172,7 +191,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
     let errors = errors.load(Ordering::Relaxed);
     let probe_p99 = percentile_ms(&probe_latencies, 0.99);
     println!(
-        "sessions {} period {:?}: {} keepalives, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {errors} errors; probe acquire p99 {probe_p99:.2} ms ({} cycles, {} errors)",
+        "sessions {} period {:?} connections {connections}: {} keepalives, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, {errors} errors; probe acquire p99 {probe_p99:.2} ms ({} cycles, {} errors)",
         sessions.len(),
         args.period,
         latencies.len(),
@@ -186,6 +205,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         "workload": "sessions",
         "sessions": sessions.len(),
         "period_ms": args.period.as_millis() as u64,
+        "connections": connections.to_string(),
         "seconds": args.seconds,
         "keepalives": latencies.len(),
         "keepalive_p50_ms": keepalive(0.5),
@@ -199,7 +219,7 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
     });
     let chart = Chart {
         title: format!(
-            "{} sessions renewed every {:?}: keepalive latency",
+            "{} sessions renewed every {:?}, {connections}: keepalive latency",
             sessions.len(),
             args.period
         ),
