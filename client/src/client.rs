@@ -244,6 +244,15 @@ impl ClientBuilder {
                 http = http.add_root_certificate(certificate);
             }
         }
+        if !endpoints
+            .iter()
+            .any(|endpoint| endpoint.base.starts_with("https://"))
+        {
+            // Plain HTTP only: no system roots to load. The platform verifier reads every file
+            // under /etc/ssl/certs when the client is built, a few milliseconds of CPU that a
+            // process per call (the Claude Code hook) pays every time.
+            http = http.tls_certs_only([]);
+        }
         let http = http
             .build()
             .map_err(|error| invalid(format!("cannot build an HTTP client: {error}")))?;

@@ -272,6 +272,26 @@ async fn the_claude_code_hook_claims_denies_renews_and_releases() {
 }
 
 #[tokio::test]
+async fn a_plain_http_hook_needs_no_system_certificates() {
+    // The client built its TLS verifier from the system's CA store even for http:// endpoints:
+    // a hook process read every file under /etc/ssl/certs on each call (half its CPU), and
+    // where that store cannot be read (a container without ca-certificates) every edit was
+    // denied with "cannot build an HTTP client".
+    let cluster = Cluster::start(1).await;
+    let endpoints = url(&cluster);
+    let world = HookWorld::new();
+    let edit = world.pre_tool_use("cccccccc-3333-4333-8333-333333333333", "Edit", "src/a.rs");
+    let mut hook = command(&endpoints, &["hook", "claude-code"]);
+    hook.env_remove("BATON_HOLDER")
+        .env("XDG_STATE_HOME", &world.state)
+        .env("SSL_CERT_FILE", "/nonexistent/ca.pem")
+        .env("SSL_CERT_DIR", "/nonexistent")
+        .current_dir(&world.repo);
+    allowed(&run_with_input(hook, &bytes(&edit)).await);
+    assert!(lease(&cluster, &named("src/a.rs")).await.is_some());
+}
+
+#[tokio::test]
 async fn the_claude_code_hook_ignores_what_it_does_not_claim() {
     let cluster = Cluster::start(1).await;
     let endpoints = url(&cluster);
