@@ -208,6 +208,44 @@ async fn roles_namespaces_and_session_owners_are_enforced_on_every_node() {
 }
 
 #[tokio::test]
+async fn a_token_just_made_is_known_on_every_node_at_once() {
+    // A node checked a token against its own applied state only: a follower that had not yet
+    // applied the token's creation answered 401 "unknown or revoked token" to a request sent
+    // right after the creation was acknowledged (CI saw it under load).
+    let cluster = secured(3).await;
+    let api = cluster.api();
+    let leader = cluster.leader().await;
+    let follower = cluster.followers().await[0];
+    for round in 0..5 {
+        // The follower misses the creation while paused and hears of it only after it resumes.
+        follower.pause();
+        let created: Value = api
+            .post(
+                leader,
+                "/v1/auth/tokens",
+                &json!({ "name": format!("fresh-{round}"), "role": "agent", "namespaces": ["*"] }),
+            )
+            .await
+            .expect_json(201);
+        let secret = created["secret"].as_str().expect("a secret").to_owned();
+        follower.resume();
+        let leases: Value = api
+            .call(Method::GET, follower, "/v1/leases")
+            .token(Some(&secret))
+            .send()
+            .await
+            .expect_json(200);
+        assert!(leases["leases"].is_array(), "{leases}");
+    }
+    // An unknown token is still refused, on a follower too.
+    api.call(Method::GET, follower, "/v1/leases")
+        .token(Some("0123456789abcdef0123456789abcdef"))
+        .send()
+        .await
+        .expect_problem(401, ErrorCode::Unauthenticated);
+}
+
+#[tokio::test]
 async fn limits_set_by_an_admin_apply_everywhere_and_survive_a_full_restart() {
     let cluster = secured(3).await;
     let api = cluster.api();

@@ -110,7 +110,11 @@ pub async fn authenticate(
     let Some(role) = required_role(request.method(), request.uri().path()) else {
         return next.run(request).await;
     };
-    let (caller, hash) = match caller_of(&app, &request) {
+    let hash = match token_hash(&request) {
+        Ok(hash) => hash,
+        Err(error) => return error.into_response(),
+    };
+    let (caller, hash) = match caller_of(&app, hash).await {
         Ok(authenticated) => authenticated,
         Err(error) => return error.into_response(),
     };
@@ -156,9 +160,8 @@ pub async fn authenticate(
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenHash(pub [u8; 32]);
 
-/// The caller a request's `Authorization: Bearer` names, and its secret's hash, or 401.
-fn caller_of(app: &AppState, request: &Request) -> Result<(Caller, TokenHash), ApiError> {
-    let unauthenticated = |message: &str| ApiError::new(ErrorCode::Unauthenticated, message);
+/// The hash of the secret a request's `Authorization: Bearer` carries, or 401.
+fn token_hash(request: &Request) -> Result<[u8; 32], ApiError> {
     let Some(value) = request.headers().get(header::AUTHORIZATION) else {
         return Err(unauthenticated(
             "this cluster needs a token: pass --token or set BATON_TOKEN",
@@ -170,13 +173,33 @@ fn caller_of(app: &AppState, request: &Request) -> Result<(Caller, TokenHash), A
         .and_then(|value| value.strip_prefix("Bearer "))
         .ok_or_else(|| unauthenticated("the Authorization header must be `Bearer <token>`"))?;
     check_secret(secret).map_err(|problem| unauthenticated(&problem))?;
-    let hash = secret_sha256(secret);
-    let caller = app
+    Ok(secret_sha256(secret))
+}
+
+/// The caller whose token's secret hashes to `hash`, or 401.
+///
+/// A token this node does not know is looked up again after a read index (on a follower, the
+/// leader's) before it is refused: this node may not yet have applied a creation that was
+/// acknowledged before the request was sent. A known token is taken from the applied state as
+/// it is, with no round trip.
+async fn caller_of(app: &AppState, hash: [u8; 32]) -> Result<(Caller, TokenHash), ApiError> {
+    let known = app
         .machine
         .read(|machine, _| machine.auth().authenticate(&hash))
-        .map_err(ApiError::internal)?
-        .ok_or_else(|| unauthenticated("unknown or revoked token"))?;
+        .map_err(ApiError::internal)?;
+    let caller = match known {
+        Some(caller) => caller,
+        None => app
+            .read_here(|machine| machine.auth().authenticate(&hash))
+            .await?
+            .0
+            .ok_or_else(|| unauthenticated("unknown or revoked token"))?,
+    };
     Ok((caller, TokenHash(hash)))
+}
+
+fn unauthenticated(message: &str) -> ApiError {
+    ApiError::new(ErrorCode::Unauthenticated, message)
 }
 
 fn wire_role(role: Role) -> TokenRole {
