@@ -14,6 +14,10 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long [`Process::pause`] waits for every thread to stop after the SIGSTOP.
+const STOP_WAIT: Duration = Duration::from_secs(10);
 
 /// A test CA and one certificate it signed, usable as a server and as a client certificate,
 /// as PEM files (made with rcgen): what a cluster with TLS runs with in the tests and the
@@ -297,15 +301,33 @@ impl Process {
         state.paused = false;
     }
 
-    /// SIGSTOP: the process stays alive but answers nothing, like a long GC pause.
+    /// SIGSTOP: the process stays alive but answers nothing, like a long GC pause. Returns
+    /// once every thread has stopped: kill(2) returns before that, and each thread stops only
+    /// when it next runs, which on a loaded machine can be long enough to answer a request.
     pub fn pause(&self) -> Result<(), String> {
         let mut state = self.lock();
         let pid = state.child.as_ref().map(Child::id).ok_or("not running")?;
-        if !state.paused {
-            signal(pid, "STOP")?;
-            state.paused = true;
+        if state.paused {
+            return Ok(());
         }
-        Ok(())
+        signal(pid, "STOP")?;
+        state.paused = true;
+        let deadline = Instant::now() + STOP_WAIT;
+        loop {
+            let states = thread_states(pid);
+            if states.is_empty() || states.contains(&'Z') {
+                return Err(format!("process {pid} exited as it was paused"));
+            }
+            if states.iter().all(|state| *state == 'T') {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "process {pid} not stopped {STOP_WAIT:?} after SIGSTOP: threads {states:?}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// SIGCONT after [`Process::pause`].
@@ -380,6 +402,19 @@ pub fn signal(pid: u32, name: &str) -> Result<(), String> {
     }
 }
 
+/// The scheduler state of each thread of process `pid` (`R`, `S`, `T`, ...; see proc(5)), read
+/// from `/proc/PID/task/*/stat`; empty when the process is gone.
+pub fn thread_states(pid: u32) -> Vec<char> {
+    let Ok(tasks) = fs::read_dir(format!("/proc/{pid}/task")) else {
+        return Vec::new();
+    };
+    tasks
+        .filter_map(|task| fs::read_to_string(task.ok()?.path().join("stat")).ok())
+        // The name in parentheses may hold anything; the state follows the last ')'.
+        .filter_map(|stat| stat.rsplit_once(')')?.1.trim_start().chars().next())
+        .collect()
+}
+
 /// Where `needle` first occurs in `haystack`.
 pub fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     if needle.is_empty() {
@@ -442,7 +477,7 @@ mod tests {
             if condition() {
                 return;
             }
-            std::thread::sleep(std::time::Duration::from_millis(10));
+            std::thread::sleep(Duration::from_millis(10));
         }
         panic!("condition not met within 5 s");
     }
@@ -485,6 +520,65 @@ mod tests {
             .iter()
             .any(|line| line == "---- test: start #2 ----"));
         drop(process);
+        fs::remove_dir_all(dir).unwrap();
+    }
+
+    /// Not a test of its own: with `BATON_KIT_SPIN` set it is the child of
+    /// `pause_returns_once_every_thread_has_stopped`, a process of many busy threads, and spins
+    /// until it is killed (60 s at most).
+    #[test]
+    fn spinning_child() {
+        if std::env::var_os("BATON_KIT_SPIN").is_none() {
+            return;
+        }
+        for _ in 0..SPINNERS {
+            std::thread::spawn(|| {
+                let until = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            });
+        }
+        println!("every thread is busy");
+        std::thread::sleep(Duration::from_secs(60));
+    }
+
+    const SPINNERS: usize = 32;
+
+    /// kill(2) returns before a SIGSTOP has stopped the process: each thread stops itself when
+    /// it next runs, which on a loaded machine is many milliseconds later, and until then it
+    /// serves requests. `pause` returns only once no thread runs (a paused leader answered a
+    /// read index in CI before this).
+    #[test]
+    fn pause_returns_once_every_thread_has_stopped() {
+        let dir = temp_dir("spin");
+        let process = Process::new(dir.join("spin.log"));
+        for round in 0..5 {
+            let mut command = Command::new(std::env::current_exe().unwrap());
+            command
+                .args([
+                    "--exact",
+                    "tests::spinning_child",
+                    "--nocapture",
+                    "--test-threads",
+                    "1",
+                ])
+                .env("BATON_KIT_SPIN", "1");
+            let from = process.log_len();
+            process.start(command, "test").unwrap();
+            wait_until(|| process.log_contains(from, "every thread is busy"));
+            process.pause().unwrap();
+            let states = thread_states(process.pid().unwrap());
+            assert!(
+                states.len() > SPINNERS,
+                "round {round}: the child's threads: {states:?}"
+            );
+            assert!(
+                states.iter().all(|state| *state == 'T'),
+                "round {round}: pause returned with threads in states {states:?}"
+            );
+            process.kill();
+        }
         fs::remove_dir_all(dir).unwrap();
     }
 
