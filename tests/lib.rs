@@ -79,6 +79,9 @@ pub struct ClusterConfig {
     /// With a limit: every node starts under `prlimit --nofile=N:N`, so it has at most `N`
     /// file descriptors (its own soft and hard limit).
     pub open_files_max: Option<u64>,
+    /// With a backup: every node's data dir is seeded from this file by `batond restore`
+    /// (with the cluster's own `--initial-cluster`) before the node first starts.
+    pub restore_from: Option<PathBuf>,
 }
 
 pub use baton_kit::TestCerts;
@@ -97,6 +100,7 @@ impl ClusterConfig {
             bootstrap_token: None,
             tls: None,
             open_files_max: None,
+            restore_from: None,
         }
     }
 }
@@ -365,6 +369,9 @@ impl Cluster {
             .map(|&(id, api_port, peer_port)| {
                 let data_dir = directory.path().join(format!("node-{id}"));
                 fs::create_dir_all(&data_dir).expect("create a node's data dir");
+                if let Some(backup) = &config.restore_from {
+                    restore(backup, id, &data_dir, &initial_cluster);
+                }
                 let mut args = baton_kit::RunArgs {
                     id,
                     data_dir: data_dir.clone(),
@@ -758,6 +765,30 @@ impl Node {
 // ---------------------------------------------------------------------------------------------
 // The batond binary, ports, directories
 // ---------------------------------------------------------------------------------------------
+
+/// `batond restore BACKUP` into `data_dir` as member `id` of `initial_cluster`; panics with its
+/// output when it fails.
+fn restore(backup: &Path, id: u64, data_dir: &Path, initial_cluster: &str) {
+    let output = std::process::Command::new(batond_path())
+        .arg("restore")
+        .arg(backup)
+        .args([
+            "--id",
+            &id.to_string(),
+            "--initial-cluster",
+            initial_cluster,
+        ])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .output()
+        .expect("run batond restore");
+    assert!(
+        output.status.success(),
+        "batond restore of node {id}: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
 
 /// The path of the `batond` binary, built on first use with `cargo build -p baton-node --bin
 /// batond` in the tests' own profile (or `BATOND_BIN` when set). Panics with cargo's output

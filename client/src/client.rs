@@ -695,6 +695,54 @@ impl Client {
             .await
     }
 
+    /// `GET /v1/snapshot` (admin): a backup of the whole replicated state, streamed into `out`
+    /// as it arrives (docs/operations.md). Returns the number of bytes written. The bytes are
+    /// not checked here: check the whole file with [`baton_api::decode_backup`].
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Denied`] without an admin token; [`Error::Indeterminate`] when the
+    /// answer broke off or `out` refused a write (a read: nothing changed anywhere).
+    pub async fn save_snapshot<W>(&self, out: &mut W) -> Result<u64>
+    where
+        W: tokio::io::AsyncWrite + Unpin,
+    {
+        use tokio::io::AsyncWriteExt;
+        let operation = Operation {
+            method: Method::GET,
+            path: "/v1/snapshot".to_owned(),
+            body: None,
+            idempotency_key: None,
+        };
+        let (mut response, _, _) = self.send(&operation, self.default_budget()).await?;
+        let broke = |message: String| Error::Indeterminate {
+            code: None,
+            message,
+        };
+        let mut written = 0_u64;
+        loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    out.write_all(&chunk)
+                        .await
+                        .map_err(|error| broke(format!("writing the backup failed: {error}")))?;
+                    written += chunk.len() as u64;
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    return Err(broke(format!(
+                        "the backup broke off after {written} bytes: {}",
+                        describe(&error)
+                    )))
+                }
+            }
+        }
+        out.flush()
+            .await
+            .map_err(|error| broke(format!("writing the backup failed: {error}")))?;
+        Ok(written)
+    }
+
     /// `POST /v1/cluster/members`: adds a node as a learner and, if `voter`, promotes it.
     ///
     /// # Errors
@@ -993,6 +1041,19 @@ impl Client {
         operation: Operation,
         budget: Budget,
     ) -> Result<Answer<T>> {
+        let (response, sent_at, maybe_applied) = self.send(&operation, budget).await?;
+        self.settle(response, sent_at, maybe_applied, &operation)
+            .await
+    }
+
+    /// The retries of [`Client::execute`], up to a successful answer whose body is not read
+    /// yet: it, when the first attempt was sent, and whether an earlier attempt may have been
+    /// applied.
+    async fn send(
+        &self,
+        operation: &Operation,
+        budget: Budget,
+    ) -> Result<(reqwest::Response, Duration, bool)> {
         let sent_at = self.inner.clock.now();
         let endpoints = self.inner.endpoints.len();
         let mut index = self.inner.preferred.load(Ordering::Relaxed) % endpoints;
@@ -1006,13 +1067,9 @@ impl Client {
             }
             let timeout = budget.request_timeout.min(budget.deadline - now);
             let endpoint = &self.inner.endpoints[index];
-            let outcome = self.attempt(index, &operation, timeout).await;
+            let outcome = self.attempt(index, operation, timeout).await;
             let retry_after = match outcome {
-                Attempt::Answered(response) => {
-                    return self
-                        .settle(*response, sent_at, maybe_applied, &operation)
-                        .await;
-                }
+                Attempt::Answered(response) => return Ok((*response, sent_at, maybe_applied)),
                 Attempt::Refused(error @ Error::Tls { .. }) if maybe_applied => {
                     // Refused by this endpoint only: an earlier attempt may have been applied.
                     return Err(Error::Indeterminate {

@@ -52,6 +52,26 @@ pub enum Mode {
         #[command(flatten)]
         tuning: Tuning,
     },
+    /// Seeds the data dir of one member of a new cluster from a backup (`baton snapshot save`),
+    /// then exits; run it on every member with the same file and --initial-cluster, then start
+    /// them with `batond run`. Fences granted after it are above every fence of the old cluster.
+    Restore(Restore),
+}
+
+/// `batond restore`: seeds a new cluster member's data dir from a backup file and exits.
+#[derive(Debug, Args)]
+pub struct Restore {
+    /// The backup file (`baton snapshot save`).
+    pub file: PathBuf,
+    /// The new member's id, as it will be given to `batond run`.
+    #[arg(long, env = "BATON_ID")]
+    pub id: u64,
+    /// The new member's data dir: absent or empty.
+    #[arg(long, env = "BATON_DATA_DIR")]
+    pub data_dir: PathBuf,
+    /// The new cluster, `1=API@PEER,2=API@PEER,...`: the same on every member.
+    #[arg(long, env = "BATON_INITIAL_CLUSTER")]
+    pub initial_cluster: String,
 }
 
 /// Who may reach the node: the flags `batond dev` and `batond run` share.
@@ -258,6 +278,7 @@ impl NodeConfig {
                     tuning,
                 }
             }
+            Mode::Restore(_) => bail!("`batond restore` seeds a data dir and serves nothing"),
         };
         if config.id == 0 {
             bail!("--id must be a positive integer");
@@ -406,7 +427,7 @@ mod tests {
         }
         match Cli::try_parse_from(arguments).expect("valid flags").command {
             Mode::Dev { tuning, .. } => tuning,
-            Mode::Run { .. } => unreachable!("parsed dev"),
+            _ => unreachable!("parsed dev"),
         }
     }
 

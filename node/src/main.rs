@@ -1,6 +1,6 @@
 //! `batond`, the Baton server: one node of a replicated lease service (openraft over its own
 //! log and state files, the HTTP API of docs/api.md). `batond dev` runs a one-node cluster; `batond run` one
-//! member of a larger one. See `config` for the flags.
+//! member of a larger one; `batond restore` seeds a new member's data dir from a backup. See `config` for the flags.
 
 mod clock;
 mod config;
@@ -9,6 +9,7 @@ mod http;
 mod metrics;
 mod network;
 mod proposer;
+mod restore;
 mod server;
 mod tls;
 
@@ -17,7 +18,7 @@ use std::io::IsTerminal;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use crate::config::{Cli, LogFormat, NodeConfig};
+use crate::config::{Cli, LogFormat, Mode, NodeConfig};
 
 /// jemalloc rather than glibc's malloc: every client request boxes futures of 1-4 KiB, above
 /// glibc's per-thread cache, and glibc's bins for those sizes were about a tenth of a busy
@@ -29,6 +30,18 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    if let Mode::Restore(restore) = cli.command {
+        return match restore::run(&restore).await {
+            Ok(said) => {
+                println!("{said}");
+                std::process::ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("batond restore: {error:#}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     let config = match NodeConfig::from_mode(cli.command) {
         Ok(config) => config,
         Err(error) => {

@@ -2,6 +2,7 @@
 //! processes through the harness in `tests/lib.rs` and talks to them over HTTP.
 
 mod agents;
+mod backup;
 mod bad_input;
 mod cli;
 mod cli_fixes;

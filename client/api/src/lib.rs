@@ -15,11 +15,13 @@
 //! One module per route family (`sessions`, `leases`, `kv`, `queues`, `txn`, `events`,
 //! `cluster`, `auth`),
 //! with `error` (the problem body, its codes, the outcome classifier), `common` (the pieces
-//! several families share) and `format` (RFC 3339, UUID v4); all of it is re-exported here.
+//! several families share), `format` (RFC 3339, UUID v4) and `backup` (the backup file
+//! `GET /v1/snapshot` answers); all of it is re-exported here.
 
 use std::collections::BTreeMap;
 
 mod auth;
+mod backup;
 mod cluster;
 mod common;
 mod error;
@@ -32,6 +34,7 @@ mod sessions;
 mod txn;
 
 pub use auth::*;
+pub use backup::*;
 pub use cluster::*;
 pub use common::*;
 pub use error::*;

@@ -1,11 +1,16 @@
-//! `baton token` and `baton limits`: the admin calls of access control (docs/security.md).
+//! `baton token` and `baton limits`, the admin calls of access control (docs/security.md), and
+//! `baton snapshot`, backups (docs/operations.md).
 
-use baton_client::api::{CreateTokenRequest, TokenInfo, TokenQuotas, TokenRole};
+use std::path::{Path, PathBuf};
+
+use baton_client::api::{
+    decode_backup, BackupError, BackupHeader, CreateTokenRequest, TokenInfo, TokenQuotas, TokenRole,
+};
 use baton_client::Client;
 use serde_json::Value;
 
-use super::output::{note, print_json, say, Failure, EXIT_OK};
-use super::{LimitsCommand, TokenCommand, TokenRoleArg};
+use super::output::{note, print_json, say, Failure, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
+use super::{LimitsCommand, SnapshotCommand, TokenCommand, TokenRoleArg};
 
 pub async fn token(client: &Client, command: TokenCommand, json: bool) -> Result<u8, Failure> {
     match command {
@@ -105,4 +110,108 @@ pub async fn limits(client: &Client, command: LimitsCommand, json: bool) -> Resu
         }
     }
     Ok(EXIT_OK)
+}
+
+/// `baton snapshot save FILE`: the backup goes to `FILE.partial` beside FILE, is synced and
+/// checked whole, and only then renamed over FILE (its directory synced): FILE is never a
+/// partial backup, and a failure (a full disk, a broken answer) leaves no file and nothing
+/// changed in the cluster. `baton snapshot inspect FILE`: checks a file and prints its header.
+pub async fn snapshot(
+    client: &Client,
+    command: SnapshotCommand,
+    json: bool,
+) -> Result<u8, Failure> {
+    match command {
+        SnapshotCommand::Save { file } => {
+            let header = save(client, &file).await?;
+            if json {
+                print_json(&header);
+            } else {
+                say!("saved {}: {}", file.display(), describe_backup(&header));
+            }
+        }
+        SnapshotCommand::Inspect { file } => {
+            let bytes = std::fs::read(&file).map_err(|error| {
+                Failure::new(
+                    EXIT_FAILURE,
+                    "UNAVAILABLE",
+                    format!("cannot read {}: {error}", file.display()),
+                )
+            })?;
+            let (header, _) = decode_backup(&bytes).map_err(|error| refused(&file, &error))?;
+            if json {
+                print_json(&header);
+            } else {
+                say!("{}: {}", file.display(), describe_backup(&header));
+                say!("members: {}", header.members.join(","));
+                say!("saved by node {} at {}", header.saved_by, header.saved_at);
+            }
+        }
+    }
+    Ok(EXIT_OK)
+}
+
+async fn save(client: &Client, file: &Path) -> Result<BackupHeader, Failure> {
+    let failed = |what: &str, error: &dyn std::fmt::Display| {
+        Failure::new(
+            EXIT_FAILURE,
+            "UNAVAILABLE",
+            format!("{what} {}: {error}", file.display()),
+        )
+    };
+    let mut partial_name = file.as_os_str().to_owned();
+    partial_name.push(".partial");
+    let partial = PathBuf::from(partial_name);
+    let saved = async {
+        let mut out = tokio::fs::File::create(&partial)
+            .await
+            .map_err(|error| failed("cannot create a file beside", &error))?;
+        client.save_snapshot(&mut out).await?;
+        out.sync_all()
+            .await
+            .map_err(|error| failed("cannot sync", &error))?;
+        drop(out);
+        let bytes = tokio::fs::read(&partial)
+            .await
+            .map_err(|error| failed("cannot read back", &error))?;
+        let (header, _) = decode_backup(&bytes).map_err(|error| refused(file, &error))?;
+        tokio::fs::rename(&partial, file)
+            .await
+            .map_err(|error| failed("cannot rename the backup to", &error))?;
+        let dir = match file.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => parent,
+            _ => Path::new("."),
+        };
+        std::fs::File::open(dir)
+            .and_then(|dir| dir.sync_all())
+            .map_err(|error| failed("cannot sync the directory of", &error))?;
+        Ok(header)
+    }
+    .await;
+    if saved.is_err() {
+        let _ = std::fs::remove_file(&partial);
+    }
+    saved
+}
+
+/// A backup file that cannot be used: bad input, nothing written.
+fn refused(file: &Path, error: &BackupError) -> Failure {
+    Failure::new(
+        EXIT_USAGE,
+        "INVALID_ARGUMENT",
+        format!("{} is refused: {error}", file.display()),
+    )
+}
+
+fn describe_backup(header: &BackupHeader) -> String {
+    format!(
+        "index {}, term {}, cluster time {} ms, {} leases, {} sessions, highest fence {}, {} bytes of state",
+        header.index,
+        header.term,
+        header.cluster_time_ms,
+        header.leases,
+        header.sessions,
+        header.fence,
+        header.state_bytes
+    )
 }

@@ -85,6 +85,7 @@ pub async fn execute(client: &Client, command: Command, json: bool) -> Result<u8
         Command::Cluster(command) => cluster(client, command, json).await,
         Command::Token(command) => super::admin::token(client, command, json).await,
         Command::Limits(command) => super::admin::limits(client, command, json).await,
+        Command::Snapshot(command) => super::admin::snapshot(client, command, json).await,
         Command::Task(command) => super::tasks::execute(client, command, json).await,
         Command::Events { after, .. } => super::events::print_after(client, after, json).await,
         Command::Run(_) | Command::Mcp(_) | Command::Hook(_) | Command::Supervise(_) => {

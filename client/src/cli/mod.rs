@@ -201,6 +201,9 @@ pub enum Command {
     /// The limits every node decides with: get, or set some (admin).
     #[command(subcommand)]
     Limits(LimitsCommand),
+    /// Backups (admin): save the whole replicated state to a file, or check one.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Hold a lease while a command runs: `baton run RESOURCE -- CMD ARGS...`.
     Run(RunArgs),
     /// Work queues: add, claim, complete, fail, release and list tasks.
@@ -581,6 +584,21 @@ pub enum TokenRoleArg {
     Reader,
     Agent,
     Admin,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Save a backup to FILE: every write acknowledged before it, at one applied index. FILE
+    /// appears only once the whole backup is synced and checked; restore it with `batond restore`.
+    Save {
+        /// Where to write it (replaced if it exists).
+        file: std::path::PathBuf,
+    },
+    /// Check a backup file (magic, format, lengths, checksum) and print its header.
+    Inspect {
+        /// The backup file.
+        file: std::path::PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]

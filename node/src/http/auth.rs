@@ -75,6 +75,7 @@ fn required_role(method: &Method, path: &str) -> Option<Role> {
     let admin_only = path.starts_with("/v1/auth/")
         || path.starts_with("/v1/cluster/members")
         || path.starts_with("/v1/debug/clock")
+        || path == "/v1/snapshot"
         || (path == "/v1/limits" && method != Method::GET);
     if admin_only {
         return Some(Role::Admin);
@@ -439,6 +440,8 @@ mod tests {
         assert_eq!(role(Method::GET, "/v1/auth/tokens"), Some(Role::Admin));
         assert_eq!(role(Method::POST, "/v1/cluster/members"), Some(Role::Admin));
         assert_eq!(role(Method::GET, "/v1/cluster"), Some(Role::Reader));
+        // A backup holds every namespace and every token's hash: admins only.
+        assert_eq!(role(Method::GET, "/v1/snapshot"), Some(Role::Admin));
     }
 
     #[test]

@@ -6,7 +6,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
-use baton_api::{AddMemberRequest, ClusterStatus, Digest, ErrorCode, Member as WireMember};
+use baton_api::{
+    encode_backup, AddMemberRequest, BackupHeader, ClusterStatus, Digest, ErrorCode,
+    Member as WireMember, BACKUP_CONTENT_TYPE,
+};
 use baton_raft_store::machine::{Namespace, Role};
 use baton_raft_store::store::{Member, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
@@ -382,4 +385,71 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
         )
     };
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/snapshot",
+    tag = "cluster",
+    summary = "A backup of the whole replicated state (admin): the backup file of docs/operations.md",
+    responses(
+        (status = 200, description = "The backup file: every write acknowledged before the request, at one applied index", body = Vec<u8>, content_type = "application/vnd.baton.backup"),
+        (status = "4XX", description = "Refused, nothing changed: a token that is not an admin's", body = baton_api::Problem, content_type = "application/problem+json"),
+        (status = "5XX", description = "NO_LEADER (no read index to cut the copy at) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+    )
+)]
+pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError> {
+    // Linearizable: a read index first, so the copy holds every write acknowledged before it.
+    app.read_here(|_| ()).await?;
+    let members: Vec<String> = {
+        let metrics = app.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, member)| format!("{id}={member}"))
+            .collect()
+    };
+    let (node_id, machine, saved_at_ms) = (app.node_id, app.machine.clone(), app.clock.wall_ms());
+    // Encoding a large state is a fraction of a second of CPU: off the async workers.
+    let (bytes, cluster_time_ms) = tokio::task::spawn_blocking(move || {
+        machine.read(|machine, applied| {
+            let state = machine.encode_snapshot()?;
+            let (sessions, leases) = machine.counts();
+            let header = BackupHeader {
+                index: applied.map_or(0, |log_id| log_id.index),
+                term: applied.map_or(0, |log_id| log_id.leader_id.term),
+                cluster_time_ms: machine.time_ms(),
+                fence: machine.fence_counter(),
+                members,
+                saved_by: node_id,
+                saved_at: baton_api::rfc3339(saved_at_ms),
+                sessions: sessions as u64,
+                leases: leases as u64,
+                state_bytes: 0,
+            };
+            Ok::<_, baton_raft_store::machine::CodecError>((
+                encode_backup(&header, &state),
+                header.cluster_time_ms,
+            ))
+        })
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(ApiError::internal)?
+    .map_err(ApiError::internal)?;
+    tracing::info!(bytes = bytes.len(), "backup served");
+    Ok((
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, BACKUP_CONTENT_TYPE.to_owned()),
+            (
+                header::HeaderName::from_static("baton-cluster-time"),
+                cluster_time_ms.to_string(),
+            ),
+        ],
+        bytes,
+    )
+        .into_response())
 }

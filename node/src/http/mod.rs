@@ -389,6 +389,7 @@ pub fn router(app: AppState) -> Router {
         ));
     let local_routes = Router::new()
         .route("/v1/cluster", get(cluster::status))
+        .route("/v1/snapshot", get(cluster::snapshot))
         .route("/v1/openapi.json", get(openapi::openapi))
         .route("/v1/debug/digest", get(cluster::digest))
         .route("/v1/debug/clock", post(cluster::set_clock))

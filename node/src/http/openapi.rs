@@ -49,6 +49,7 @@ use super::{auth, cluster, events, kv, leases, queues, txn};
         auth::get_limits,
         auth::put_limits,
         cluster::status,
+        cluster::snapshot,
         cluster::add_member,
         cluster::remove_member,
         cluster::digest,
@@ -143,7 +144,7 @@ mod tests {
                 documented.insert((method.clone(), path.clone()));
             }
         }
-        assert_eq!(served.len(), 36, "the router's routes as read: {served:?}");
+        assert_eq!(served.len(), 37, "the router's routes as read: {served:?}");
         assert_eq!(served, documented);
     }
 }

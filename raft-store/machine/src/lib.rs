@@ -49,6 +49,9 @@ pub use types::{
     SessionId,
 };
 
+/// The fence's high bits above this one are its epoch (see [`Machine::begin_fence_epoch`]).
+pub const FENCE_EPOCH_SHIFT: u32 = 40;
+
 use admission::admit_op;
 use events::EventLog;
 use idempotency::IdempotencyTable;
@@ -254,6 +257,17 @@ impl Machine {
     /// The last fence granted.
     pub fn fence_counter(&self) -> u64 {
         self.fence_counter
+    }
+
+    /// Starts the next fence epoch: the next grant takes `(epoch + 1) << FENCE_EPOCH_SHIFT` + 1,
+    /// above any fence of this epoch, however many the state's old cluster granted after this
+    /// copy of it was taken (fewer than 2^40 by far). `batond restore` calls it on the state it
+    /// seeds a new cluster with, so a restore never hands out a fence again. Returns the new
+    /// epoch.
+    pub fn begin_fence_epoch(&mut self) -> u64 {
+        let epoch = (self.fence_counter >> FENCE_EPOCH_SHIFT) + 1;
+        self.fence_counter = epoch << FENCE_EPOCH_SHIFT;
+        epoch
     }
 
     /// The revision of `namespace`'s last state change (each namespace counts its own).

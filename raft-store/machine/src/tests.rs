@@ -3339,3 +3339,37 @@ fn replies_recorded_by_format_3_still_replay() {
         machine
     );
 }
+
+#[test]
+fn a_new_fence_epoch_grants_above_every_fence_of_the_old_one() {
+    let mut machine = check(vec![
+        (0, create(A, "alice", 10_000), "session expires_in=10000"),
+        (1, acquire(A, "a"), "granted fence=1 expires_in=9999"),
+    ]);
+    // What a restore seeds: the copy at fence 1, whatever the old cluster granted after it.
+    let mut restored = machine.clone();
+    assert_eq!(restored.begin_fence_epoch(), 1);
+    assert_eq!(restored.fence_counter(), 1 << FENCE_EPOCH_SHIFT);
+    check_on(
+        &mut restored,
+        vec![(
+            2,
+            acquire(A, "b"),
+            "granted fence=1099511627777 expires_in=9998",
+        )],
+    );
+    // The old cluster after the copy: every fence it grants stays below the new epoch.
+    for stamp in 2..100 {
+        step(&mut machine, stamp, command(release(A, "a")));
+        step(&mut machine, stamp, command(acquire(A, "a")));
+    }
+    assert!(machine.fence_counter() < restored.fence_counter());
+    // A restore of a restored cluster raises the epoch again; the holder's lease keeps its
+    // fence (it was granted, and fences are checked against a resource's highest seen).
+    assert_eq!(restored.begin_fence_epoch(), 2);
+    assert_eq!(restored.fence_counter(), 2 << FENCE_EPOCH_SHIFT);
+    assert_eq!(
+        restored.lease(&namespace(), &path("b")).unwrap().fence,
+        (1 << 40) + 1
+    );
+}

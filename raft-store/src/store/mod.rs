@@ -195,6 +195,53 @@ fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineSto
     Ok((log_store, state_machine))
 }
 
+/// Seeds the empty data dir `dir` of a new cluster's member with `machine` (`batond restore`):
+/// a snapshot at log index `index` whose membership is `members`, and the log purged up to it,
+/// as if the member had installed that snapshot from a leader. Every member seeded with the
+/// same arguments holds byte-identical state; on start they find the cluster initialized and
+/// elect a leader. The log id is of term 0, below any term the new cluster will elect.
+///
+/// Refuses a `dir` that exists and is not empty: nothing in it is touched.
+pub async fn seed(
+    dir: &Path,
+    machine: &Machine,
+    index: u64,
+    members: std::collections::BTreeMap<u64, Member>,
+) -> Result<(), StoreError> {
+    use openraft::storage::{RaftLogStorage, RaftStateMachine};
+
+    let occupied = match fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_some(),
+        Err(error) if error.kind() == io::ErrorKind::NotFound => false,
+        Err(error) => return Err(StoreError::Io(format!("read {}: {error}", dir.display()))),
+    };
+    if occupied {
+        return Err(StoreError::Refused(format!(
+            "{} is not empty: a restore seeds a new member's data dir, never one in use",
+            dir.display()
+        )));
+    }
+    let voters = members.keys().copied().collect();
+    let membership = openraft::Membership::new(vec![voters], members)
+        .map_err(|error| StoreError::Refused(format!("the members: {error}")))?;
+    let log_id = log_id(0, 0, index);
+    let meta = SnapshotMeta {
+        last_log_id: Some(log_id),
+        last_membership: StoredMembership::new(Some(log_id), membership),
+    };
+    let bytes = machine.encode_snapshot()?;
+    let (mut log_store, mut state_machine) = open(dir)?;
+    state_machine
+        .install_snapshot(&meta, Cursor::new(bytes))
+        .await
+        .map_err(|error| StoreError::Io(error.to_string()))?;
+    log_store
+        .purge(log_id)
+        .await
+        .map_err(|error| StoreError::Io(error.to_string()))?;
+    Ok(())
+}
+
 // ---- helpers shared by the log and the state machine ----
 
 /// Version of the on-disk layout (file names, value encodings). Bumped on any change.
