@@ -56,6 +56,21 @@ pub enum Mode {
     /// then exits; run it on every member with the same file and --initial-cluster, then start
     /// them with `batond run`. Fences granted after it are above every fence of the old cluster.
     Restore(Restore),
+    /// When a majority is lost for good: makes this stopped member's data dir a one-member
+    /// cluster holding everything in its log, then exits. Start it with `batond run` and add
+    /// new members with `baton cluster add`. The old dir is kept beside it.
+    Recover(Recover),
+}
+
+/// `batond recover`: a stopped survivor's data dir made a one-member cluster.
+#[derive(Debug, Args)]
+pub struct Recover {
+    /// The survivor's id (its `--id`).
+    #[arg(long, env = "BATON_ID")]
+    pub id: u64,
+    /// The survivor's data dir. Its node must be stopped.
+    #[arg(long, env = "BATON_DATA_DIR")]
+    pub data_dir: PathBuf,
 }
 
 /// `batond restore`: seeds a new cluster member's data dir from a backup file and exits.
@@ -278,7 +293,9 @@ impl NodeConfig {
                     tuning,
                 }
             }
-            Mode::Restore(_) => bail!("`batond restore` seeds a data dir and serves nothing"),
+            Mode::Restore(_) | Mode::Recover(_) => {
+                bail!("`batond restore` and `batond recover` write a data dir and serve nothing")
+            }
         };
         if config.id == 0 {
             bail!("--id must be a positive integer");

@@ -1,6 +1,7 @@
 //! `batond`, the Baton server: one node of a replicated lease service (openraft over its own
 //! log and state files, the HTTP API of docs/api.md). `batond dev` runs a one-node cluster; `batond run` one
-//! member of a larger one; `batond restore` seeds a new member's data dir from a backup. See `config` for the flags.
+//! member of a larger one; `batond restore` seeds a new member's data dir from a backup;
+//! `batond recover` makes a survivor of a lost majority a one-member cluster. See `config` for the flags.
 
 mod clock;
 mod config;
@@ -30,14 +31,19 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
-    if let Mode::Restore(restore) = cli.command {
-        return match restore::run(&restore).await {
+    let offline = match &cli.command {
+        Mode::Restore(restore) => Some(("restore", restore::restore(restore).await)),
+        Mode::Recover(recover) => Some(("recover", restore::recover(recover).await)),
+        Mode::Dev { .. } | Mode::Run { .. } => None,
+    };
+    if let Some((name, outcome)) = offline {
+        return match outcome {
             Ok(said) => {
                 println!("{said}");
                 std::process::ExitCode::SUCCESS
             }
             Err(error) => {
-                eprintln!("batond restore: {error:#}");
+                eprintln!("batond {name}: {error:#}");
                 std::process::ExitCode::FAILURE
             }
         };

@@ -1,4 +1,6 @@
-//! `batond restore`: one member of a new cluster seeded from a backup file (docs/operations.md).
+//! `batond restore`: one member of a new cluster seeded from a backup file, and `batond
+//! recover`: a stopped survivor of a lost majority made a one-member cluster
+//! (docs/operations.md).
 //!
 //! The file is checked whole (magic, format, lengths, checksum, the state decoding) before
 //! anything is written, and the data dir must be absent or empty. The state then starts the
@@ -10,10 +12,10 @@ use anyhow::{bail, Context};
 use baton_api::decode_backup;
 use baton_raft_store::machine::Machine;
 
-use crate::config::{parse_initial_cluster, Restore};
+use crate::config::{parse_initial_cluster, Recover, Restore};
 
 /// Seeds `restore.data_dir`; returns what to tell the operator.
-pub async fn run(restore: &Restore) -> anyhow::Result<String> {
+pub async fn restore(restore: &Restore) -> anyhow::Result<String> {
     let members = parse_initial_cluster(&restore.initial_cluster)?;
     if restore.id == 0 || !members.contains_key(&restore.id) {
         bail!(
@@ -52,5 +54,67 @@ pub async fn run(restore: &Restore) -> anyhow::Result<String> {
         machine.fence_counter(),
         restore.id,
         dir,
+    ))
+}
+
+/// Replays the survivor's whole log onto its last snapshot, starts the next fence epoch (the
+/// lost members may have granted fences this one never saw), and seeds a new data dir with that
+/// state and a membership of this member alone, at its own addresses. The new dir is written
+/// beside the old one and then swapped in: the old one is kept as `DIR.before-recover`, and a
+/// failure before the swap leaves the old dir as it was.
+pub async fn recover(recover: &Recover) -> anyhow::Result<String> {
+    let dir = &recover.data_dir;
+    let shown = dir.display();
+    let (mut machine, applied, membership) = baton_raft_store::store::replay(dir)
+        .await
+        .with_context(|| format!("read {shown}"))?;
+    let membership = membership.membership();
+    let Some(me) = membership.get_node(&recover.id).cloned() else {
+        let members: Vec<String> = membership
+            .nodes()
+            .map(|(id, member)| format!("{id}={member}"))
+            .collect();
+        bail!(
+            "node {} is not a member of the cluster {shown} belongs to (members: {}); give the survivor's own --id",
+            recover.id,
+            members.join(",")
+        );
+    };
+    let index = applied.map_or(0, |log_id| log_id.index);
+    let (sessions, leases) = machine.counts();
+    let epoch = machine.begin_fence_epoch();
+    let beside = |suffix: &str| {
+        let mut name = dir.as_os_str().to_owned();
+        name.push(suffix);
+        std::path::PathBuf::from(name)
+    };
+    let (fresh, kept) = (beside(".recovering"), beside(".before-recover"));
+    for path in [&fresh, &kept] {
+        if path.exists() {
+            bail!(
+                "{} exists: an earlier recover? Move it away first",
+                path.display()
+            );
+        }
+    }
+    let members = std::collections::BTreeMap::from([(recover.id, me.clone())]);
+    baton_raft_store::store::seed(&fresh, &machine, index, members)
+        .await
+        .with_context(|| format!("seed {}", fresh.display()))?;
+    std::fs::rename(dir, &kept)
+        .and_then(|()| std::fs::rename(&fresh, dir))
+        .and_then(|()| match dir.parent() {
+            Some(parent) if !parent.as_os_str().is_empty() => {
+                std::fs::File::open(parent)?.sync_all()
+            }
+            _ => std::fs::File::open(".")?.sync_all(),
+        })
+        .with_context(|| format!("swap {} into {shown}", fresh.display()))?;
+    Ok(format!(
+        "recovered {shown} as a one-member cluster of node {} at {me} (index {index}, {leases} leases, {sessions} sessions); fences resume at epoch {epoch}, above {}. The old dir is {}. Start it with `batond run --id {} --data-dir {shown} ...`, then add members with `baton cluster add`",
+        recover.id,
+        machine.fence_counter(),
+        kept.display(),
+        recover.id,
     ))
 }

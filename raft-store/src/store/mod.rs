@@ -242,6 +242,39 @@ pub async fn seed(
     Ok(())
 }
 
+/// What a member's data dir holds once its whole log is applied: the machine, the log id of the
+/// last entry applied, and the last membership. Used by `batond recover` on a stopped member.
+/// Every entry in the log after the snapshot is applied, committed or not as far as this member
+/// knows: with the rest of the cluster gone for good, what this member holds is all there is.
+pub async fn replay(dir: &Path) -> Result<(Machine, Option<LogId>, StoredMembership), StoreError> {
+    use openraft::storage::{RaftLogReader, RaftLogStorage};
+
+    if !dir.join(FORMAT_FILE).exists() {
+        return Err(StoreError::Refused(format!(
+            "{} holds no store of this format (no `{FORMAT_FILE}` file): is it a member's data dir, started by this release?",
+            dir.display()
+        )));
+    }
+    let (mut log_store, state_machine) = open(dir)?;
+    let last_log = log_store
+        .get_log_state()
+        .await
+        .map_err(|error| StoreError::Io(error.to_string()))?
+        .last_log_id;
+    let handle = state_machine.handle();
+    let applied = handle.read(|_, applied| applied)?;
+    let from = applied.map_or(0, |log_id| log_id.index + 1);
+    if let Some(last_log) = last_log.filter(|last_log| last_log.index >= from) {
+        let entries = log_store
+            .try_get_log_entries(from..=last_log.index)
+            .await
+            .map_err(|error| StoreError::Io(error.to_string()))?;
+        state_machine.apply_entries(entries)?;
+    }
+    let (machine, applied) = handle.read(|machine, applied| (machine.clone(), applied))?;
+    Ok((machine, applied, handle.last_membership()?))
+}
+
 // ---- helpers shared by the log and the state machine ----
 
 /// Version of the on-disk layout (file names, value encodings). Bumped on any change.
