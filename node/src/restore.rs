@@ -3,7 +3,7 @@
 //! (docs/operations.md).
 //!
 //! The file is checked whole (magic, format, lengths, checksum, the state decoding) before
-//! anything is written, and the data dir must be absent or empty. The state then starts the
+//! anything is written, and `store::seed` refuses a data dir that is not empty. The state then starts the
 //! next fence epoch (`Machine::begin_fence_epoch`): the old cluster may have granted fences
 //! after the backup was cut, and the new one must never grant one of those again. Every member
 //! seeded from the same file and `--initial-cluster` holds the same bytes.
@@ -24,14 +24,6 @@ pub async fn restore(restore: &Restore) -> anyhow::Result<String> {
         );
     }
     let dir = restore.data_dir.display();
-    let occupied = match std::fs::read_dir(&restore.data_dir) {
-        Ok(mut entries) => entries.next().is_some(),
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => false,
-        Err(error) => bail!("--data-dir {dir}: {error}"),
-    };
-    if occupied {
-        bail!("--data-dir {dir} is not empty: a restore seeds a new member's data dir, never one in use");
-    }
     let file = restore.file.display();
     let bytes = tokio::fs::read(&restore.file)
         .await

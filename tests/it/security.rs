@@ -871,3 +871,49 @@ async fn the_hook_denies_an_edit_with_a_token_baton_refuses() {
     );
     assert!(reason.contains("RESOURCE_EXHAUSTED"), "{reason}");
 }
+
+/// A backup holds every namespace and every token's hash: only an admin gets one. An agent's
+/// token and no token are refused (403, 401), and `baton snapshot save` with an agent's token
+/// fails with its refusal and leaves no file.
+#[tokio::test]
+async fn only_an_admin_gets_a_backup() {
+    let cluster = secured(1).await;
+    let agent = token(&cluster, "agent-b", "agent", &["default"]).await;
+    let node = cluster.node(1);
+    let api = cluster.api();
+    api.call(Method::GET, node, "/v1/snapshot")
+        .token(Some(&agent))
+        .send()
+        .await
+        .expect_problem(403, ErrorCode::PermissionDenied);
+    api.call(Method::GET, node, "/v1/snapshot")
+        .token(None)
+        .send()
+        .await
+        .expect_problem(401, ErrorCode::Unauthenticated);
+    let admin = api.get(node, "/v1/snapshot").await;
+    admin.expect_status(200);
+    assert_eq!(
+        admin.content_type(),
+        Some(baton_client::api::BACKUP_CONTENT_TYPE)
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("b.backup");
+    let refused = crate::cli::command(
+        &url(&cluster),
+        &["snapshot", "save", file.to_str().unwrap()],
+    )
+    .env("BATON_TOKEN", &agent)
+    .output()
+    .await
+    .expect("run baton");
+    assert_eq!(refused.status.code(), Some(1), "{refused:?}");
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(stderr.contains("PERMISSION_DENIED"), "{stderr}");
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "left a file"
+    );
+}

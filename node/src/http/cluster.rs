@@ -8,7 +8,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use baton_api::{
     encode_backup, AddMemberRequest, BackupHeader, ClusterStatus, Digest, ErrorCode,
-    Member as WireMember, BACKUP_CONTENT_TYPE,
+    Member as WireMember, BACKUP_CONTENT_TYPE, HEADER_CLUSTER_TIME,
 };
 use baton_raft_store::machine::{Namespace, Role};
 use baton_raft_store::store::{Member, TypeConfig};
@@ -440,16 +440,15 @@ pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError>
     .map_err(ApiError::internal)?
     .map_err(ApiError::internal)?;
     tracing::info!(bytes = bytes.len(), "backup served");
-    Ok((
-        StatusCode::OK,
-        [
-            (header::CONTENT_TYPE, BACKUP_CONTENT_TYPE.to_owned()),
-            (
-                header::HeaderName::from_static("baton-cluster-time"),
-                cluster_time_ms.to_string(),
-            ),
-        ],
-        bytes,
-    )
-        .into_response())
+    let mut response = (StatusCode::OK, bytes).into_response();
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(BACKUP_CONTENT_TYPE),
+    );
+    headers.insert(
+        HEADER_CLUSTER_TIME,
+        header::HeaderValue::from(cluster_time_ms),
+    );
+    Ok(response)
 }

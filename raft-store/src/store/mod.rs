@@ -125,6 +125,8 @@ pub enum StoreError {
         "the data dir holds store format {found}; this build reads formats 1 to {STORE_FORMAT}"
     )]
     UnsupportedFormat { found: u32 },
+    #[error("{0} is not empty: a restore seeds a new member's data dir, never one in use")]
+    NotEmpty(String),
     #[error("refused a write that breaks the storage contract: {0}")]
     Refused(String),
     #[error("the applied state is unusable: an apply panicked while holding it")]
@@ -216,10 +218,7 @@ pub async fn seed(
         Err(error) => return Err(StoreError::Io(format!("read {}: {error}", dir.display()))),
     };
     if occupied {
-        return Err(StoreError::Refused(format!(
-            "{} is not empty: a restore seeds a new member's data dir, never one in use",
-            dir.display()
-        )));
+        return Err(StoreError::NotEmpty(dir.display().to_string()));
     }
     let voters = members.keys().copied().collect();
     let membership = openraft::Membership::new(vec![voters], members)
