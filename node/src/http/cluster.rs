@@ -244,17 +244,14 @@ pub async fn remove_member(
 )]
 pub async fn digest(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
     use sha2::Digest as _;
-    let (snapshot, applied_index, cluster_time_ms) = app
-        .machine
-        .read(|machine, applied| {
-            (
-                machine.encode_snapshot(),
-                applied.map_or(0, |log_id| log_id.index),
-                machine.time_ms(),
-            )
-        })
+    let copy = app.machine.copy().map_err(ApiError::internal)?;
+    let applied_index = copy.last_applied.map_or(0, |log_id| log_id.index);
+    let cluster_time_ms = copy.machine.time_ms();
+    // Encoding a large state is a fraction of a second of CPU: off the async workers.
+    let bytes = tokio::task::spawn_blocking(move || copy.machine.encode_snapshot())
+        .await
+        .map_err(ApiError::internal)?
         .map_err(ApiError::internal)?;
-    let bytes = snapshot.map_err(ApiError::internal)?;
     let hash = Sha256::digest(&bytes);
     let digest = hash.iter().map(|byte| format!("{byte:02x}")).collect();
     let answer = Digest {
@@ -401,42 +398,37 @@ pub async fn metrics(State(app): State<AppState>) -> Response {
 pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError> {
     // Linearizable: a read index first, so the copy holds every write acknowledged before it.
     app.read_here(|_| ()).await?;
-    let members: Vec<String> = {
-        let metrics = app.raft.metrics();
-        let metrics = metrics.borrow_watched();
-        metrics
-            .membership_config
-            .membership()
-            .nodes()
-            .map(|(id, member)| format!("{id}={member}"))
-            .collect()
-    };
-    let (node_id, machine, saved_at_ms) = (app.node_id, app.machine.clone(), app.clock.wall_ms());
-    // Encoding a large state is a fraction of a second of CPU: off the async workers.
+    let (node_id, saved_at_ms) = (app.node_id, app.clock.wall_ms());
+    let copy = app.machine.copy().map_err(ApiError::internal)?;
+    // Encoding a large state is a fraction of a second of CPU: off the async workers, and off
+    // the state's lock (the copy is the state at its log index), so applies go on meanwhile.
     let (bytes, cluster_time_ms) = tokio::task::spawn_blocking(move || {
-        machine.read(|machine, applied| {
-            let state = machine.encode_snapshot()?;
-            let (sessions, leases) = machine.counts();
-            let header = BackupHeader {
-                index: applied.map_or(0, |log_id| log_id.index),
-                term: applied.map_or(0, |log_id| log_id.leader_id.term),
-                cluster_time_ms: machine.time_ms(),
-                fence: machine.fence_counter(),
-                members,
-                saved_by: node_id,
-                saved_at: baton_api::rfc3339(saved_at_ms),
-                sessions: sessions as u64,
-                leases: leases as u64,
-                state_bytes: 0,
-            };
-            Ok::<_, baton_raft_store::machine::CodecError>((
-                encode_backup(&header, &state),
-                header.cluster_time_ms,
-            ))
-        })
+        let machine = &copy.machine;
+        let state = machine.encode_snapshot()?;
+        let (sessions, leases) = machine.counts();
+        let header = BackupHeader {
+            index: copy.last_applied.map_or(0, |log_id| log_id.index),
+            term: copy.last_applied.map_or(0, |log_id| log_id.leader_id.term),
+            cluster_time_ms: machine.time_ms(),
+            fence: machine.fence_counter(),
+            members: copy
+                .last_membership
+                .membership()
+                .nodes()
+                .map(|(id, member)| format!("{id}={member}"))
+                .collect(),
+            saved_by: node_id,
+            saved_at: baton_api::rfc3339(saved_at_ms),
+            sessions: sessions as u64,
+            leases: leases as u64,
+            state_bytes: 0,
+        };
+        Ok::<_, baton_raft_store::machine::CodecError>((
+            encode_backup(&header, &state),
+            header.cluster_time_ms,
+        ))
     })
     .await
-    .map_err(ApiError::internal)?
     .map_err(ApiError::internal)?
     .map_err(ApiError::internal)?;
     tracing::info!(bytes = bytes.len(), "backup served");

@@ -223,6 +223,8 @@ fn snapshot(c: &mut Criterion) {
             )
         })
     });
+    // What a snapshot build holds the state's lock for: the rest runs on the copy.
+    group.bench_function("copy", |b| b.iter(|| black_box(fixture.machine.clone())));
     group.bench_function("decode_snapshot", |b| {
         b.iter_batched(
             || (),

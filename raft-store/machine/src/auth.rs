@@ -5,7 +5,9 @@
 //! trip; the machine checks it again when it applies a command made under it
 //! (`Command::Authorized`), so a revocation takes effect exactly at the entry that applies it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
+
+use imbl::{OrdMap, OrdSet};
 
 use serde::{Deserialize, Serialize};
 
@@ -102,18 +104,18 @@ pub struct Caller {
 /// The tokens and session owners. Part of the snapshot from format version 2 on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthState {
-    tokens: BTreeMap<Name, Token>,
+    tokens: OrdMap<Name, Token>,
     /// Set when the bootstrap token is first created: it is never created again, even after
     /// it is revoked.
     bootstrapped: bool,
     /// The token each live session was created with (sessions created without one have none).
-    owners: BTreeMap<(Namespace, SessionId), Name>,
+    owners: OrdMap<(Namespace, SessionId), Name>,
     /// Token names by secret hash (rebuilt on decode).
     #[serde(skip)]
-    by_hash: BTreeMap<[u8; 32], Name>,
+    by_hash: OrdMap<[u8; 32], Name>,
     /// The sessions each token owns (rebuilt on decode): what its quotas count.
     #[serde(skip)]
-    owned_by: BTreeMap<Name, BTreeSet<(Namespace, SessionId)>>,
+    owned_by: OrdMap<Name, OrdSet<(Namespace, SessionId)>>,
 }
 
 impl AuthState {

@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use imbl::OrdMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::events::{EventLog, EventLogV1, SharedEventLog};
@@ -56,7 +58,7 @@ struct SnapshotRef<'a> {
     limits: &'a Limits,
     time_ms: u64,
     fence_counter: u64,
-    namespaces: &'a BTreeMap<Namespace, NamespaceState>,
+    namespaces: &'a OrdMap<Namespace, NamespaceState>,
     idempotency: &'a IdempotencyTable,
     events: &'a EventLog,
     auth: &'a AuthState,
@@ -67,7 +69,7 @@ struct SnapshotOwned {
     limits: Limits,
     time_ms: u64,
     fence_counter: u64,
-    namespaces: BTreeMap<Namespace, NamespaceState>,
+    namespaces: OrdMap<Namespace, NamespaceState>,
     idempotency: IdempotencyTable,
     events: EventLog,
     auth: AuthState,
@@ -79,7 +81,7 @@ struct SnapshotOwnedV4 {
     limits: Limits,
     time_ms: u64,
     fence_counter: u64,
-    namespaces: BTreeMap<Namespace, NamespaceState>,
+    namespaces: OrdMap<Namespace, NamespaceState>,
     idempotency: IdempotencyTable,
     events: SharedEventLog,
     auth: AuthState,
@@ -123,7 +125,7 @@ struct SnapshotOwnedV1 {
 fn upgrade_namespaces(
     namespaces: BTreeMap<Namespace, NamespaceStateV2>,
     time_ms: u64,
-) -> BTreeMap<Namespace, NamespaceState> {
+) -> OrdMap<Namespace, NamespaceState> {
     namespaces
         .into_iter()
         .map(|(namespace, state)| (namespace, state.upgrade(time_ms)))
@@ -209,7 +211,7 @@ impl Machine {
             return Err(CodecError::BadMagic);
         }
         let version = u32::from_le_bytes(bytes[4..8].try_into().expect("four bytes"));
-        let shared = |events: SharedEventLog, namespaces: &BTreeMap<Namespace, NamespaceState>| {
+        let shared = |events: SharedEventLog, namespaces: &OrdMap<Namespace, NamespaceState>| {
             events.into_windows(namespaces.keys())
         };
         let mut body: SnapshotOwned = match version {
@@ -231,7 +233,7 @@ impl Machine {
                 let namespaces = v3
                     .namespaces
                     .into_iter()
-                    .map(|(namespace, state)| (namespace, state.into()))
+                    .map(|(namespace, state)| (namespace, NamespaceState::from(state)))
                     .collect();
                 SnapshotOwned {
                     events: shared(v3.events, &namespaces),

@@ -7,7 +7,9 @@
 //! windows together keep at most `EVENTS_KEPT_TOTAL_FACTOR` times that; past it, the largest
 //! window gives up its oldest event, so the busiest tenant pays for the bound.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeMap, VecDeque};
+
+use imbl::{OrdMap, OrdSet, Vector};
 
 use serde::{Deserialize, Serialize};
 
@@ -22,10 +24,10 @@ pub(super) struct EventLog {
     /// Each namespace that ever recorded an event (or, from an older snapshot, held state):
     /// its last revision and its kept events. A namespace keeps its revision after its state
     /// and events are gone, so its revisions never repeat.
-    namespaces: BTreeMap<Namespace, Window>,
+    namespaces: OrdMap<Namespace, Window>,
     /// The windows by size, for the total bound; rebuilt after decoding.
     #[serde(skip)]
-    sizes: BTreeSet<(usize, Namespace)>,
+    sizes: OrdSet<(usize, Namespace)>,
     /// The events kept in all windows; rebuilt after decoding.
     #[serde(skip)]
     total: usize,
@@ -36,7 +38,7 @@ pub(super) struct Window {
     /// The revision of the namespace's last event ever recorded (0 before the first).
     pub(super) last_revision: u64,
     /// Its most recent events, oldest first.
-    pub(super) events: VecDeque<Event>,
+    pub(super) events: Vector<Event>,
 }
 
 impl Window {
@@ -49,10 +51,10 @@ impl Window {
 
 impl EventLog {
     /// Takes windows decoded from a snapshot (or converted from an older one).
-    pub(super) fn from_windows(namespaces: BTreeMap<Namespace, Window>) -> EventLog {
+    pub(super) fn from_windows(namespaces: OrdMap<Namespace, Window>) -> EventLog {
         let mut log = EventLog {
             namespaces,
-            sizes: BTreeSet::new(),
+            sizes: OrdSet::new(),
             total: 0,
         };
         log.rebuild_index();
@@ -108,7 +110,7 @@ impl EventLog {
     pub(super) fn trim(&mut self, limits: &Limits) {
         let per_namespace_max = limits.events_kept_max.max(1);
         let total_max = per_namespace_max.saturating_mul(EVENTS_KEPT_TOTAL_FACTOR);
-        while let Some((size, namespace)) = self.sizes.last().cloned() {
+        while let Some((size, namespace)) = self.sizes.get_max().cloned() {
             if size <= per_namespace_max && self.total <= total_max {
                 return;
             }
@@ -169,7 +171,7 @@ impl EventLog {
         )
     }
 
-    pub(super) fn windows(&self) -> &BTreeMap<Namespace, Window> {
+    pub(super) fn windows(&self) -> &OrdMap<Namespace, Window> {
         &self.namespaces
     }
 
@@ -211,21 +213,21 @@ impl SharedEventLog {
         self,
         namespaces: impl IntoIterator<Item = &'a Namespace>,
     ) -> EventLog {
-        let mut by_namespace: BTreeMap<Namespace, VecDeque<Event>> = BTreeMap::new();
+        let mut by_namespace: BTreeMap<Namespace, Vector<Event>> = BTreeMap::new();
         for event in self.window {
             by_namespace
                 .entry(event.namespace.clone())
                 .or_default()
                 .push_back(event);
         }
-        let mut windows: BTreeMap<Namespace, Window> = namespaces
+        let mut windows: OrdMap<Namespace, Window> = namespaces
             .into_iter()
             .map(|namespace| {
                 (
                     namespace.clone(),
                     Window {
                         last_revision: self.last_revision,
-                        events: VecDeque::new(),
+                        events: Vector::new(),
                     },
                 )
             })

@@ -3,7 +3,7 @@
 //! Records live `idempotency_ttl_ms` of cluster time and at most `idempotency_keys_max` are
 //! kept, oldest dropped first. Only replies of requests that changed state are recorded.
 
-use std::collections::{BTreeMap, VecDeque};
+use imbl::{OrdMap, Vector};
 
 use serde::{Deserialize, Serialize};
 
@@ -12,9 +12,9 @@ use super::{Limits, Namespace};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct IdempotencyTable {
-    pub(super) records: BTreeMap<(Namespace, String), Record>,
+    pub(super) records: OrdMap<(Namespace, String), Record>,
     /// The keys in the order they were recorded, which is cluster-time order.
-    pub(super) order: VecDeque<(u64, Namespace, String)>,
+    pub(super) order: Vector<(u64, Namespace, String)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

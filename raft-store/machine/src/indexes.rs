@@ -3,13 +3,17 @@
 //! `decode_snapshot` (codec.rs) calls it, then `check_invariants` before trusting the result.
 
 use super::queues::claims_by_session;
-use super::Machine;
+use super::{Machine, Name, Namespace};
 
 impl Machine {
     /// Recomputes what snapshots leave out: each session's lease set and the deadline indexes.
     pub(crate) fn rebuild_indexes(&mut self) -> Result<(), String> {
         self.auth.rebuild_index();
-        for (namespace, state) in &mut self.namespaces {
+        let namespaces: Vec<Namespace> = self.namespaces.keys().cloned().collect();
+        for namespace in namespaces {
+            let Some(state) = self.namespaces.get_mut(&namespace) else {
+                continue;
+            };
             for (session_id, session) in &state.sessions {
                 self.session_deadlines.insert((
                     session.deadline_ms,
@@ -55,7 +59,11 @@ impl Machine {
                     session.waits.insert(resource.clone());
                 }
             }
-            for (queue, queue_state) in &mut state.queues {
+            let queues: Vec<Name> = state.queues.keys().cloned().collect();
+            for queue in queues {
+                let Some(queue_state) = state.queues.get_mut(&queue) else {
+                    continue;
+                };
                 queue_state.rebuild(self.time_ms);
                 for (finished_ms, task_id) in queue_state.finished() {
                     self.finished.insert((

@@ -338,7 +338,7 @@ impl Machine {
         let mut work = 0usize;
         while work < max {
             let Some((deadline_ms, namespace, session_id)) =
-                self.session_deadlines.first().cloned()
+                self.session_deadlines.get_min().cloned()
             else {
                 break;
             };
@@ -364,7 +364,8 @@ impl Machine {
             }
         }
         while work < max {
-            let Some((deadline_ms, namespace, resource)) = self.max_hold_deadlines.first().cloned()
+            let Some((deadline_ms, namespace, resource)) =
+                self.max_hold_deadlines.get_min().cloned()
             else {
                 break;
             };
@@ -385,7 +386,7 @@ impl Machine {
         }
         while work < max {
             let Some((deadline_ms, namespace, resource, session_id)) =
-                self.shared_max_hold_deadlines.first().cloned()
+                self.shared_max_hold_deadlines.get_min().cloned()
             else {
                 break;
             };

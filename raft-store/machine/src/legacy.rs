@@ -8,7 +8,9 @@
 //! a `TaskSpec`. A finished task read from an old snapshot counts as finished at the
 //! snapshot's cluster time, so its retention starts when the upgrade reads it.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
+
+use imbl::{OrdMap, Vector};
 
 use serde::Deserialize;
 
@@ -311,16 +313,16 @@ impl NamespaceStateV2 {
     /// The current shape; finished tasks count as finished at `time_ms`.
     pub(super) fn upgrade(self, time_ms: u64) -> NamespaceState {
         NamespaceState {
-            sessions: self.sessions,
-            leases: self.leases,
-            shared: BTreeMap::new(),
-            kv: self.kv,
+            sessions: self.sessions.into(),
+            leases: self.leases.into(),
+            shared: OrdMap::new(),
+            kv: self.kv.into(),
             queues: self
                 .queues
                 .into_iter()
                 .map(|(name, queue)| (name, queue.upgrade(time_ms)))
                 .collect(),
-            lines: BTreeMap::new(),
+            lines: OrdMap::new(),
         }
     }
 }
@@ -338,12 +340,12 @@ pub(super) struct NamespaceStateV3 {
 impl From<NamespaceStateV3> for NamespaceState {
     fn from(old: NamespaceStateV3) -> NamespaceState {
         NamespaceState {
-            sessions: old.sessions,
-            leases: old.leases,
-            shared: old.shared,
-            kv: old.kv,
-            queues: old.queues,
-            lines: BTreeMap::new(),
+            sessions: old.sessions.into(),
+            leases: old.leases.into(),
+            shared: old.shared.into(),
+            kv: old.kv.into(),
+            queues: old.queues.into(),
+            lines: OrdMap::new(),
         }
     }
 }
@@ -391,7 +393,7 @@ pub(super) enum LifeV2 {
 #[derive(Deserialize)]
 pub(super) struct IdempotencyTableV3 {
     records: BTreeMap<(Namespace, String), RecordV3>,
-    order: VecDeque<(u64, Namespace, String)>,
+    order: Vector<(u64, Namespace, String)>,
 }
 
 #[derive(Deserialize)]

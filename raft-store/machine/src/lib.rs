@@ -2,11 +2,18 @@
 //!
 //! `Machine::apply` takes a `Batch` (a cluster-time stamp and many commands) and returns one
 //! `Response` per command. Everything here is synchronous and pure: no I/O, no clock, no async,
-//! no openraft, sled or tokio types, and no iteration over hash maps (every collection is a
-//! `BTreeMap`/`BTreeSet`/`VecDeque`), so two replicas fed the same entries hold byte-identical
-//! state. Time enters only through the stamps (docs/guarantees.md, "Time"): each entry is evaluated at
+//! no openraft, sled or tokio types, and no iteration over hash maps (every collection is
+//! ordered), so two replicas fed the same entries hold byte-identical state. Time enters only
+//! through the stamps (docs/guarantees.md, "Time"): each entry is evaluated at
 //! `max(stamp, cluster time)`. Expiry is a comparison of a deadline with that time; the `Sweep`
 //! command only cleans up what is already dead.
+//!
+//! The state's maps, sets and event windows are persistent (`imbl`): cloning a `Machine` is
+//! O(1) whatever it holds, and the clone and the original share every node that neither has
+//! changed since. The store encodes snapshots and backups from such a clone while applies go on
+//! (raft-store's `MachineHandle::copy`). A persistent map serializes as a `BTreeMap` does, so
+//! the snapshot bytes are those of the builds before it (test:
+//! `the_current_format_writes_the_bytes_the_build_before_wrote`).
 //!
 //! Never put here: anything that reads a clock, a random number generator, a file or a socket.
 
@@ -30,7 +37,7 @@ mod types;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use imbl::{OrdMap, OrdSet};
 use std::ops::Bound;
 
 use serde::{Deserialize, Serialize};
@@ -66,20 +73,20 @@ pub struct Machine {
     time_ms: u64,
     /// The last fence granted (G3). Every grant takes `fence_counter + 1`.
     fence_counter: u64,
-    namespaces: BTreeMap<Namespace, NamespaceState>,
+    namespaces: OrdMap<Namespace, NamespaceState>,
     /// Every session by deadline, so expired ones are found without a scan.
-    session_deadlines: BTreeSet<(u64, Namespace, SessionId)>,
+    session_deadlines: OrdSet<(u64, Namespace, SessionId)>,
     /// Every lease with a max hold, by the deadline that max hold sets.
-    max_hold_deadlines: BTreeSet<(u64, Namespace, ResourcePath)>,
+    max_hold_deadlines: OrdSet<(u64, Namespace, ResourcePath)>,
     /// The same for shared holds, which a path has several of.
-    shared_max_hold_deadlines: BTreeSet<(u64, Namespace, ResourcePath, SessionId)>,
+    shared_max_hold_deadlines: OrdSet<(u64, Namespace, ResourcePath, SessionId)>,
     /// Sessions holding at least one task claim, by deadline: their claims lapse with them.
-    claim_deadlines: BTreeSet<(u64, Namespace, SessionId)>,
+    claim_deadlines: OrdSet<(u64, Namespace, SessionId)>,
     /// Ready tasks whose delay has not run out, by the time it does.
-    delayed: BTreeSet<(u64, Namespace, Name, u64, Name)>,
+    delayed: OrdSet<(u64, Namespace, Name, u64, Name)>,
     /// Done and dead tasks by the time they finished, for retention: `(finished_ms, namespace,
     /// queue, task id)`.
-    finished: BTreeSet<(u64, Namespace, Name, Name)>,
+    finished: OrdSet<(u64, Namespace, Name, Name)>,
     idempotency: IdempotencyTable,
     events: EventLog,
     auth: AuthState,
@@ -91,7 +98,7 @@ pub struct Machine {
     compensations: Vec<PendingCompensation>,
     /// Lines that something freed in the command being applied may unblock (line.rs); empty
     /// between commands, so never part of the state.
-    to_serve: BTreeSet<(Namespace, ResourcePath)>,
+    to_serve: OrdSet<(Namespace, ResourcePath)>,
     /// The events the entry being applied (or last applied) recorded, for the store's
     /// watchers; cleared at the start of each entry, so never part of the state.
     applied_events: AppliedEvents,
@@ -112,15 +119,15 @@ impl Eq for AppliedEvents {}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct NamespaceState {
-    sessions: BTreeMap<SessionId, Session>,
+    sessions: OrdMap<SessionId, Session>,
     /// Exclusive and subtree leases: one holder a path.
-    leases: BTreeMap<ResourcePath, Lease>,
+    leases: OrdMap<ResourcePath, Lease>,
     /// Shared leases: up to `limit` holders a path.
-    shared: BTreeMap<ResourcePath, SharedLease>,
-    kv: BTreeMap<ResourcePath, KvEntry>,
-    queues: BTreeMap<Name, QueueState>,
+    shared: OrdMap<ResourcePath, SharedLease>,
+    kv: OrdMap<ResourcePath, KvEntry>,
+    queues: OrdMap<Name, QueueState>,
     /// Acquires waiting for a path, first come first (line.rs).
-    lines: BTreeMap<ResourcePath, Line>,
+    lines: OrdMap<ResourcePath, Line>,
 }
 
 impl NamespaceState {
@@ -143,16 +150,16 @@ struct Session {
     deadline_ms: u64,
     /// The resources this session holds a lease on (a reverse index, rebuilt on decode).
     #[serde(skip)]
-    leases: BTreeSet<ResourcePath>,
+    leases: OrdSet<ResourcePath>,
     /// The resources this session holds a shared lease on (rebuilt on decode).
     #[serde(skip)]
-    shared: BTreeSet<ResourcePath>,
+    shared: OrdSet<ResourcePath>,
     /// The tasks this session holds a claim on, as `(queue, task id)` (rebuilt on decode).
     #[serde(skip)]
-    claims: BTreeSet<(Name, Name)>,
+    claims: OrdSet<(Name, Name)>,
     /// The resources whose line this session waits in (rebuilt on decode).
     #[serde(skip)]
-    waits: BTreeSet<ResourcePath>,
+    waits: OrdSet<ResourcePath>,
 }
 
 impl Session {
@@ -179,7 +186,7 @@ struct Lease {
 struct SharedLease {
     limit: u32,
     /// Each holder's lease, by session.
-    holders: BTreeMap<SessionId, Lease>,
+    holders: OrdMap<SessionId, Lease>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -201,19 +208,19 @@ impl Machine {
             limits,
             time_ms: 0,
             fence_counter: 0,
-            namespaces: BTreeMap::new(),
-            session_deadlines: BTreeSet::new(),
-            max_hold_deadlines: BTreeSet::new(),
-            shared_max_hold_deadlines: BTreeSet::new(),
-            claim_deadlines: BTreeSet::new(),
-            delayed: BTreeSet::new(),
-            finished: BTreeSet::new(),
+            namespaces: OrdMap::new(),
+            session_deadlines: OrdSet::new(),
+            max_hold_deadlines: OrdSet::new(),
+            shared_max_hold_deadlines: OrdSet::new(),
+            claim_deadlines: OrdSet::new(),
+            delayed: OrdSet::new(),
+            finished: OrdSet::new(),
             idempotency: IdempotencyTable::default(),
             events: EventLog::default(),
             auth: AuthState::default(),
             acting: None,
             compensations: Vec::new(),
-            to_serve: BTreeSet::new(),
+            to_serve: OrdSet::new(),
             applied_events: AppliedEvents::default(),
         }
     }
@@ -301,15 +308,15 @@ impl Machine {
     pub fn sweep_due(&self) -> bool {
         let due = |deadline_ms: u64| deadline_ms <= self.time_ms;
         self.session_deadlines
-            .first()
+            .get_min()
             .is_some_and(|(deadline_ms, _, _)| due(*deadline_ms))
             || self
                 .max_hold_deadlines
-                .first()
+                .get_min()
                 .is_some_and(|(deadline_ms, _, _)| due(*deadline_ms))
             || self
                 .shared_max_hold_deadlines
-                .first()
+                .get_min()
                 .is_some_and(|(deadline_ms, _, _, _)| due(*deadline_ms))
             || self.retention_due()
     }
@@ -362,22 +369,17 @@ impl Machine {
         };
         let mut items = Vec::new();
         let mut next_cursor = None;
-        // Paths with a lease of either kind, merged in path order (a path has only one kind).
-        let mut exclusive = state
-            .leases
-            .range::<str, _>((start, Bound::Unbounded))
-            .map(|(resource, _)| resource)
-            .peekable();
-        let mut shared = state
-            .shared
-            .range::<str, _>((start, Bound::Unbounded))
-            .map(|(resource, _)| resource)
-            .peekable();
-        let paths = std::iter::from_fn(|| match (exclusive.peek(), shared.peek()) {
-            (Some(a), Some(b)) if b < a => shared.next(),
-            (Some(_), _) => exclusive.next(),
-            (None, _) => shared.next(),
-        });
+        // Paths with a lease of either kind, in path order (a path has only one kind).
+        let paths = merge_ascending(
+            state
+                .leases
+                .range::<_, str>((start, Bound::Unbounded))
+                .map(|(resource, _)| resource),
+            state
+                .shared
+                .range::<_, str>((start, Bound::Unbounded))
+                .map(|(resource, _)| resource),
+        );
         // A page ends between paths, so a shared lease's holders are never split.
         for resource in paths.take_while(|resource| resource.as_str().starts_with(prefix)) {
             let views = self.leases_on(state, resource);
@@ -412,9 +414,7 @@ impl Machine {
         }
         let mut items = Vec::new();
         let mut next_cursor = None;
-        let held = session
-            .leases
-            .union(&session.shared)
+        let held = merge_ascending(session.leases.iter(), session.shared.iter())
             .filter(|resource| cursor.is_none_or(|cursor| resource.as_str() > cursor));
         for resource in held {
             let Some(view) = state
@@ -801,13 +801,30 @@ impl Machine {
     }
 }
 
+/// Two ascending iterators as one ascending iterator, an item in both once.
+fn merge_ascending<'a, T: Ord + 'a>(
+    a: impl Iterator<Item = &'a T>,
+    b: impl Iterator<Item = &'a T>,
+) -> impl Iterator<Item = &'a T> {
+    let (mut a, mut b) = (a.peekable(), b.peekable());
+    std::iter::from_fn(move || match (a.peek(), b.peek()) {
+        (Some(x), Some(y)) if y < x => b.next(),
+        (Some(x), Some(y)) if x == y => {
+            b.next();
+            a.next()
+        }
+        (Some(_), _) => a.next(),
+        (None, _) => b.next(),
+    })
+}
+
 /// The entries strictly below `resource` in a path-keyed map, in path order.
 fn descendants<'a, V>(
-    map: &'a BTreeMap<ResourcePath, V>,
+    map: &'a OrdMap<ResourcePath, V>,
     resource: &ResourcePath,
 ) -> impl Iterator<Item = (&'a ResourcePath, &'a V)> {
     let (start, end) = resource.descendant_bounds();
-    map.range::<str, _>((
+    map.range::<_, str>((
         Bound::Included(start.as_str()),
         Bound::Excluded(end.as_str()),
     ))

@@ -382,7 +382,7 @@ impl Machine {
 
     /// Serves every line noted since the last call, and the lines those grants unblock.
     pub(super) fn serve_lines(&mut self) {
-        while let Some((namespace, resource)) = self.to_serve.pop_first() {
+        while let Some((namespace, resource)) = self.to_serve.remove_min() {
             self.serve_line(&namespace, &resource);
         }
     }

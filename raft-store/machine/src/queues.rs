@@ -12,6 +12,8 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
+use imbl::{OrdMap, OrdSet};
+
 use serde::{Deserialize, Serialize};
 
 use super::command::{
@@ -35,12 +37,12 @@ pub(super) struct PendingCompensation {
 /// One queue: its tasks by id, plus indexes rebuilt on decode.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct QueueState {
-    tasks: BTreeMap<Name, Task>,
+    tasks: OrdMap<Name, Task>,
     /// The enqueue order; ties in priority are served first-in first-out.
     next_sequence: u64,
     /// Claimable tasks: ready, dependencies done, delay over. Best first.
     #[serde(skip)]
-    ready: BTreeSet<(Reverse<i32>, u64, Name)>,
+    ready: OrdSet<(Reverse<i32>, u64, Name)>,
     /// Tasks by life: `ready` here counts every unclaimed task (ready or waiting);
     /// `queue_counts` splits them with the ready index.
     #[serde(skip)]
@@ -181,7 +183,7 @@ impl QueueState {
         QueueState {
             tasks,
             next_sequence,
-            ready: BTreeSet::new(),
+            ready: OrdSet::new(),
             counts: TaskCounts::default(),
         }
     }
@@ -431,7 +433,7 @@ impl Machine {
     pub(super) fn remove_retired_tasks(&mut self, max: usize) -> u64 {
         let mut removed = 0u64;
         while (removed as usize) < max {
-            let Some((finished_ms, namespace, queue, task_id)) = self.finished.first().cloned()
+            let Some((finished_ms, namespace, queue, task_id)) = self.finished.get_min().cloned()
             else {
                 break;
             };
@@ -476,9 +478,11 @@ impl Machine {
 
     /// Whether some finished task's retention has run out: O(1).
     pub(super) fn retention_due(&self) -> bool {
-        self.finished.first().is_some_and(|(finished_ms, _, _, _)| {
-            finished_ms.saturating_add(self.limits.task_retention_ms) <= self.time_ms
-        })
+        self.finished
+            .get_min()
+            .is_some_and(|(finished_ms, _, _, _)| {
+                finished_ms.saturating_add(self.limits.task_retention_ms) <= self.time_ms
+            })
     }
 
     pub(super) fn claim(
@@ -492,7 +496,7 @@ impl Machine {
             .namespaces
             .get(namespace)
             .and_then(|state| state.queues.get(queue))
-            .and_then(|queue| queue.ready.first())
+            .and_then(|queue| queue.ready.get_min())
             .map(|(_, _, id)| id.clone());
         let Some(task_id) = best else {
             return Ok(Reply::QueueEmpty);
@@ -648,7 +652,7 @@ impl Machine {
     /// Time-driven transitions, run at the start of every entry (see the module docs).
     pub(super) fn advance_queues(&mut self) {
         while let Some((ready_at_ms, namespace, queue, sequence, task_id)) =
-            self.delayed.first().cloned()
+            self.delayed.get_min().cloned()
         {
             if ready_at_ms > self.time_ms {
                 break;
@@ -666,7 +670,8 @@ impl Machine {
                 .ready
                 .insert((Reverse(priority), sequence, task_id));
         }
-        while let Some((deadline_ms, namespace, session_id)) = self.claim_deadlines.first().cloned()
+        while let Some((deadline_ms, namespace, session_id)) =
+            self.claim_deadlines.get_min().cloned()
         {
             if deadline_ms > self.time_ms {
                 break;
@@ -723,6 +728,7 @@ impl Machine {
         if self
             .claim_deadlines
             .remove(&(old_ms, namespace.clone(), session_id))
+            .is_some()
         {
             self.claim_deadlines
                 .insert((new_ms, namespace.clone(), session_id));
@@ -764,7 +770,7 @@ impl Machine {
         let start = cursor.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
         for queue in state
             .queues
-            .range::<str, _>((start, std::ops::Bound::Unbounded))
+            .range::<_, str>((start, std::ops::Bound::Unbounded))
             .map(|(queue, _)| queue)
         {
             if page.items.len() == limit {
@@ -805,7 +811,7 @@ impl Machine {
         let start = cursor.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
         let range = queue_state
             .tasks
-            .range::<str, _>((start, std::ops::Bound::Unbounded));
+            .range::<_, str>((start, std::ops::Bound::Unbounded));
         let time_ms = self.time_ms;
         for (id, task) in
             range.filter(|(_, task)| state.is_none_or(|state| task.state_at(time_ms) == state))
@@ -1138,7 +1144,7 @@ impl Machine {
 
 /// The tasks a snapshot names as claimed, by session, for rebuilding `Session::claims`.
 pub(super) fn claims_by_session(
-    queues: &BTreeMap<Name, QueueState>,
+    queues: &OrdMap<Name, QueueState>,
 ) -> BTreeMap<SessionId, Vec<(Name, Name)>> {
     let mut claims: BTreeMap<SessionId, Vec<(Name, Name)>> = BTreeMap::new();
     for (queue, state) in queues {

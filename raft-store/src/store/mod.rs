@@ -45,7 +45,7 @@ use self::files::Files;
 pub use self::files::{Disk, RealDisk};
 pub use self::log::LogStore;
 use self::state_machine::SnapshotWritten;
-pub use self::state_machine::{MachineHandle, SnapshotBuilder, StateMachineStore};
+pub use self::state_machine::{AppliedCopy, MachineHandle, SnapshotBuilder, StateMachineStore};
 
 openraft::declare_raft_types!(
     /// The openraft type configuration of a Baton cluster: log entries carry `Batch`es, apply

@@ -4,7 +4,9 @@
 //!
 //! The `Machine` lives in memory behind one `RwLock`, together with the log id of the last
 //! applied entry and the last applied membership, so a reader always sees a machine and the
-//! log position it is at, never one without the other. Only snapshots are persisted (the
+//! log position it is at, never one without the other. Whatever reads the whole state (a
+//! snapshot build, a backup, a digest) takes an O(1) copy under the lock and reads the copy
+//! after letting go (`MachineHandle::copy`), so it never holds up an apply. Only snapshots are persisted (the
 //! `snapshot` file: a counter of the snapshots built here, the meta, and the machine's bytes). A restart rebuilds the machine
 //! from the last snapshot and openraft re-applies the committed log after it: every entry is in
 //! the rebuilt state exactly once. Deciding what a command does belongs to `machine`, never here.
@@ -40,11 +42,19 @@ pub struct MachineHandle {
     watch: ChangeWatch,
 }
 
+/// The applied state at one log position, apart from the live one: see `MachineHandle::copy`.
+#[derive(Debug, Clone)]
+pub struct AppliedCopy {
+    pub machine: Machine,
+    pub last_applied: Option<LogId>,
+    pub last_membership: StoredMembership,
+}
+
 /// Builds a snapshot of the applied state; runs in openraft's background task, concurrently
 /// with `apply`.
 #[derive(Debug)]
 pub struct SnapshotBuilder {
-    state: SharedState,
+    handle: MachineHandle,
     database: Database,
 }
 
@@ -171,6 +181,18 @@ impl MachineHandle {
         self.watch.watch_events()
     }
 
+    /// A copy of the applied state, taken under the read lock in O(1) (the machine's maps are
+    /// persistent: the copy shares them, and applies after it copy only what they change).
+    /// For encoding the whole state (snapshots, backups, digests) without holding up applies.
+    pub fn copy(&self) -> Result<AppliedCopy, StoreError> {
+        let state = self.state.read().map_err(|_| StoreError::Poisoned)?;
+        Ok(AppliedCopy {
+            machine: state.machine.clone(),
+            last_applied: state.last_applied,
+            last_membership: state.last_membership.clone(),
+        })
+    }
+
     /// The log id of the last applied entry.
     pub fn last_applied(&self) -> Result<Option<LogId>, StoreError> {
         self.read(|_, last_applied| last_applied)
@@ -230,7 +252,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
 
     async fn get_snapshot_builder(&mut self) -> SnapshotBuilder {
         SnapshotBuilder {
-            state: self.state.clone(),
+            handle: self.handle(),
             database: self.database.clone(),
         }
     }
@@ -287,9 +309,9 @@ impl StateMachineStore {
     }
 }
 
-/// Encodes the machine under the read lock (so `apply` waits for the encoding, and the bytes
-/// match the applied log id exactly), then persists meta and bytes with an fsync before
-/// returning.
+/// Takes a copy of the machine with its log id under the read lock (O(1): the bytes match that
+/// log id exactly), then encodes the copy with no lock held, so applies go on meanwhile, and
+/// persists meta and bytes with an fsync before returning.
 ///
 /// All of it runs on a blocking thread: encoding a million leases takes a large fraction of a
 /// second of CPU, and on an async worker it starved the node's heartbeats and appends long
@@ -298,17 +320,15 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     type SnapshotData = SnapshotData;
 
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot> {
-        let (state, database) = (self.state.clone(), self.database.clone());
+        let (handle, database) = (self.handle.clone(), self.database.clone());
         let (meta, data) = run_blocking(move || {
-            let (data, meta) = {
-                let state = state.read().map_err(|_| StoreError::Poisoned)?;
-                let data = state.machine.encode_snapshot()?;
-                let meta = SnapshotMeta {
-                    last_log_id: state.last_applied,
-                    last_membership: state.last_membership.clone(),
-                };
-                (data, meta)
+            let copy = handle.copy()?;
+            let data = copy.machine.encode_snapshot()?;
+            let meta = SnapshotMeta {
+                last_log_id: copy.last_applied,
+                last_membership: copy.last_membership,
             };
+            drop(copy.machine);
             let meta = persist_snapshot(&database, meta, &data, SnapshotOrigin::Built)?;
             Ok((meta, data))
         })
