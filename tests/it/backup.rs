@@ -231,6 +231,65 @@ async fn a_damaged_backup_or_a_used_data_dir_is_refused_before_anything_is_writt
 /// docs/operations.md's scripts as written: `backup.sh` saves and keeps the newest seven;
 /// `restore.sh` seeds every member of a new cluster, which then starts with `batond run` and
 /// serves what the backup holds.
+/// `baton snapshot save -` writes the backup to stdout, and `inspect -` reads one from stdin.
+/// A stdout that fails (a reader that closed the pipe, a full disk: /dev/full) is exit 1 with
+/// the reason, and the cluster is unaffected (it goes on granting fences one above the last).
+#[tokio::test]
+async fn a_backup_through_a_pipe_and_a_stdout_that_fails() {
+    use std::process::{Command, Stdio};
+    let cluster = Cluster::start(1).await;
+    let endpoints = endpoints(&cluster);
+    let before = grant(&cluster, "piped").await;
+    let save = |stdout: Stdio| {
+        Command::new(baton_tests::baton_path())
+            .args(["--endpoints", &endpoints, "snapshot", "save", "-"])
+            .stdout(stdout)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start baton")
+    };
+
+    let saved = save(Stdio::piped()).wait_with_output().unwrap();
+    assert_eq!(saved.status.code(), Some(0), "{saved:?}");
+    let (header, _) = baton_client::api::decode_backup(&saved.stdout).expect("a whole backup");
+    assert_eq!(header.fence, before.fence);
+    assert!(String::from_utf8_lossy(&saved.stderr).contains("saved to stdout: index"));
+    let mut inspect = Command::new(baton_tests::baton_path())
+        .args(["snapshot", "inspect", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut inspect.stdin.take().unwrap(), &saved.stdout).unwrap();
+    let inspected = inspect.wait_with_output().unwrap();
+    assert_eq!(inspected.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&inspected.stdout)
+        .contains(&format!("highest fence {}", before.fence)));
+
+    // A reader that is gone before the backup is written.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let closed = save(Stdio::from(writer)).wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&closed.stderr);
+    assert_eq!(closed.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("cannot write the backup to stdout") && said.contains("Broken pipe"),
+        "{said}"
+    );
+
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let refused = save(Stdio::from(full)).wait_with_output().unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{said}");
+    assert!(said.contains("No space left on device"), "{said}");
+
+    let after = grant(&cluster, "after-the-failed-saves").await;
+    assert_eq!(after.fence, before.fence + 1);
+}
+
 #[tokio::test]
 async fn the_documented_backup_and_restore_scripts_work() {
     let old = Cluster::start(1).await;

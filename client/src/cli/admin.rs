@@ -1,6 +1,7 @@
 //! `baton token` and `baton limits`, the admin calls of access control (docs/security.md), and
 //! `baton snapshot`, backups (docs/operations.md).
 
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use baton_client::api::{
@@ -11,6 +12,9 @@ use serde_json::Value;
 
 use super::output::{note, print_json, say, Failure, EXIT_FAILURE, EXIT_OK, EXIT_USAGE};
 use super::{LimitsCommand, SnapshotCommand, TokenCommand, TokenRoleArg};
+
+/// The FILE of `snapshot save` and `snapshot inspect` that means stdout or stdin.
+const STDIO: &str = "-";
 
 pub async fn token(client: &Client, command: TokenCommand, json: bool) -> Result<u8, Failure> {
     match command {
@@ -122,6 +126,11 @@ pub async fn snapshot(
     json: bool,
 ) -> Result<u8, Failure> {
     match command {
+        SnapshotCommand::Save { file } if file == Path::new(STDIO) => {
+            // stdout carries the backup, so what was saved goes to stderr.
+            let header = save_to_stdout(client).await?;
+            note!("saved to stdout: {}", describe_backup(&header));
+        }
         SnapshotCommand::Save { file } => {
             let header = save(client, &file).await?;
             if json {
@@ -131,7 +140,13 @@ pub async fn snapshot(
             }
         }
         SnapshotCommand::Inspect { file } => {
-            let bytes = std::fs::read(&file).map_err(|error| {
+            let read = if file == Path::new(STDIO) {
+                let mut bytes = Vec::new();
+                std::io::stdin().read_to_end(&mut bytes).map(|_| bytes)
+            } else {
+                std::fs::read(&file)
+            };
+            let bytes = read.map_err(|error| {
                 Failure::new(
                     EXIT_FAILURE,
                     "UNAVAILABLE",
@@ -192,6 +207,27 @@ async fn save(client: &Client, file: &Path) -> Result<BackupHeader, Failure> {
         let _ = std::fs::remove_file(&partial);
     }
     saved
+}
+
+/// `baton snapshot save -`: the whole backup is received and checked first, then written to
+/// stdout, so a pipe never carries a partial backup that looks whole. A stdout that fails (a
+/// closed pipe, a full disk) is a failure with exit 1; the cluster is not touched either way.
+async fn save_to_stdout(client: &Client) -> Result<BackupHeader, Failure> {
+    let mut bytes = Vec::new();
+    client.save_snapshot(&mut bytes).await?;
+    let (header, _) = decode_backup(&bytes).map_err(|error| refused(Path::new(STDIO), &error))?;
+    let mut stdout = std::io::stdout().lock();
+    stdout
+        .write_all(&bytes)
+        .and_then(|()| stdout.flush())
+        .map_err(|error| {
+            Failure::new(
+                EXIT_FAILURE,
+                "UNAVAILABLE",
+                format!("cannot write the backup to stdout: {error}"),
+            )
+        })?;
+    Ok(header)
 }
 
 /// A backup file that cannot be used: bad input, nothing written.

@@ -591,12 +591,13 @@ pub enum SnapshotCommand {
     /// Save a backup to FILE: every write acknowledged before it, at one applied index. FILE
     /// appears only once the whole backup is synced and checked; restore it with `batond restore`.
     Save {
-        /// Where to write it (replaced if it exists).
+        /// Where to write it (replaced if it exists); `-` writes it to stdout, once it is
+        /// whole and checked.
         file: std::path::PathBuf,
     },
     /// Check a backup file (magic, format, lengths, checksum) and print its header.
     Inspect {
-        /// The backup file.
+        /// The backup file; `-` reads it from stdin.
         file: std::path::PathBuf,
     },
 }
