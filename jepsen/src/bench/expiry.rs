@@ -59,7 +59,8 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         SETUP_IN_FLIGHT,
         |done| eprintln!("baton-jepsen bench: {done} leases acquired"),
     )
-    .await;
+    .await
+    .failures;
     let failed = failures.total();
     renewer.abort();
     eprintln!(

@@ -257,7 +257,8 @@ pub(super) const LEASES_PER_SESSION: usize = 10_000;
 
 /// Acquires `bench/{n}` for n in `0..count`, lease n held by session `n % sessions.len()`,
 /// `in_flight` at a time. `progress` is told every 100,000. Returns the failures by cause (the
-/// error code, or the transport error), so that a run that lost some says why.
+/// error code, or the transport error), so that a run that lost some says why, and every
+/// acquire's latency.
 pub(super) async fn acquire_many(
     http: &Http,
     sessions: &[BenchSession],
@@ -265,15 +266,17 @@ pub(super) async fn acquire_many(
     namespace: Option<&str>,
     in_flight: usize,
     progress: impl Fn(usize),
-) -> Failures {
+) -> Fill {
     let done = AtomicU64::new(0);
-    let outcomes: Vec<Result<(), String>> = stream::iter(0..count)
+    let started = Instant::now();
+    let outcomes: Vec<(Result<(), String>, Instant, Duration)> = stream::iter(0..count)
         .map(|index| {
             let (endpoint, session) = &sessions[index % sessions.len()];
             let request =
                 serde_json::json!({ "resource": format!("bench/{index}"), "session_id": session });
             let (done, progress) = (&done, &progress);
             async move {
+                let sent = Instant::now();
                 let answer = http
                     .post(endpoint, "/v1/leases", Some(&request), namespace)
                     .await;
@@ -291,21 +294,69 @@ pub(super) async fn acquire_many(
                     Err(HttpError::Connect(_)) => Err("connect".to_owned()),
                     Err(HttpError::Transport(_)) => Err("transport".to_owned()),
                 };
+                let took = sent.elapsed();
                 let finished = done.fetch_add(1, Ordering::Relaxed) + 1;
                 if finished % 100_000 == 0 {
                     progress(finished as usize);
                 }
-                outcome
+                (outcome, sent, took)
             }
         })
         .buffer_unordered(in_flight)
         .collect()
         .await;
-    let mut failures = Failures::default();
-    for cause in outcomes.into_iter().filter_map(Result::err) {
-        *failures.by_cause.entry(cause).or_default() += 1;
+    let mut fill = Fill {
+        started_ms: wall_ms(),
+        ..Fill::default()
+    };
+    for (outcome, sent, took) in outcomes {
+        if let Err(cause) = outcome {
+            *fill.failures.by_cause.entry(cause).or_default() += 1;
+        }
+        fill.latencies.push(took);
+        fill.sent.push((sent - started, took));
     }
-    failures
+    fill.latencies.sort_unstable();
+    fill
+}
+
+/// What `acquire_many` did: the acquires that failed, how long each one took (failed ones
+/// too), shortest first, and when each was sent.
+#[derive(Debug, Default)]
+pub(super) struct Fill {
+    pub failures: Failures,
+    pub latencies: Vec<Duration>,
+    /// The wall clock (ms since the epoch) when the first acquire was sent.
+    pub started_ms: i64,
+    /// Each acquire: when it was sent, from the first, and how long it took.
+    pub sent: Vec<(Duration, Duration)>,
+}
+
+impl Fill {
+    /// The seconds of wall-clock time (UTC, as the nodes' logs print it) in which acquires
+    /// slower than `slow` were sent: how many, and the slowest.
+    pub fn slow_seconds(&self, slow: Duration) -> Vec<(String, usize, Duration)> {
+        let mut seconds: std::collections::BTreeMap<u64, (usize, Duration)> = Default::default();
+        for &(sent, took) in self.sent.iter().filter(|(_, took)| *took > slow) {
+            let second = seconds.entry(sent.as_secs()).or_default();
+            second.0 += 1;
+            second.1 = second.1.max(took);
+        }
+        seconds
+            .into_iter()
+            .map(|(second, (count, slowest))| {
+                let at = baton_client::api::rfc3339(self.started_ms + 1_000 * second as i64);
+                (at[11..19].to_owned(), count, slowest)
+            })
+            .collect()
+    }
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn wall_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_millis() as i64)
 }
 
 /// Requests that failed, counted by cause.

@@ -323,6 +323,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
         let (handle, database) = (self.handle.clone(), self.database.clone());
         let (meta, data) = run_blocking(move || {
             let copy = handle.copy()?;
+            tracing::info!(last_applied = ?copy.last_applied, "building a snapshot of a copy");
             let data = copy.machine.encode_snapshot()?;
             let meta = SnapshotMeta {
                 last_log_id: copy.last_applied,
