@@ -9,7 +9,8 @@ use crate::common::owner_from_fields;
 use crate::{Labels, LeaseMode, Owner, SessionId};
 
 /// `POST /v1/leases` body: `resource`, either `session_id` or `holder` + `ttl_ms` (checked by
-/// [`AcquireRequest::owner`]), and optional `mode`, `max_hold_ms`, `labels`, `reason`.
+/// [`AcquireRequest::owner`]), and optional `mode` (with `limit` for `shared`), `max_hold_ms`,
+/// `labels`, `reason` and `wait_ms`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireRequest {

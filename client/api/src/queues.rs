@@ -7,7 +7,7 @@ use utoipa::{IntoParams, ToSchema};
 use crate::common::{default_true, is_zero, owner_from_fields};
 use crate::{Owner, SessionId};
 
-/// A task's state: `ready`, `claimed`, `done` or `dead`. Also the `state=` list filter.
+/// A task's state: `ready`, `waiting`, `claimed`, `done` or `dead`. Also the `state=` list filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskState {
@@ -208,7 +208,7 @@ pub struct TaskReleaseRequest {
     pub note: Option<String>,
 }
 
-/// Task counts by state: `{ready, claimed, done, dead}`.
+/// Task counts by state: `{ready, waiting, claimed, done, dead}`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct QueueCounts {
     /// Tasks claim-next could take now.
