@@ -498,3 +498,62 @@ async fn a_survivor_of_a_lost_majority_is_recovered_and_grown_back_to_three() {
         }
     }
 }
+
+/// Runs `command` to its end within 30 s: its exit code and what it said. A command that runs
+/// longer (a second `batond` serving the same data dir) is killed and the test fails.
+async fn run_bounded(command: &mut tokio::process::Command) -> (Option<i32>, String) {
+    let child = command.kill_on_drop(true).output();
+    let output = tokio::time::timeout(std::time::Duration::from_secs(30), child)
+        .await
+        .expect("the command ends within 30 s")
+        .expect("run a command");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.code(), said)
+}
+
+/// A data dir belongs to one process: a second `batond` started on a running member's data dir,
+/// and `batond recover` beside it, are refused naming the dir, and the member goes on serving
+/// with nothing in its dir moved.
+#[tokio::test]
+async fn a_data_dir_in_use_is_refused_to_a_second_batond_and_to_recover() {
+    let cluster = Cluster::start(1).await;
+    let node = &cluster.nodes()[0];
+    let before = grant(&cluster, "in-use/before").await.fence;
+    let data_dir = node.data_dir();
+
+    let (code, said) = run_bounded(
+        tokio::process::Command::new(batond_path())
+            .args(["run", "--id", "1", "--data-dir"])
+            .arg(data_dir)
+            .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+            .args(["--peer-listen", &format!("127.0.0.1:{}", free_port())]),
+    )
+    .await;
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("is in use by another process"), "{said}");
+    assert!(said.contains(&data_dir.display().to_string()), "{said}");
+
+    let (code, said) = run_bounded(
+        tokio::process::Command::new(batond_path())
+            .args(["recover", "--id", "1", "--data-dir"])
+            .arg(data_dir),
+    )
+    .await;
+    assert_eq!(code, Some(1), "{said}");
+    assert!(said.contains("is in use by another process"), "{said}");
+    let mut kept = data_dir.as_os_str().to_owned();
+    kept.push(".before-recover");
+    assert!(!Path::new(&kept).exists(), "{said}");
+
+    let after = grant(&cluster, "in-use/after").await.fence;
+    assert!(after > before, "fences {before} then {after}");
+    // Once the member is stopped its dir opens again.
+    node.kill();
+    node.restart();
+    let again = grant(&cluster, "in-use/again").await.fence;
+    assert!(again > after, "fences {after} then {again}");
+}

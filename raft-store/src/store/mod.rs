@@ -10,6 +10,10 @@
 //! not persisted on every apply: a restart rebuilds it from the last snapshot, and openraft
 //! re-applies the committed log after it (the committed log id is saved for exactly that).
 //!
+//! One process at a time: `open` takes an exclusive lock on the file `lock` in the data dir and
+//! holds it while either half of the store lives, so a second `batond`, or a `batond recover`
+//! beside a running member, is refused instead of writing the same files.
+//!
 //! Every byte read back from disk is checked and decoded with a size limit; garbage is an
 //! error naming the file, never a panic. Every I/O or decoding error is returned to openraft as
 //! an `io::Error`, which it turns into a `StorageError` that stops the node. Nothing here
@@ -135,6 +139,8 @@ pub enum StoreError {
     Blocking(String),
     #[error("log files: {0}")]
     Io(String),
+    #[error("{0} is in use by another process (a running batond?): stop it first")]
+    InUse(String),
 }
 
 /// Opens (or creates) the store in `dir`. The machine is rebuilt from the last persisted
@@ -160,6 +166,7 @@ fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineSto
             })
             .map_err(|error| StoreError::Io(format!("create {}: {error}", dir.display())))?;
     }
+    let lock = DirLock::take(dir)?;
     let files = Files::open(dir, disk)?;
     let found_format = files.read::<u32>(FORMAT_FILE)?;
     if let Some(found) = found_format.filter(|found| *found != STORE_FORMAT) {
@@ -182,6 +189,7 @@ fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineSto
     let database = Database {
         files,
         snapshot_write: Arc::default(),
+        _lock: Arc::new(lock),
     };
     // The state machine first: it finds the durable snapshot, which bounds what the log may
     // have purged.
@@ -292,6 +300,35 @@ const VOTE_FILE: &str = "vote";
 const PURGED_FILE: &str = "purged";
 const COMMITTED_FILE: &str = "committed";
 const SNAPSHOT_FILE: &str = "snapshot";
+/// The file whose exclusive lock says a process has the data dir open.
+const LOCK_FILE: &str = "lock";
+
+/// An exclusive advisory lock on a data dir's `lock` file, released when dropped (or when the
+/// process dies, however it dies: the kernel drops it with the file descriptor).
+#[derive(Debug)]
+struct DirLock {
+    /// Open for the lock's sake only: closing it releases the lock.
+    _file: fs::File,
+}
+
+impl DirLock {
+    fn take(dir: &Path) -> Result<DirLock, StoreError> {
+        let path = dir.join(LOCK_FILE);
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|error| StoreError::Io(format!("open {}: {error}", path.display())))?;
+        match file.try_lock() {
+            Ok(()) => Ok(DirLock { _file: file }),
+            Err(fs::TryLockError::WouldBlock) => Err(StoreError::InUse(dir.display().to_string())),
+            Err(fs::TryLockError::Error(error)) => {
+                Err(StoreError::Io(format!("lock {}: {error}", path.display())))
+            }
+        }
+    }
+}
 
 /// What both halves of the store share. Cloning is cheap.
 #[derive(Debug, Clone)]
@@ -300,6 +337,8 @@ struct Database {
     /// Serializes snapshot writes (a background build against an install), so an older snapshot
     /// never overwrites a newer one, and says what the snapshot file holds.
     snapshot_write: Arc<Mutex<SnapshotWritten>>,
+    /// Held while either half of the store lives.
+    _lock: Arc<DirLock>,
 }
 
 impl Database {
