@@ -147,4 +147,21 @@ mod tests {
         assert_eq!(served.len(), 37, "the router's routes as read: {served:?}");
         assert_eq!(served, documented);
     }
+
+    /// Clients generated from the document name a method after its operation, so two
+    /// operations must never share an id (two handlers called `release` once did).
+    #[test]
+    fn every_operation_id_is_unique() {
+        let document: serde_json::Value =
+            serde_json::from_str(&document()).expect("the document is JSON");
+        let mut seen = std::collections::BTreeMap::new();
+        for (path, operations) in document["paths"].as_object().expect("paths") {
+            for (method, operation) in operations.as_object().expect("operations") {
+                let id = operation["operationId"].as_str().expect("an operationId");
+                if let Some(earlier) = seen.insert(id.to_owned(), format!("{method} {path}")) {
+                    panic!("operationId {id:?} names both {earlier} and {method} {path}");
+                }
+            }
+        }
+    }
 }

@@ -371,6 +371,7 @@ pub async fn fail(
 #[utoipa::path(
     post,
     path = "/v1/queues/{queue}/tasks/{id}/release",
+    operation_id = "release_task",
     tag = "queues",
     summary = "Give a claimed task back without counting an attempt",
     params(
