@@ -31,3 +31,24 @@ def test_readme_examples_run(cluster: Cluster, namespace: str, tmp_path: Path,
         exec(compile(code, f"README.md python block {number}", "exec"), scope)
         ran += 1
     assert ran == len(blocks) - 1
+
+
+REPOSITORY_README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def test_the_repository_readme_python_example_runs(
+    cluster: Cluster, namespace: str, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The root README's Python block, as written but for the endpoint: the tool runs when the
+    path is free, and returns agent-b's denial as its result when agent-b holds it."""
+    monkeypatch.setenv("BATON_NAMESPACE", namespace)
+    blocks = re.findall(r"```python\n(.*?)```", REPOSITORY_README.read_text(), re.S)
+    assert len(blocks) == 1
+    code = blocks[0].replace('["http://127.0.0.1:7420"]', repr(cluster.endpoints))
+    assert code != blocks[0]
+    exec(compile(code, "README.md python block", "exec"), {})
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "edited src/auth.rs"
+    assert printed[1].startswith("denied: agent-b holds src/auth.rs for "), printed
+    assert printed[1].endswith(" s more"), printed
