@@ -91,12 +91,17 @@ async fn the_console_is_served_by_every_node_with_types_and_cache_headers() {
     assert_eq!(first.queues[0].queue, "build");
     assert_eq!(first.queues[0].counts.ready, 1);
     let cursor = first.next_cursor.expect("a next page");
-    let second: QueueList = api
+    let second: serde_json::Value = api
         .get(node, &format!("/v1/queues?limit=1&cursor={cursor}"))
         .await
         .expect_json(200);
-    assert_eq!(second.queues[0].queue, "deploy");
-    assert_eq!(second.next_cursor, None);
+    assert_eq!(second["queues"][0]["queue"], "deploy");
+    // The last page says so with a null cursor, as every list answer does.
+    assert_eq!(
+        second.get("next_cursor"),
+        Some(&serde_json::Value::Null),
+        "{second}"
+    );
 }
 
 #[tokio::test]

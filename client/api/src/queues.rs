@@ -232,14 +232,13 @@ pub struct QueueInfo {
     pub counts: QueueCounts,
 }
 
-/// `GET /v1/queues?limit=&cursor=` answer: `{queues: [{queue, counts}], next_cursor?}`, in
+/// `GET /v1/queues?limit=&cursor=` answer: `{queues: [{queue, counts}], next_cursor}`, in
 /// name order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct QueueList {
     /// The queues of the page, each with its counts.
     pub queues: Vec<QueueInfo>,
-    /// Pass as `cursor` for the next page; absent on the last one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Pass as `cursor` for the next page; `null` on the last one.
     pub next_cursor: Option<String>,
 }
 

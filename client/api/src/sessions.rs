@@ -85,8 +85,7 @@ pub struct SessionInfo {
     /// A page of the live leases the session holds, in path order.
     #[serde(default)]
     pub leases: Vec<Lease>,
-    /// Where the next page of leases starts (`?cursor=`), when there are more.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    /// Where the next page of leases starts (`?cursor=`); `null` on the last page.
     pub next_cursor: Option<String>,
 }
 

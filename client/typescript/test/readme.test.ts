@@ -1,0 +1,66 @@
+// The README's JavaScript examples run, in order, as one module, against a test cluster (the
+// package name resolved to this build, the endpoint to the cluster's); so does the repository
+// README's example.
+
+import assert from "node:assert/strict";
+import { execFile } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { test } from "node:test";
+import { promisify } from "node:util";
+
+import { PACKAGE, namespace, useCluster } from "./cluster.js";
+
+const cluster = useCluster();
+
+test("the README's examples run as written", async () => {
+  const readme = readFileSync(join(PACKAGE, "README.md"), "utf8");
+  const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!);
+  assert.ok(blocks.length >= 4);
+  const entry = JSON.stringify(join(PACKAGE, "dist", "src", "index.js"));
+  const code = blocks
+    .join("\n")
+    .replaceAll('from "@baton/client"', `from ${entry}`)
+    .replace('["http://127.0.0.1:7420"]', "process.env.BATON_ENDPOINTS.split(\",\")");
+  const dir = mkdtempSync(join(tmpdir(), "baton-ts-readme-"));
+  try {
+    writeFileSync(join(dir, "readme.mjs"), code);
+    const { stdout } = await promisify(execFile)(process.execPath, [join(dir, "readme.mjs")], {
+      cwd: dir,
+      env: { ...process.env, BATON_ENDPOINTS: cluster.endpoints.join(","), BATON_NAMESPACE: namespace() },
+      timeout: 30_000,
+    });
+    assert.match(stdout, /^fence \d+$/m);
+    assert.match(stdout, /completed: 1, failed: 0, stopped: 'queue_empty'/);
+    assert.match(stdout, /^wrote notes\.txt$/m);
+    assert.equal(readFileSync(join(dir, "notes.txt"), "utf8"), "...");
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test("the repository README's example prints the tool's result, then agent-b's denial", async () => {
+  const readme = readFileSync(join(PACKAGE, "..", "..", "README.md"), "utf8");
+  const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!);
+  assert.equal(blocks.length, 1);
+  const entry = JSON.stringify(join(PACKAGE, "dist", "src", "index.js"));
+  const code = blocks[0]!
+    .replaceAll('from "@baton/client"', `from ${entry}`)
+    .replaceAll('["http://127.0.0.1:7420"]', 'process.env.BATON_ENDPOINTS.split(",")');
+  assert.notEqual(code, blocks[0]);
+  const dir = mkdtempSync(join(tmpdir(), "baton-ts-root-readme-"));
+  try {
+    writeFileSync(join(dir, "readme.mjs"), code);
+    const { stdout } = await promisify(execFile)(process.execPath, [join(dir, "readme.mjs")], {
+      cwd: dir,
+      env: { ...process.env, BATON_ENDPOINTS: cluster.endpoints.join(","), BATON_NAMESPACE: namespace() },
+      timeout: 30_000,
+    });
+    const lines = stdout.trim().split("\n");
+    assert.equal(lines[0], "edited src/auth.rs");
+    assert.match(lines[1]!, /^denied: agent-b holds src\/auth\.rs for \d+ s more$/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
