@@ -801,10 +801,10 @@ pub fn batond_path() -> &'static Path {
     }
 }
 
-/// The `baton` command line, found the same way (`BATON_BIN`, or built from `baton-client`).
+/// The `baton` command line, found the same way (`BATON_BIN`, or built from `baton-cli`).
 pub fn baton_path() -> &'static Path {
     static BATON: OnceLock<Result<PathBuf, String>> = OnceLock::new();
-    match BATON.get_or_init(|| built_binary("BATON_BIN", "baton-client", "baton")) {
+    match BATON.get_or_init(|| built_binary("BATON_BIN", "baton-cli", "baton")) {
         Ok(path) => path,
         Err(message) => panic!("{message}"),
     }

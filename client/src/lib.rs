@@ -23,7 +23,7 @@
 //! What lives here: the client ([`Client`]), sessions and guards ([`Session`], [`LeaseGuard`]),
 //! task claims and the worker loop ([`TaskClaim`], [`WorkOptions`]), the event stream,
 //! the guard clock ([`Clock`]), errors ([`Error`]) and the wire types ([`api`]). The `baton`
-//! command line is built on this crate (`src/main.rs`, `src/cli/`). What must never live here:
+//! command line (crate `baton-cli`) is built on its public API alone. What must never live here:
 //! server logic or HTTP status codes beyond classifying failures.
 //!
 //! # Example

@@ -323,6 +323,18 @@ async fn calls_spread_over_nodes_and_fenced_calls_take_a_guard() {
         .await
         .expect_err("a lost guard");
     assert!(matches!(refused, Error::Lost { .. }), "{refused:?}");
+    let refused = client
+        .kv_delete_fenced(&third, "storage/file-17/contents")
+        .await
+        .expect_err("a lost guard");
+    assert!(matches!(refused, Error::Lost { .. }), "{refused:?}");
+    // The current holder's fenced delete lands.
+    let deleted = other
+        .kv_delete_fenced(&next, "storage/file-17/contents")
+        .await
+        .expect("a fenced delete by the holder");
+    assert!(deleted.deleted);
+    assert!(deleted.revision > Some(written.revision), "{deleted:?}");
     next.release().await.expect("release");
 }
 

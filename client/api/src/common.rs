@@ -22,11 +22,6 @@ impl SessionId {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-
-    /// The id itself, by value. Never log it.
-    pub fn into_string(self) -> String {
-        self.0
-    }
 }
 
 impl fmt::Debug for SessionId {

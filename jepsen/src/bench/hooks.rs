@@ -49,7 +49,7 @@ pub(super) async fn run(args: &BenchArgs, out: &Path) -> anyhow::Result<Figures>
         "baton",
         args.baton.as_deref(),
         "BATON_BIN",
-        "cargo build --release -p baton-client",
+        "cargo build --release -p baton-cli",
     )?;
     let start = process_start(&baton).await?;
     let state = out.join("state");
