@@ -285,6 +285,14 @@ impl AppState {
     }
 }
 
+impl<T> service::Committed<T> {
+    /// The answer to a committed mutation: decided at its entry's cluster time, and marked as
+    /// a replay when it is the recorded first answer of a retry.
+    pub fn answer<B: Serialize>(&self, status: StatusCode, body: &B) -> ApiAnswer {
+        ApiAnswer::new(status, body, self.cluster_time_ms).replayed(self.replayed)
+    }
+}
+
 /// A successful JSON answer with the cluster time it was decided at.
 #[derive(Debug)]
 pub struct ApiAnswer {

@@ -6,16 +6,14 @@
 //! What must never live here: HTTP (status codes, headers, wire types; that is the route
 //! files), parsing of requests (the route files and `extract.rs`), reads (`AppState::read`).
 
-use axum::http::StatusCode;
 use baton_raft_store::machine::{
     Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op, Owner,
     Queued, Reply, ResourceFence, ResourcePath, SessionId, SessionView, TaskClaimed, TaskFence,
     TaskSpec, TaskView, Txn, TxnOp,
 };
-use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{ApiAnswer, ApiError, AppState, Clocks};
+use super::{ApiError, AppState, Clocks};
 
 /// Where a mutation acts, by whom, how a retry of it is recognised, and its share of a log
 /// entry.
@@ -39,12 +37,6 @@ pub struct Committed<T> {
     pub cluster_time_ms: u64,
     /// Whether this is the recorded first answer of an idempotent retry.
     pub replayed: bool,
-}
-
-impl<T> Committed<T> {
-    pub fn answer<B: Serialize>(&self, status: StatusCode, body: &B) -> ApiAnswer {
-        ApiAnswer::new(status, body, self.cluster_time_ms).replayed(self.replayed)
-    }
 }
 
 /// A transaction's outcome: whether its compares held, and what each op run did.
