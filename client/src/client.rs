@@ -820,6 +820,16 @@ impl Client {
     // Streams
     // -----------------------------------------------------------------------------------------
 
+    /// Makes the endpoint after the preferred one preferred: the next call or stream goes to
+    /// another node (a stream its node cut off for want of a leader resumes elsewhere).
+    pub(crate) fn prefer_next_endpoint(&self) {
+        let endpoints = self.inner.endpoints.len();
+        let index = self.inner.preferred.load(Ordering::Relaxed) % endpoints;
+        self.inner
+            .preferred
+            .store((index + 1) % endpoints, Ordering::Relaxed);
+    }
+
     /// One attempt to open a streaming `GET` (the event stream) on the preferred endpoint,
     /// with `headers` added. On success the answer's body is left unread, for the caller to
     /// read chunk by chunk without a whole-answer timeout (only sending and the answer's head

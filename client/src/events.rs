@@ -22,7 +22,7 @@ use futures_util::Stream;
 use reqwest::Method;
 use tokio::time::Instant;
 
-use crate::api::{Event, EventsPage, Problem};
+use crate::api::{ErrorCode, Event, EventsPage, Problem};
 use crate::client::{backoff, Client, StreamOpen, ANSWER_BYTES_MAX};
 use crate::error::{Error, Result};
 
@@ -64,7 +64,8 @@ impl Client {
 
     /// Follows the changes of this client's namespace after revision `after` (from the oldest
     /// kept one when `None`) as they commit: a [`Stream`] of events in revision order, each
-    /// delivered once, across lost connections, node restarts and leader changes.
+    /// delivered once, across lost connections, node restarts and leader changes (a node that
+    /// ends the stream with `NO_LEADER`, cut off from the others, is left for the next one).
     ///
     /// ```no_run
     /// # async fn example(client: baton_client::Client) -> Result<(), baton_client::Error> {
@@ -178,7 +179,17 @@ impl Follow {
                     match tokio::time::timeout(STREAM_IDLE_MAX, response.chunk()).await {
                         Ok(Ok(Some(chunk))) => {
                             self.reconnects = 0;
-                            self.receive(&chunk)
+                            match self.receive(&chunk) {
+                                Ok(Received::More) => Ok(()),
+                                Ok(Received::CutOff) => {
+                                    // The serving node lost its leader: resume elsewhere.
+                                    self.response = None;
+                                    self.client.prefer_next_endpoint();
+                                    self.reconnects = 1;
+                                    Ok(())
+                                }
+                                Err(error) => Err(error),
+                            }
                         }
                         Ok(Ok(None) | Err(_)) | Err(_) => {
                             // Lost (a node restarted, a forward broke) or silent: reopen.
@@ -242,8 +253,10 @@ impl Follow {
         }
     }
 
-    /// Parses a chunk; queues the new events, or returns the server's final error.
-    fn receive(&mut self, chunk: &[u8]) -> Result<()> {
+    /// Parses a chunk; queues the new events, and says whether the server cut the stream off
+    /// for want of a leader (a stream to resume on another node), or returns the server's
+    /// final error.
+    fn receive(&mut self, chunk: &[u8]) -> Result<Received> {
         let messages = self
             .parser
             .push(chunk)
@@ -270,6 +283,9 @@ impl Follow {
                 }
                 EVENT_ERROR => {
                     return Err(match serde_json::from_str::<Problem>(&message.data) {
+                        Ok(problem) if problem.code == ErrorCode::NoLeader => {
+                            return Ok(Received::CutOff);
+                        }
                         Ok(problem) => Error::from_problem(problem),
                         Err(_) => Error::Unavailable {
                             code: None,
@@ -280,8 +296,18 @@ impl Follow {
                 _ => {} // An event type this client does not know.
             }
         }
-        Ok(())
+        Ok(Received::More)
     }
+}
+
+/// What a chunk of the stream came to.
+enum Received {
+    /// Events, or nothing yet: read on.
+    More,
+    /// The serving node has had no leader for too long and ended the stream (docs/api.md):
+    /// what it would stream falls behind, so reopen, after the last delivered event, on the
+    /// node the client prefers next.
+    CutOff,
 }
 
 /// One server-sent event: its type (`message` when unnamed), data lines joined by `\n`, id.

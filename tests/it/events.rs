@@ -591,12 +591,34 @@ async fn event_streams_are_bounded_and_a_closed_one_frees_its_place() {
 
 /// A stream is served by the node it arrives at; when that node is cut off from every other
 /// node, it ends with `NO_LEADER` (after the longest a request waits for a leader) instead of
-/// going silent, so its reader resumes on another node.
+/// going silent, so its reader resumes on another node. The Rust client's stream does so by
+/// itself: it reopens with `Last-Event-ID` and goes on without a gap, not ending with an error.
 #[tokio::test]
 async fn a_stream_on_a_node_cut_off_from_the_others_ends_with_no_leader() {
     let cluster = Cluster::start(3).await;
+    let api = cluster.api();
     let follower = cluster.followers().await[0];
     let mut stream = SseStream::open(follower, None).await;
+    // The client's stream, on the same follower first.
+    let mut endpoints = vec![follower.api_url()];
+    endpoints.extend(
+        cluster
+            .nodes()
+            .iter()
+            .filter(|node| node.id != follower.id)
+            .map(Node::api_url),
+    );
+    let client = baton_client::Client::builder(endpoints)
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .expect("a client");
+    let mut followed = client.follow_events(None);
+    put(api, cluster.leader().await, "cut-off/before").await;
+    let first = next_followed(&mut followed).await;
+    assert!(
+        matches!(&first.kind, EventKind::KvWritten { key, .. } if key == "cut-off/before"),
+        "{first:?}"
+    );
     let others: Vec<&Node> = cluster
         .nodes()
         .iter()
@@ -621,4 +643,24 @@ async fn a_stream_on_a_node_cut_off_from_the_others_ends_with_no_leader() {
         sent.contains("event: error") && sent.contains("NO_LEADER"),
         "{sent:?}"
     );
+    // The client's stream got the same `NO_LEADER` (it is unread in its connection): it
+    // resumes after its last event, and the next write reaches it.
+    put(api, cluster.leader().await, "cut-off/after").await;
+    let next = next_followed(&mut followed).await;
+    assert_eq!(next.revision, first.revision + 1, "{next:?}");
+    assert!(
+        matches!(&next.kind, EventKind::KvWritten { key, .. } if key == "cut-off/after"),
+        "{next:?}"
+    );
+}
+
+/// The client stream's next event, within [`ACK_TIMEOUT`]; an error fails the test.
+async fn next_followed(stream: &mut baton_client::EventStream) -> Event {
+    use futures_util::StreamExt;
+    match tokio::time::timeout(ACK_TIMEOUT, stream.next()).await {
+        Ok(Some(Ok(event))) => event,
+        Ok(Some(Err(error))) => panic!("the client's stream ended with an error: {error}"),
+        Ok(None) => panic!("the client's stream ended"),
+        Err(_) => panic!("no event within {ACK_TIMEOUT:?}"),
+    }
 }
