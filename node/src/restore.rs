@@ -57,10 +57,13 @@ pub async fn restore(restore: &Restore) -> anyhow::Result<String> {
 pub async fn recover(recover: &Recover) -> anyhow::Result<String> {
     let dir = &recover.data_dir;
     let shown = dir.display();
-    let (mut machine, applied, membership) = baton_raft_store::store::replay(dir)
+    // The replay keeps the dir locked until the swap below is done: no `batond` starts on it
+    // meanwhile.
+    let replayed = baton_raft_store::store::replay(dir)
         .await
         .with_context(|| format!("read {shown}"))?;
-    let membership = membership.membership();
+    let (mut machine, applied) = (replayed.machine.clone(), replayed.applied);
+    let membership = replayed.membership.membership();
     let Some(me) = membership.get_node(&recover.id).cloned() else {
         let members: Vec<String> = membership
             .nodes()
@@ -102,6 +105,7 @@ pub async fn recover(recover: &Recover) -> anyhow::Result<String> {
             _ => std::fs::File::open(".")?.sync_all(),
         })
         .with_context(|| format!("swap {} into {shown}", fresh.display()))?;
+    drop(replayed); // the old dir's lock, now DIR.before-recover's
     Ok(format!(
         "recovered {shown} as a one-member cluster of node {} at {me} (index {index}, {leases} leases, {sessions} sessions); fences resume at epoch {epoch}, above {}. The old dir is {}. Start it with `batond run --id {} --data-dir {shown} ...`, then add members with `baton cluster add`",
         recover.id,

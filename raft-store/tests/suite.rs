@@ -859,3 +859,33 @@ async fn entries_kept_past_a_purge_go_once_a_snapshot_covers_them() {
         .collect();
     assert_eq!(indexes, vec![9, 10]);
 }
+
+/// `batond recover` replays a stopped member's dir and then swaps a new dir in for it: the
+/// replay keeps the dir locked until the caller lets go, so no `batond` can start on the old
+/// dir in between.
+#[tokio::test]
+async fn a_replayed_dir_stays_locked_until_the_replay_is_dropped() {
+    let dir = TempDir::new().unwrap();
+    {
+        let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
+        log_store
+            .blocking_append(vec![
+                membership_entry(1, 1),
+                normal_entry(1, 2, create_session_batch(1_000, 1)),
+            ])
+            .await
+            .unwrap();
+    }
+    let replayed = store::replay(dir.path()).await.unwrap();
+    assert_eq!(replayed.applied, Some(log_id(1, 2)));
+    assert_eq!(replayed.machine.counts().0, 1, "the session is applied");
+    match store::open(dir.path()) {
+        Err(StoreError::InUse(shown)) => assert_eq!(shown, dir.path().display().to_string()),
+        other => panic!(
+            "expected InUse while the replay is held, got {:?}",
+            other.err()
+        ),
+    }
+    drop(replayed);
+    store::open(dir.path()).expect("the dir opens once the replay is dropped");
+}

@@ -189,7 +189,7 @@ fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineSto
     let database = Database {
         files,
         snapshot_write: Arc::default(),
-        _lock: Arc::new(lock),
+        lock: Arc::new(lock),
     };
     // The state machine first: it finds the durable snapshot, which bounds what the log may
     // have purged.
@@ -249,11 +249,24 @@ pub async fn seed(
     Ok(())
 }
 
-/// What a member's data dir holds once its whole log is applied: the machine, the log id of the
-/// last entry applied, and the last membership. Used by `batond recover` on a stopped member.
-/// Every entry in the log after the snapshot is applied, committed or not as far as this member
-/// knows: with the rest of the cluster gone for good, what this member holds is all there is.
-pub async fn replay(dir: &Path) -> Result<(Machine, Option<LogId>, StoredMembership), StoreError> {
+/// What a member's data dir holds once its whole log is applied, and the dir's lock.
+#[derive(Debug)]
+pub struct Replayed {
+    pub machine: Machine,
+    /// The log id of the last entry applied.
+    pub applied: Option<LogId>,
+    /// The last membership.
+    pub membership: StoredMembership,
+    /// The dir stays locked until this is dropped, so no `batond` starts on it between the
+    /// replay and what the caller does with the dir next (`recover` swaps it out).
+    _lock: Arc<DirLock>,
+}
+
+/// Applies a member's whole log to its last snapshot. Used by `batond recover` on a stopped
+/// member. Every entry in the log after the snapshot is applied, committed or not as far as
+/// this member knows: with the rest of the cluster gone for good, what this member holds is all
+/// there is.
+pub async fn replay(dir: &Path) -> Result<Replayed, StoreError> {
     use openraft::storage::{RaftLogReader, RaftLogStorage};
 
     if !dir.join(FORMAT_FILE).exists() {
@@ -279,7 +292,12 @@ pub async fn replay(dir: &Path) -> Result<(Machine, Option<LogId>, StoredMembers
         state_machine.apply_entries(entries)?;
     }
     let (machine, applied) = handle.read(|machine, applied| (machine.clone(), applied))?;
-    Ok((machine, applied, handle.last_membership()?))
+    Ok(Replayed {
+        machine,
+        applied,
+        membership: handle.last_membership()?,
+        _lock: state_machine.dir_lock(),
+    })
 }
 
 // ---- helpers shared by the log and the state machine ----
@@ -337,8 +355,8 @@ struct Database {
     /// Serializes snapshot writes (a background build against an install), so an older snapshot
     /// never overwrites a newer one, and says what the snapshot file holds.
     snapshot_write: Arc<Mutex<SnapshotWritten>>,
-    /// Held while either half of the store lives.
-    _lock: Arc<DirLock>,
+    /// Held while either half of the store lives (and by a `Replayed`).
+    lock: Arc<DirLock>,
 }
 
 impl Database {

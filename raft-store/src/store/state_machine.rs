@@ -12,6 +12,7 @@
 //! the rebuilt state exactly once. Deciding what a command does belongs to `machine`, never here.
 
 use std::io::{self, Cursor};
+use std::sync::Arc;
 
 use futures_util::TryStreamExt;
 use openraft::storage::{EntryResponder, RaftStateMachine};
@@ -19,8 +20,8 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 
 use super::files::Files;
 use super::{
-    decode, encode, io_error, run_blocking, Applied, AppliedState, ChangeWatch, Database, Entry,
-    LogId, SharedState, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoreError,
+    decode, encode, io_error, run_blocking, Applied, AppliedState, ChangeWatch, Database, DirLock,
+    Entry, LogId, SharedState, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoreError,
     StoredMembership, TypeConfig, Watching, SNAPSHOT_FILE,
 };
 use crate::machine::{Command, Machine, Name, Namespace, ResourcePath};
@@ -106,6 +107,11 @@ impl StateMachineStore {
             });
         }
         Ok(applied)
+    }
+
+    /// The data dir's lock, to hold past this store's life.
+    pub(super) fn dir_lock(&self) -> Arc<DirLock> {
+        Arc::clone(&self.database.lock)
     }
 
     /// A read handle on this state machine's applied state.
