@@ -135,7 +135,7 @@ fn bodies_round_trip() {
             round_trip::<SessionInfo>,
             json!({"session_id": "s1", "holder": "agent-b", "ttl_ms": 30000, "labels": {},
                    "expires_in_ms": 1000, "expires_at": "2025-01-01T00:00:01Z",
-                   "leases": [lease_json()]}),
+                   "leases": [lease_json()], "next_cursor": null}),
         ),
         (
             "acquire with session",
@@ -297,6 +297,11 @@ fn bodies_round_trip() {
             round_trip::<QueueList>,
             json!({"queues": [{"queue": "build", "counts": {"ready": 1, "waiting": 0,
                    "claimed": 2, "done": 3, "dead": 0}}], "next_cursor": "build"}),
+        ),
+        (
+            "queue list, last page",
+            round_trip::<QueueList>,
+            json!({"queues": [], "next_cursor": null}),
         ),
         (
             "queued",
