@@ -1067,6 +1067,8 @@ impl Client {
         let sent_at = self.inner.clock.now();
         let endpoints = self.inner.endpoints.len();
         let mut index = self.inner.preferred.load(Ordering::Relaxed) % endpoints;
+        // A read has no effect: only a mutation's outcome can be unknown.
+        let mutation = operation.idempotency_key.is_some();
         let mut maybe_applied = false;
         let mut failures: Vec<String> = Vec::new();
         let mut last_error: Option<Error> = None;
@@ -1100,7 +1102,7 @@ impl Client {
                 }
                 Attempt::Unknown(error) => {
                     failures.push(format!("{}: {}", endpoint.base, error.message()));
-                    maybe_applied = true;
+                    maybe_applied |= mutation;
                     last_error = Some(error);
                     None
                 }
@@ -1123,17 +1125,21 @@ impl Client {
         }
         let summary = summarize(&failures);
         Err(match last_error {
-            Some(error) if maybe_applied || error.is_indeterminate() => Error::Indeterminate {
-                code: match error {
-                    Error::Indeterminate { code, .. } => code,
-                    _ => None,
-                },
-                message: format!("the outcome is unknown: {summary}"),
-            },
-            Some(Error::Unavailable { code, .. }) => Error::Unavailable {
-                code,
-                message: format!("no endpoint could take the request ({summary})"),
-            },
+            Some(error) if maybe_applied || (mutation && error.is_indeterminate()) => {
+                Error::Indeterminate {
+                    code: match error {
+                        Error::Indeterminate { code, .. } => code,
+                        _ => None,
+                    },
+                    message: format!("the outcome is unknown: {summary}"),
+                }
+            }
+            Some(Error::Unavailable { code, .. } | Error::Indeterminate { code, .. }) => {
+                Error::Unavailable {
+                    code,
+                    message: format!("no endpoint could take the request ({summary})"),
+                }
+            }
             Some(error) => error,
             None => Error::Unavailable {
                 code: None,

@@ -87,8 +87,8 @@ pub enum Error {
         message: String,
     },
     /// Definitely not applied, and no node could take it within the retry budget: every
-    /// endpoint refused the connection, or answered `NO_LEADER` or `RESOURCE_EXHAUSTED`.
-    /// Safe to retry later.
+    /// endpoint refused the connection, or answered `NO_LEADER` or `RESOURCE_EXHAUSTED`; or a
+    /// read (which has no effect) got no answer in time. Safe to retry later.
     #[error("{}: {message}", code.map_or("UNAVAILABLE", ErrorCode::as_str))]
     Unavailable {
         /// The last server code (`NO_LEADER`, `RESOURCE_EXHAUSTED`), if a server answered.
@@ -97,8 +97,9 @@ pub enum Error {
         message: String,
     },
     /// The outcome is unknown: `OUTCOME_UNKNOWN`, `INTERNAL`, a timeout or a broken connection
-    /// after the request was sent, or an answer that could not be read. A mutation may have
-    /// been applied; retry it with the same idempotency key to find out.
+    /// after a mutation was sent, or an answer to one that could not be read. The mutation may
+    /// have been applied; retry it with the same idempotency key to find out. Reads are never
+    /// indeterminate.
     #[error("{}: {message}", code.map_or("OUTCOME_UNKNOWN", ErrorCode::as_str))]
     Indeterminate {
         /// The server code (`OUTCOME_UNKNOWN`, `INTERNAL`), if a server answered.

@@ -367,6 +367,31 @@ async fn an_unreachable_cluster_is_unavailable_and_a_refusal_is_definite() {
     assert!(matches!(error, Error::NotFound { .. }), "{error:?}");
 }
 
+/// A read has no effect, so its outcome is never unknown: when every attempt went unanswered
+/// (a node died with the connection open, an answer was lost) it is `Unavailable`, while a
+/// mutation in the same place is `Indeterminate`.
+#[tokio::test]
+async fn a_read_whose_answers_are_lost_is_unavailable_and_a_write_is_unknown() {
+    let cluster = Cluster::start(1).await;
+    let black_hole = Proxy::start(cluster.node(1).api_addr(), Mode::Swallow).await;
+    let client = client_for(&[black_hole.url()])
+        .request_timeout(Duration::from_millis(300))
+        .retry_budget(Duration::from_secs(1))
+        .build()
+        .expect("a client");
+    let error = client
+        .get_lease("a")
+        .await
+        .expect_err("every answer is lost");
+    assert!(matches!(error, Error::Unavailable { .. }), "{error:?}");
+    assert!(!error.is_indeterminate(), "{error:?}");
+    let error = client
+        .acquire("a", AcquireOptions::new())
+        .await
+        .expect_err("every answer is lost");
+    assert!(error.is_indeterminate(), "{error:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // A TCP relay that injects network faults between the client and one node
 // ---------------------------------------------------------------------------------------------

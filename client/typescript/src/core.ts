@@ -475,7 +475,7 @@ export class Transport {
         const learned = this.learnLeader(outcome.headers);
         this.routes.preferred = learned ?? index;
         if (outcome.status >= 200 && outcome.status < 300) {
-          const answer = settle(outcome, sentAt, mutation || maybeApplied);
+          const answer = settle(outcome, sentAt, mutation);
           if (learned === undefined && this.mayLearnMembers(outcome.headers)) {
             await this.learnMembers(index);
           }
@@ -555,7 +555,8 @@ export class Transport {
   }
 }
 
-function settle(received: Received, sentAt: number, maybeApplied: boolean): Answer {
+/** The answer, or a `ProtocolError` (of unknown outcome for a mutation: reads never are). */
+function settle(received: Received, sentAt: number, mutation: boolean): Answer {
   let value: unknown = undefined;
   if (received.content.trim() !== "") {
     try {
@@ -563,7 +564,7 @@ function settle(received: Received, sentAt: number, maybeApplied: boolean): Answ
     } catch (error) {
       throw new ProtocolError(
         `HTTP ${received.status}: the answer is not JSON (${(error as Error).message}): ${excerpt(received.content)}`,
-        { status: received.status, isIndeterminate: maybeApplied },
+        { status: received.status, isIndeterminate: mutation },
       );
     }
   }

@@ -353,9 +353,7 @@ impl Agent {
             // path it refuses makes nothing.
             match self.client.get_lease(&resource).await {
                 Ok(_) | Err(Error::NotFound { .. }) => {}
-                Err(error) => {
-                    return failure(unread(error), "claim", "resource", "the claim", false)
-                }
+                Err(error) => return failure(error, "claim", "resource", "the claim", false),
             }
         }
         let mode = match args.mode {
@@ -968,9 +966,7 @@ impl Agent {
             // As for a claim: a queue name Baton refuses makes no session.
             match self.client.queue_info(&queue).await {
                 Ok(_) | Err(Error::NotFound { .. }) => {}
-                Err(error) => {
-                    return failure(unread(error), "next_task", "queue", "the claim", false)
-                }
+                Err(error) => return failure(error, "next_task", "queue", "the claim", false),
             }
         }
         let mut sessions_tried = 0;
@@ -1334,15 +1330,6 @@ fn failure(error: Error, tool: &str, argument: &str, what: &str, given_back: boo
             structured,
         ),
         _ => Outcome::error(format!("Baton refused {what}: {error}"), structured),
-    }
-}
-
-/// A read that failed before anything was written: an unknown outcome of a read means only
-/// that Baton did not answer.
-fn unread(error: Error) -> Error {
-    match error {
-        Error::Indeterminate { code, message } => Error::Unavailable { code, message },
-        error => error,
     }
 }
 

@@ -397,7 +397,7 @@ def run(call: Call, config: Config, state: RouteState) -> Generator[Step, Outcom
             learned = _learn_leader(outcome, index, config, state)
             state.preferred = learned if learned is not None else index
             if 200 <= outcome.status < 300:
-                answer = _settle(outcome, call, sent_at, maybe_applied)
+                answer = _settle(outcome, call, sent_at)
                 if learned is None and _may_learn_members(outcome, config, state):
                     members = yield Send(
                         Call("GET", "/v1/cluster", "/v1/cluster"), index, config.timeout
@@ -480,7 +480,8 @@ def _summarize(failures: list[str]) -> str:
     return f"{len(failures)} attempt(s); {details}"
 
 
-def _settle(response: Response, call: Call, sent_at: float, maybe_applied: bool) -> Answer:
+def _settle(response: Response, call: Call, sent_at: float) -> Answer:
+    """The answer, or a `ProtocolError` (of unknown outcome for a mutation: reads never are)."""
     content = response.content
     value: Any = None
     if content.strip():
@@ -490,7 +491,7 @@ def _settle(response: Response, call: Call, sent_at: float, maybe_applied: bool)
             raise ProtocolError(
                 f"HTTP {response.status}: the answer is not JSON ({error}): {_excerpt(content)}",
                 status=response.status,
-                is_indeterminate=call.mutation or maybe_applied,
+                is_indeterminate=call.mutation,
             ) from None
     return Answer(
         value=value,
