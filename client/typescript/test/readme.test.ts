@@ -14,53 +14,53 @@ import { PACKAGE, namespace, useCluster } from "./cluster.js";
 
 const cluster = useCluster();
 
-test("the README's examples run as written", async () => {
-  const readme = readFileSync(join(PACKAGE, "README.md"), "utf8");
-  const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!);
-  assert.ok(blocks.length >= 4);
+/** The `js` blocks of `readme`, relative to this package. */
+function jsBlocks(readme: string): string[] {
+  const text = readFileSync(join(PACKAGE, readme), "utf8");
+  return [...text.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!);
+}
+
+/**
+ * Runs `code` as one module in a fresh directory, the package name resolved to this build and
+ * the endpoint to the cluster's; `check` sees its stdout and the directory.
+ */
+async function runModule(code: string, check: (stdout: string, dir: string) => void): Promise<void> {
   const entry = JSON.stringify(join(PACKAGE, "dist", "src", "index.js"));
-  const code = blocks
-    .join("\n")
+  const module = code
     .replaceAll('from "@baton/client"', `from ${entry}`)
-    .replace('["http://127.0.0.1:7420"]', "process.env.BATON_ENDPOINTS.split(\",\")");
+    .replaceAll('["http://127.0.0.1:7420"]', 'process.env.BATON_ENDPOINTS.split(",")');
+  assert.notEqual(module, code, "the example names the package and the endpoint");
   const dir = mkdtempSync(join(tmpdir(), "baton-ts-readme-"));
   try {
-    writeFileSync(join(dir, "readme.mjs"), code);
+    writeFileSync(join(dir, "readme.mjs"), module);
     const { stdout } = await promisify(execFile)(process.execPath, [join(dir, "readme.mjs")], {
       cwd: dir,
       env: { ...process.env, BATON_ENDPOINTS: cluster.endpoints.join(","), BATON_NAMESPACE: namespace() },
       timeout: 30_000,
     });
+    check(stdout, dir);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+test("the README's examples run as written", async () => {
+  const blocks = jsBlocks("README.md");
+  assert.ok(blocks.length >= 4);
+  await runModule(blocks.join("\n"), (stdout, dir) => {
     assert.match(stdout, /^fence \d+$/m);
     assert.match(stdout, /completed: 1, failed: 0, stopped: 'queue_empty'/);
     assert.match(stdout, /^wrote notes\.txt$/m);
     assert.equal(readFileSync(join(dir, "notes.txt"), "utf8"), "...");
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 });
 
 test("the repository README's example prints the tool's result, then agent-b's denial", async () => {
-  const readme = readFileSync(join(PACKAGE, "..", "..", "README.md"), "utf8");
-  const blocks = [...readme.matchAll(/```js\n([\s\S]*?)```/g)].map((m) => m[1]!);
+  const blocks = jsBlocks(join("..", "..", "README.md"));
   assert.equal(blocks.length, 1);
-  const entry = JSON.stringify(join(PACKAGE, "dist", "src", "index.js"));
-  const code = blocks[0]!
-    .replaceAll('from "@baton/client"', `from ${entry}`)
-    .replaceAll('["http://127.0.0.1:7420"]', 'process.env.BATON_ENDPOINTS.split(",")');
-  assert.notEqual(code, blocks[0]);
-  const dir = mkdtempSync(join(tmpdir(), "baton-ts-root-readme-"));
-  try {
-    writeFileSync(join(dir, "readme.mjs"), code);
-    const { stdout } = await promisify(execFile)(process.execPath, [join(dir, "readme.mjs")], {
-      cwd: dir,
-      env: { ...process.env, BATON_ENDPOINTS: cluster.endpoints.join(","), BATON_NAMESPACE: namespace() },
-      timeout: 30_000,
-    });
+  await runModule(blocks[0]!, (stdout) => {
     const lines = stdout.trim().split("\n");
     assert.equal(lines[0], "edited src/auth.rs");
     assert.match(lines[1]!, /^denied: agent-b holds src\/auth\.rs for \d+ s more$/);
-  } finally {
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 });
