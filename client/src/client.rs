@@ -714,7 +714,7 @@ impl Client {
             body: None,
             idempotency_key: None,
         };
-        let (mut response, _, _) = self.send(&operation, self.default_budget()).await?;
+        let (mut response, _) = self.send(&operation, self.default_budget()).await?;
         let broke = |message: String| Error::Indeterminate {
             code: None,
             message,
@@ -1051,19 +1051,17 @@ impl Client {
         operation: Operation,
         budget: Budget,
     ) -> Result<Answer<T>> {
-        let (response, sent_at, maybe_applied) = self.send(&operation, budget).await?;
-        self.settle(response, sent_at, maybe_applied, &operation)
-            .await
+        let (response, sent_at) = self.send(&operation, budget).await?;
+        self.settle(response, sent_at, &operation).await
     }
 
     /// The retries of [`Client::execute`], up to a successful answer whose body is not read
-    /// yet: it, when the first attempt was sent, and whether an earlier attempt may have been
-    /// applied.
+    /// yet: it, and when the first attempt was sent.
     async fn send(
         &self,
         operation: &Operation,
         budget: Budget,
-    ) -> Result<(reqwest::Response, Duration, bool)> {
+    ) -> Result<(reqwest::Response, Duration)> {
         let sent_at = self.inner.clock.now();
         let endpoints = self.inner.endpoints.len();
         let mut index = self.inner.preferred.load(Ordering::Relaxed) % endpoints;
@@ -1081,7 +1079,7 @@ impl Client {
             let endpoint = &self.inner.endpoints[index];
             let outcome = self.attempt(index, operation, timeout).await;
             let retry_after = match outcome {
-                Attempt::Answered(response) => return Ok((*response, sent_at, maybe_applied)),
+                Attempt::Answered(response) => return Ok((*response, sent_at)),
                 Attempt::Refused(error @ Error::Tls { .. }) if maybe_applied => {
                     // Refused by this endpoint only: an earlier attempt may have been applied.
                     return Err(Error::Indeterminate {
@@ -1134,12 +1132,15 @@ impl Client {
                     message: format!("the outcome is unknown: {summary}"),
                 }
             }
-            Some(Error::Unavailable { code, .. } | Error::Indeterminate { code, .. }) => {
-                Error::Unavailable {
-                    code,
-                    message: format!("no endpoint could take the request ({summary})"),
-                }
-            }
+            Some(Error::Unavailable { code, .. }) => Error::Unavailable {
+                code,
+                message: format!("no endpoint could take the request ({summary})"),
+            },
+            // A read left without an answer: nothing to be unknown, only nobody answered.
+            Some(Error::Indeterminate { .. }) => Error::Unavailable {
+                code: None,
+                message: format!("no endpoint answered the read ({summary})"),
+            },
             Some(error) => error,
             None => Error::Unavailable {
                 code: None,
@@ -1265,7 +1266,6 @@ impl Client {
         &self,
         response: reqwest::Response,
         sent_at: Duration,
-        maybe_applied: bool,
         operation: &Operation,
     ) -> Result<Answer<T>> {
         let header = |name: &str| {
@@ -1282,18 +1282,14 @@ impl Client {
             header(HEADER_CLUSTER_TIME).and_then(|value| value.trim().parse().ok());
         let bytes = read_body(response)
             .await
-            .map_err(|message| unknown_if_mutation(operation, maybe_applied, message))?;
+            .map_err(|message| unknown_if_mutation(operation, message))?;
         let bytes = if bytes.is_empty() {
             b"null".to_vec()
         } else {
             bytes
         };
         let value = serde_json::from_slice(&bytes).map_err(|error| {
-            unknown_if_mutation(
-                operation,
-                maybe_applied,
-                format!("the answer does not parse: {error}"),
-            )
+            unknown_if_mutation(operation, format!("the answer does not parse: {error}"))
         })?;
         Ok(Answer {
             value,
@@ -1541,8 +1537,8 @@ fn invalid(message: impl Into<String>) -> Error {
     }
 }
 
-fn unknown_if_mutation(operation: &Operation, maybe_applied: bool, message: String) -> Error {
-    if operation.idempotency_key.is_some() || maybe_applied {
+fn unknown_if_mutation(operation: &Operation, message: String) -> Error {
+    if operation.idempotency_key.is_some() {
         Error::Indeterminate {
             code: None,
             message,
