@@ -8,7 +8,7 @@
 //! checks it a last time: a revocation takes effect at the entry that applies it. Secrets are
 //! never logged, stored or echoed; only their SHA-256 is compared.
 
-use axum::extract::{Request, State};
+use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -24,6 +24,7 @@ use sha2::{Digest, Sha256};
 use super::convert::Clocks;
 use super::error::ApiError;
 use super::extract::{ApiJson, ApiPath, By};
+use super::routes::{self, Acts};
 use super::{ApiAnswer, AppState};
 use crate::config::check_secret;
 
@@ -66,39 +67,16 @@ pub async fn bootstrap(app: AppState, secret: String) {
     }
 }
 
-/// What a route needs: `None` for the health checks, which stay open.
-fn required_role(method: &Method, path: &str) -> Option<Role> {
-    // The console's page and assets: public, the page asks for a token itself.
-    if path == "/healthz" || path == "/readyz" || path == "/ui" || path.starts_with("/ui/") {
-        return None;
+/// What a request needs: the least role and whether its namespace must be in the token's
+/// scope, or `None` for an open route (the health checks, the console's page and assets, which
+/// ask for a token themselves). A request that matched no route still needs a token: only a
+/// caller who may read learns which routes there are.
+fn required(method: &Method, pattern: Option<&str>, path: &str) -> Option<(Role, bool)> {
+    match pattern.and_then(|pattern| routes::find(method, pattern)) {
+        Some(route) => Some((route.access.role()?, route.acts == Acts::InNamespace)),
+        None if path == "/ui" || path.starts_with("/ui/") => None,
+        None => Some((Role::Reader, false)),
     }
-    let admin_only = path.starts_with("/v1/auth/")
-        || path.starts_with("/v1/cluster/members")
-        || path.starts_with("/v1/debug/clock")
-        || path == "/v1/snapshot"
-        || (path == "/v1/limits" && method != Method::GET);
-    if admin_only {
-        return Some(Role::Admin);
-    }
-    if method == Method::GET || method == Method::HEAD || path == "/v1/fence/check" {
-        return Some(Role::Reader);
-    }
-    Some(Role::Agent)
-}
-
-/// Whether a route acts in the request's namespace (and so needs it in the token's scope).
-fn is_namespaced(path: &str) -> bool {
-    [
-        "/v1/sessions",
-        "/v1/leases",
-        "/v1/fence",
-        "/v1/kv",
-        "/v1/queues",
-        "/v1/txn",
-        "/v1/events",
-    ]
-    .iter()
-    .any(|prefix| path.starts_with(prefix))
 }
 
 /// The middleware, installed only with access control on (`router`): a request needs a known
@@ -108,7 +86,13 @@ pub async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let Some(role) = required_role(request.method(), request.uri().path()) else {
+    let pattern = request.extensions().get::<MatchedPath>();
+    let needs = required(
+        request.method(),
+        pattern.map(MatchedPath::as_str),
+        request.uri().path(),
+    );
+    let Some((role, namespaced)) = needs else {
         return next.run(request).await;
     };
     let hash = match token_hash(&request) {
@@ -133,7 +117,7 @@ pub async fn authenticate(
         )
         .into_response();
     }
-    if caller.role != Role::Admin && is_namespaced(request.uri().path()) {
+    if caller.role != Role::Admin && namespaced {
         let namespace = request
             .headers()
             .get(HEADER_NAMESPACE)
@@ -234,9 +218,7 @@ fn token_info(token: &TokenView, clocks: Clocks) -> TokenInfo {
     summary = "Create a token (admin); its secret is in this answer only",
     request_body = baton_api::CreateTokenRequest,
     responses(
-        (status = 201, description = "The token and its secret", body = baton_api::CreatedToken),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 201, description = "The token and its secret", body = baton_api::CreatedToken)
     )
 )]
 pub async fn create_token(
@@ -294,8 +276,7 @@ pub async fn create_token(
     tag = "auth",
     summary = "List the tokens (admin), never their secrets",
     responses(
-        (status = 200, description = "Every token", body = baton_api::TokenList),
-        (status = "4XX", description = "Refused: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Every token", body = baton_api::TokenList)
     )
 )]
 pub async fn list_tokens(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
@@ -316,9 +297,7 @@ pub async fn list_tokens(State(app): State<AppState>) -> Result<ApiAnswer, ApiEr
     summary = "Revoke a token (admin): refused cluster-wide from this entry on",
     params(("name" = String, Path, description = "The token's name")),
     responses(
-        (status = 200, description = "Revoked", body = baton_api::RevokedToken),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Revoked", body = baton_api::RevokedToken)
     )
 )]
 pub async fn revoke_token(
@@ -345,8 +324,7 @@ pub async fn revoke_token(
     tag = "auth",
     summary = "The limits every node decides with",
     responses(
-        (status = 200, description = "Every limit, by name", body = Object),
-        (status = "4XX", description = "Refused: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Every limit, by name", body = Object)
     )
 )]
 pub async fn get_limits(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
@@ -361,9 +339,7 @@ pub async fn get_limits(State(app): State<AppState>) -> Result<ApiAnswer, ApiErr
     summary = "Change some limits (admin); the others keep their values",
     request_body(content = Object, description = "Limits by name, e.g. {\"ttl_ms_max\": 600000}"),
     responses(
-        (status = 200, description = "Every limit after the change", body = Object),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Every limit after the change", body = Object)
     )
 )]
 pub async fn put_limits(
@@ -425,23 +401,59 @@ fn changed_limits(
 mod tests {
     use super::*;
 
+    /// The route table's access column follows docs/security.md's rule, stated here on its
+    /// own: tokens, membership, the clock, backups and changing limits are for admins; reads
+    /// (and the fence check, a read by POST) for readers; every other write for agents.
     #[test]
-    fn routes_need_the_role_their_method_and_family_ask() {
-        let role = |method: Method, path: &str| required_role(&method, path);
-        assert_eq!(role(Method::GET, "/healthz"), None);
-        assert_eq!(role(Method::GET, "/readyz"), None);
-        assert_eq!(role(Method::GET, "/metrics"), Some(Role::Reader));
-        assert_eq!(role(Method::GET, "/v1/leases/a/b"), Some(Role::Reader));
-        assert_eq!(role(Method::POST, "/v1/fence/check"), Some(Role::Reader));
-        assert_eq!(role(Method::POST, "/v1/leases"), Some(Role::Agent));
-        assert_eq!(role(Method::PUT, "/v1/kv/x"), Some(Role::Agent));
-        assert_eq!(role(Method::GET, "/v1/limits"), Some(Role::Reader));
-        assert_eq!(role(Method::PUT, "/v1/limits"), Some(Role::Admin));
-        assert_eq!(role(Method::GET, "/v1/auth/tokens"), Some(Role::Admin));
-        assert_eq!(role(Method::POST, "/v1/cluster/members"), Some(Role::Admin));
-        assert_eq!(role(Method::GET, "/v1/cluster"), Some(Role::Reader));
-        // A backup holds every namespace and every token's hash: admins only.
-        assert_eq!(role(Method::GET, "/v1/snapshot"), Some(Role::Admin));
+    fn every_route_needs_the_role_the_security_rule_gives_it() {
+        for route in routes::ROUTES.iter() {
+            let path = route.path.as_str();
+            let method = &route.method;
+            let rule = if path == "/healthz" || path == "/readyz" {
+                None
+            } else if path.starts_with("/v1/auth/")
+                || path.starts_with("/v1/cluster/members")
+                || path == "/v1/debug/clock"
+                || path == "/v1/snapshot"
+                || (path == "/v1/limits" && method != Method::GET)
+            {
+                Some(Role::Admin)
+            } else if method == Method::GET || path == "/v1/fence/check" {
+                Some(Role::Reader)
+            } else {
+                Some(Role::Agent)
+            };
+            assert_eq!(route.access.role(), rule, "{method} {path}");
+            let in_namespace = [
+                "sessions", "leases", "fence", "kv", "queues", "txn", "events",
+            ]
+            .iter()
+            .any(|family| path.starts_with(&format!("/v1/{family}")));
+            assert_eq!(
+                route.acts == Acts::InNamespace,
+                in_namespace,
+                "{method} {path}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_that_matched_no_route_needs_a_token_but_the_console_does_not() {
+        assert_eq!(
+            required(&Method::GET, None, "/v1/nowhere"),
+            Some((Role::Reader, false))
+        );
+        assert_eq!(required(&Method::GET, Some("/ui/"), "/ui/"), None);
+        assert_eq!(
+            required(&Method::PUT, Some("/v1/kv/{*key}"), "/v1/kv/a/b"),
+            Some((Role::Agent, true))
+        );
+        assert_eq!(required(&Method::GET, Some("/healthz"), "/healthz"), None);
+        // The router answers HEAD with the GET handler: it needs what GET needs.
+        assert_eq!(
+            required(&Method::HEAD, Some("/v1/kv/{*key}"), "/v1/kv/a"),
+            Some((Role::Reader, true))
+        );
     }
 
     #[test]

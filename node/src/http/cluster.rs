@@ -122,9 +122,7 @@ fn membership_error(error: RaftError<TypeConfig, ClientWriteError<TypeConfig>>) 
     summary = "Add a node: a learner, then a voter unless `voter` is false",
     request_body = baton_api::AddMemberRequest,
     responses(
-        (status = 200, description = "The new membership", body = baton_api::ClusterStatus),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The new membership", body = baton_api::ClusterStatus)
     )
 )]
 pub async fn add_member(
@@ -197,9 +195,7 @@ fn refuse_address_conflicts(app: &AppState, id: u64, member: &Member) -> Result<
         ("id" = u64, Path, description = "The node id")
     ),
     responses(
-        (status = 200, description = "The new membership", body = baton_api::ClusterStatus),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The new membership", body = baton_api::ClusterStatus)
     )
 )]
 pub async fn remove_member(
@@ -238,8 +234,7 @@ pub async fn remove_member(
     summary = "A digest of this node's applied state",
     responses(
         (status = 200, description = "The digest at its applied index", body = baton_api::Digest),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = "5XX", description = "INTERNAL: the applied state could not be read", body = baton_api::Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn digest(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {
@@ -278,9 +273,7 @@ pub struct ClockRequest {
     summary = "Test only: change this node's clock (needs --clock-control)",
     request_body = ClockRequest,
     responses(
-        (status = 200, description = "Changed", body = Object),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Changed", body = Object)
     )
 )]
 pub async fn set_clock(
@@ -329,8 +322,7 @@ pub async fn healthz() -> ApiAnswer {
     summary = "This node knows a leader and has caught up",
     responses(
         (status = 200, description = "Ready", body = Object),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = "5XX", description = "NO_LEADER: not ready (no leader in touch, or not caught up with the log)", body = baton_api::Problem, content_type = "application/problem+json")
     )
 )]
 pub async fn readyz(State(app): State<AppState>) -> Result<ApiAnswer, ApiError> {

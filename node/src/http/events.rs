@@ -134,15 +134,12 @@ impl Drop for StreamSlot {
     tag = "events",
     summary = "The changes after a revision: a page, or a server-sent event stream",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         baton_api::EventsQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume a stream after this revision; wins over `after`"),
         ("Accept" = Option<String>, Header, description = "`text/event-stream` for a stream")
     ),
     responses(
-        (status = 200, description = "A page of events (JSON), or a stream of them", body = baton_api::EventsPage),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "A page of events (JSON), or a stream of them", body = baton_api::EventsPage)
     )
 )]
 pub async fn events(

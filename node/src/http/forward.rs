@@ -1,7 +1,8 @@
 //! Forwarding: a follower sends a leader route's HTTP request to the leader and relays its
-//! answer, so any node answers any request. The writes in `RELAYED_ROUTES` are the exception:
-//! their handlers run on the follower, which relays their commands instead (relay.rs); and so
-//! are event streams, which every node serves from its own applied log (events.rs).
+//! answer, so any node answers any request. The writes the route table marks `Relayed` are the
+//! exception: their handlers run on the follower, which relays their commands instead
+//! (relay.rs); and so are event streams, which every node serves from its own applied log
+//! (events.rs).
 //!
 //! The bounds (the API's contract): a forward to a leader that stops answering (paused, cut
 //! off) gives up on it after twice the election timeout, by when a new leader has been elected,
@@ -31,6 +32,7 @@ use openraft::async_runtime::WatchReceiver;
 use tokio::time::Instant;
 
 use super::error::ApiError;
+use super::routes::{self, Served};
 use super::{AppState, BODY_BYTES_MAX};
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
@@ -73,6 +75,15 @@ pub async fn forward_unless_leader(
     request: Request,
     next: Next,
 ) -> Response {
+    let served = request
+        .extensions()
+        .get::<MatchedPath>()
+        .and_then(|pattern| routes::find(request.method(), pattern.as_str()))
+        .map(|route| route.served);
+    let Some(served @ (Served::Relayed | Served::Forwarded)) = served else {
+        // A node-local route, the console, or no route at all: answered here.
+        return next.run(request).await;
+    };
     if app.is_leader() {
         return next.run(request).await;
     }
@@ -98,7 +109,7 @@ pub async fn forward_unless_leader(
         }
     };
     let waits = wait_asked(&parts, &body);
-    if waits.is_none() && relayed(&parts) {
+    if waits.is_none() && served == Served::Relayed {
         // The handler decides it here and relays the command (relay.rs).
         return next.run(Request::from_parts(parts, Body::from(body))).await;
     }
@@ -164,34 +175,6 @@ fn wait_asked(parts: &Parts, body: &Bytes) -> Option<Duration> {
         .ok()
         .and_then(|waits| waits.wait_ms)
         .map(|wait_ms| Duration::from_millis(wait_ms.min(baton_api::WAIT_MS_MAX)))
-}
-
-/// The writes a follower decides itself and relays to the leader as commands (relay.rs): each
-/// of these handlers only commits. Reads, the waiting acquires and claims the leader holds, and
-/// the token, limits and membership routes travel as HTTP requests.
-const RELAYED_ROUTES: [(Method, &str); 13] = [
-    (Method::POST, "/v1/sessions"),
-    (Method::DELETE, "/v1/sessions/{id}"),
-    (Method::POST, "/v1/sessions/{id}/keepalive"),
-    (Method::POST, "/v1/sessions/{id}/release"),
-    (Method::POST, "/v1/leases"),
-    (Method::PUT, "/v1/kv/{*key}"),
-    (Method::DELETE, "/v1/kv/{*key}"),
-    (Method::POST, "/v1/queues/{queue}/tasks"),
-    (Method::POST, "/v1/queues/{queue}/claim"),
-    (Method::POST, "/v1/queues/{queue}/tasks/{id}/complete"),
-    (Method::POST, "/v1/queues/{queue}/tasks/{id}/fail"),
-    (Method::POST, "/v1/queues/{queue}/tasks/{id}/release"),
-    (Method::POST, "/v1/txn"),
-];
-
-fn relayed(parts: &Parts) -> bool {
-    let Some(route) = parts.extensions.get::<MatchedPath>() else {
-        return false;
-    };
-    RELAYED_ROUTES
-        .iter()
-        .any(|(method, pattern)| *method == parts.method && *pattern == route.as_str())
 }
 
 /// The leader to send to: waits until this node knows one other than `unanswered` (a leader

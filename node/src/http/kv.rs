@@ -33,15 +33,11 @@ fn fence_claim(
     tag = "kv",
     summary = "Write a value, unconditionally or fenced",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("key" = String, Path, description = "The key (a path)")
     ),
     request_body = baton_api::KvPutRequest,
     responses(
-        (status = 200, description = "Written", body = baton_api::KvPutResponse),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Written", body = baton_api::KvPutResponse)
     )
 )]
 pub async fn put(
@@ -85,13 +81,10 @@ pub async fn put(
     tag = "kv",
     summary = "Read a value, its revision and the fence that wrote it",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         ("key" = String, Path, description = "The key (a path)")
     ),
     responses(
-        (status = 200, description = "The entry", body = baton_api::KvEntry),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The entry", body = baton_api::KvEntry)
     )
 )]
 pub async fn get(
@@ -124,15 +117,11 @@ pub async fn get(
     tag = "kv",
     summary = "Delete a value, unconditionally or fenced",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("key" = String, Path, description = "The key (a path)")
     ),
     request_body = baton_api::KvDeleteRequest,
     responses(
-        (status = 200, description = "Deleted", body = baton_api::KvDeleteResponse),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Deleted", body = baton_api::KvDeleteResponse)
     )
 )]
 pub async fn delete(

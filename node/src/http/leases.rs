@@ -35,15 +35,9 @@ fn parse_session_id(text: &str) -> Result<SessionId, ApiError> {
     path = "/v1/sessions",
     tag = "sessions",
     summary = "Create a session",
-    params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)")
-    ),
     request_body = baton_api::CreateSessionRequest,
     responses(
-        (status = 201, description = "The new session, with its secret id", body = baton_api::CreateSessionResponse),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 201, description = "The new session, with its secret id", body = baton_api::CreateSessionResponse)
     )
 )]
 pub async fn create_session(
@@ -87,14 +81,10 @@ pub async fn create_session(
     tag = "sessions",
     summary = "Renew a session and every lease it holds",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("id" = String, Path, description = "The session id")
     ),
     responses(
-        (status = 200, description = "Renewed", body = baton_api::KeepaliveResponse),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Renewed", body = baton_api::KeepaliveResponse)
     )
 )]
 pub async fn keepalive(
@@ -136,15 +126,11 @@ pub async fn keepalive(
     tag = "sessions",
     summary = "Release one lease of a session, or leave the resource's line",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("id" = String, Path, description = "The session id")
     ),
     request_body = baton_api::ReleaseRequest,
     responses(
-        (status = 200, description = "Released", body = baton_api::ReleaseResponse),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Released", body = baton_api::ReleaseResponse)
     )
 )]
 pub async fn release(
@@ -191,14 +177,10 @@ pub async fn release(
     tag = "sessions",
     summary = "End a session, releasing everything it holds",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("id" = String, Path, description = "The session id")
     ),
     responses(
-        (status = 200, description = "Ended", body = baton_api::EndSessionResponse),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Ended", body = baton_api::EndSessionResponse)
     )
 )]
 pub async fn end_session(
@@ -231,14 +213,11 @@ pub async fn end_session(
     tag = "sessions",
     summary = "A session and a page of its leases",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         ("id" = String, Path, description = "The session id"),
         baton_api::PageQuery
     ),
     responses(
-        (status = 200, description = "The session", body = baton_api::SessionInfo),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The session", body = baton_api::SessionInfo)
     )
 )]
 pub async fn get_session(
@@ -266,16 +245,10 @@ pub async fn get_session(
     path = "/v1/leases",
     tag = "leases",
     summary = "Acquire a lease in one conditional write",
-    params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)")
-    ),
     request_body = baton_api::AcquireRequest,
     responses(
         (status = 201, description = "Granted, with its fence", body = baton_api::Grant),
-        (status = 202, description = "With `wait_ms`: not granted within it; the session waits in the resource's line", body = baton_api::Queued),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 202, description = "With `wait_ms`: not granted within it; the session waits in the resource's line", body = baton_api::Queued)
     )
 )]
 pub async fn acquire(
@@ -419,13 +392,10 @@ async fn wait_in_line(
     tag = "leases",
     summary = "The live lease on a path, or the subtree lease covering it",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         ("resource" = String, Path, description = "The path (its segments joined by /)")
     ),
     responses(
-        (status = 200, description = "The lease", body = baton_api::Lease),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The lease", body = baton_api::Lease)
     )
 )]
 pub async fn get_lease(
@@ -453,13 +423,10 @@ pub async fn get_lease(
     tag = "leases",
     summary = "Live leases, optionally under a prefix",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         baton_api::ListLeasesQuery
     ),
     responses(
-        (status = 200, description = "A page of leases", body = baton_api::LeaseList),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "A page of leases", body = baton_api::LeaseList)
     )
 )]
 pub async fn list_leases(
@@ -488,14 +455,9 @@ pub async fn list_leases(
     path = "/v1/fence/check",
     tag = "leases",
     summary = "Whether a token is the live fence of a resource",
-    params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent")
-    ),
     request_body = baton_api::FenceCheckRequest,
     responses(
-        (status = 200, description = "The verdict", body = baton_api::FenceCheckResponse),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The verdict", body = baton_api::FenceCheckResponse)
     )
 )]
 pub async fn fence_check(

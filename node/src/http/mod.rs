@@ -20,6 +20,7 @@ mod leases;
 mod openapi;
 mod queues;
 mod relay;
+mod routes;
 mod service;
 mod txn;
 
@@ -32,7 +33,6 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
 use axum::Router;
 use baton_api::{HEADER_CLUSTER_TIME, HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER};
 use baton_raft_store::machine::{
@@ -348,67 +348,16 @@ impl IntoResponse for ApiAnswer {
     }
 }
 
-/// The API router: leader routes (forwarded by followers) and node-local routes.
+/// The API router: the route table's routes (`routes.rs`) and the console's.
 pub fn router(app: AppState) -> Router {
-    let leader_routes = Router::new()
-        .route("/v1/sessions", post(leases::create_session))
-        .route(
-            "/v1/sessions/{id}",
-            get(leases::get_session).delete(leases::end_session),
-        )
-        .route("/v1/sessions/{id}/keepalive", post(leases::keepalive))
-        .route("/v1/sessions/{id}/release", post(leases::release))
-        .route("/v1/leases", post(leases::acquire).get(leases::list_leases))
-        .route("/v1/leases/{*resource}", get(leases::get_lease))
-        .route("/v1/fence/check", post(leases::fence_check))
-        .route(
-            "/v1/kv/{*key}",
-            get(kv::get).put(kv::put).delete(kv::delete),
-        )
-        .route("/v1/queues", get(queues::list_queues))
-        .route("/v1/queues/{queue}", get(queues::counts))
-        .route(
-            "/v1/queues/{queue}/tasks",
-            post(queues::enqueue).get(queues::list),
-        )
-        .route("/v1/queues/{queue}/claim", post(queues::claim))
-        .route(
-            "/v1/queues/{queue}/tasks/{id}/complete",
-            post(queues::complete),
-        )
-        .route("/v1/queues/{queue}/tasks/{id}/fail", post(queues::fail))
-        .route(
-            "/v1/queues/{queue}/tasks/{id}/release",
-            post(queues::release),
-        )
-        .route("/v1/txn", post(txn::txn))
-        .route("/v1/events", get(events::events))
-        .route(
-            "/v1/auth/tokens",
-            post(auth::create_token).get(auth::list_tokens),
-        )
-        .route("/v1/auth/tokens/{name}", delete(auth::revoke_token))
-        .route("/v1/limits", get(auth::get_limits).put(auth::put_limits))
-        .route("/v1/cluster/members", post(cluster::add_member))
-        .route("/v1/cluster/members/{id}", delete(cluster::remove_member))
+    let routes = routes::router()
+        .merge(console::routes())
+        .fallback(unknown_route)
+        .method_not_allowed_fallback(wrong_method)
         .layer(from_fn_with_state(
             app.clone(),
             forward::forward_unless_leader,
         ));
-    let local_routes = Router::new()
-        .route("/v1/cluster", get(cluster::status))
-        .route("/v1/snapshot", get(cluster::snapshot))
-        .route("/v1/openapi.json", get(openapi::openapi))
-        .route("/v1/debug/digest", get(cluster::digest))
-        .route("/v1/debug/clock", post(cluster::set_clock))
-        .route("/healthz", get(cluster::healthz))
-        .route("/readyz", get(cluster::readyz))
-        .route("/metrics", get(cluster::metrics));
-    let routes = leader_routes
-        .merge(local_routes)
-        .merge(console::routes())
-        .fallback(unknown_route)
-        .method_not_allowed_fallback(wrong_method);
     // Without --auth the check would pass every request: no layer at all, rather than one that
     // boxes every request's future to do nothing.
     let routes = if app.auth {

@@ -1,12 +1,17 @@
 //! The HTTP API as an OpenAPI 3.1 document, generated from the handlers' `#[utoipa::path]`
-//! annotations and the wire types of `baton-api`: served at `GET /v1/openapi.json` and checked
-//! in at `docs/openapi.json` (a test keeps the two equal; docs/api.md is the prose).
+//! annotations, their rows of the route table (`routes.rs`) and the wire types of `baton-api`:
+//! served at `GET /v1/openapi.json` and checked in at `docs/openapi.json` (a test keeps the two
+//! equal; docs/api.md is the prose).
 
-use axum::http::header;
+use axum::http::{header, Method};
 use axum::response::{IntoResponse, Response};
+use baton_api::{HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
+use utoipa::openapi::path::{Operation, ParameterBuilder, ParameterIn};
+use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+use utoipa::openapi::{ContentBuilder, Ref, Required, ResponseBuilder};
 use utoipa::OpenApi;
 
-use super::{auth, cluster, events, kv, leases, queues, txn};
+use super::routes::{self, Access, Acts, Route, Served};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -20,45 +25,7 @@ use super::{auth, cluster, events, kv, leases, queues, txn};
                        route but `/healthz` and `/readyz`.",
         license(name = "Apache-2.0"),
     ),
-    paths(
-        leases::create_session,
-        leases::get_session,
-        leases::end_session,
-        leases::keepalive,
-        leases::release,
-        leases::acquire,
-        leases::list_leases,
-        leases::get_lease,
-        leases::fence_check,
-        kv::get,
-        kv::put,
-        kv::delete,
-        queues::list_queues,
-        queues::counts,
-        queues::enqueue,
-        queues::list,
-        queues::claim,
-        queues::complete,
-        queues::fail,
-        queues::release,
-        txn::txn,
-        events::events,
-        auth::create_token,
-        auth::list_tokens,
-        auth::revoke_token,
-        auth::get_limits,
-        auth::put_limits,
-        cluster::status,
-        cluster::snapshot,
-        cluster::add_member,
-        cluster::remove_member,
-        cluster::digest,
-        cluster::set_clock,
-        cluster::healthz,
-        cluster::readyz,
-        cluster::metrics,
-        openapi,
-    ),
+    components(schemas(baton_api::Problem)),
     tags(
         (name = "sessions", description = "A holder's heartbeat; one keepalive renews every lease"),
         (name = "leases", description = "Exclusive and subtree leases with fences"),
@@ -76,11 +43,106 @@ struct ApiDoc;
 
 /// The document as pretty JSON, ending in a newline, exactly as checked in.
 pub fn document() -> String {
-    let mut json = ApiDoc::openapi()
+    let mut document = ApiDoc::openapi();
+    document.merge(routes::Paths::openapi());
+    for route in routes::ROUTES.iter() {
+        let operation = operation_mut(&mut document, route);
+        complete(operation, route);
+    }
+    let mut json = document
         .to_pretty_json()
         .expect("the OpenAPI document serializes");
     json.push('\n');
     json
+}
+
+fn operation_mut<'d>(
+    document: &'d mut utoipa::openapi::OpenApi,
+    route: &Route,
+) -> &'d mut Operation {
+    let item = document
+        .paths
+        .paths
+        .get_mut(&route.path)
+        .expect("every row's handler is in the document");
+    let operation = match route.method {
+        Method::GET => &mut item.get,
+        Method::POST => &mut item.post,
+        Method::PUT => &mut item.put,
+        Method::DELETE => &mut item.delete,
+        _ => unreachable!("the API uses GET, POST, PUT and DELETE only"),
+    };
+    operation
+        .as_mut()
+        .expect("every row's operation is in the document")
+}
+
+/// Adds what a route shares with the others of its kind, from its row: the namespace header of
+/// a route that acts in one, the idempotency key of a relayed write, and the problem answers
+/// of a route that needs a token (4XX) or a leader (5XX), unless its annotation has its own.
+fn complete(operation: &mut Operation, route: &Route) {
+    let mut shared = Vec::new();
+    if route.acts == Acts::InNamespace {
+        shared.push((HEADER_NAMESPACE, "The namespace; `default` when absent"));
+    }
+    if route.served == Served::Relayed {
+        shared.push((
+            HEADER_IDEMPOTENCY_KEY,
+            "16..255 characters; a retry with the same key is applied at most once (G8)",
+        ));
+    }
+    if !shared.is_empty() {
+        add_headers(operation, route, shared);
+    }
+    let problem = |description: &str| {
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/problem+json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name("Problem")))
+                    .build(),
+            )
+            .build()
+    };
+    let responses = &mut operation.responses.responses;
+    if route.access != Access::Open {
+        responses
+            .entry("4XX".to_owned())
+            .or_insert_with(|| problem("Refused, nothing changed: see the problem's code").into());
+    }
+    if route.served != Served::Local {
+        responses.entry("5XX".to_owned()).or_insert_with(|| {
+            problem("NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL")
+                .into()
+        });
+    }
+}
+
+/// Puts the optional `headers` (name, description) first among the operation's parameters,
+/// which must not declare them itself.
+fn add_headers(operation: &mut Operation, route: &Route, headers: Vec<(&str, &str)>) {
+    let parameters = operation.parameters.get_or_insert_with(Vec::new);
+    for (name, _) in &headers {
+        assert!(
+            parameters.iter().all(|parameter| !parameter.name.eq_ignore_ascii_case(name)),
+            "{} {} declares {name}, which its row of the route table adds: remove it from the annotation",
+            route.method,
+            route.path
+        );
+    }
+    let header = |(name, description): (&str, &str)| {
+        ParameterBuilder::new()
+            .name(name)
+            .parameter_in(ParameterIn::Header)
+            .description(Some(description))
+            .required(Required::False)
+            .schema(Some(
+                ObjectBuilder::new().schema_type(SchemaType::from_iter([Type::String, Type::Null])),
+            ))
+            .build()
+    };
+    parameters.splice(0..0, headers.into_iter().map(header));
 }
 
 #[utoipa::path(
@@ -115,27 +177,19 @@ mod tests {
         );
     }
 
-    /// Every route the router serves, with every method, is in the document, and nothing
-    /// else is: read from the router's source (`.route("PATH", get(..).post(..))`), since an
-    /// axum router cannot list its routes.
+    /// The document has one operation per row of the route table, at the row's method and
+    /// path, and no other.
     #[test]
-    fn the_document_lists_exactly_the_routes_the_router_serves() {
-        let source = include_str!("mod.rs");
-        let router = &source[source.find("pub fn router(").expect("the router")..];
-        let mut served = std::collections::BTreeSet::new();
-        for call in router.split(".route(").skip(1) {
-            let path = call.split('"').nth(1).expect("a route path");
-            let handlers = &call[..call.find("))").map_or(call.len(), |end| end + 2)];
-            for method in ["get", "post", "put", "delete"] {
-                let called = handlers.contains(&format!(" {method}("))
-                    || handlers.contains(&format!("({method}("))
-                    || handlers.contains(&format!(".{method}("))
-                    || handlers.contains(&format!("\n{method}("));
-                if called {
-                    served.insert((method.to_owned(), path.replace("{*", "{")));
-                }
-            }
-        }
+    fn the_document_has_exactly_the_route_tables_operations() {
+        let table: std::collections::BTreeSet<(String, String)> = routes::ROUTES
+            .iter()
+            .map(|route| {
+                (
+                    route.method.as_str().to_ascii_lowercase(),
+                    route.path.clone(),
+                )
+            })
+            .collect();
         let document: serde_json::Value =
             serde_json::from_str(&document()).expect("the document is JSON");
         let mut documented = std::collections::BTreeSet::new();
@@ -144,8 +198,8 @@ mod tests {
                 documented.insert((method.clone(), path.clone()));
             }
         }
-        assert_eq!(served.len(), 37, "the router's routes as read: {served:?}");
-        assert_eq!(served, documented);
+        assert_eq!(table.len(), routes::ROUTES.len(), "no row is there twice");
+        assert_eq!(table, documented);
     }
 
     /// Clients generated from the document name a method after its operation, so two

@@ -72,15 +72,11 @@ pub(super) fn task_spec(request: &EnqueueRequest) -> Result<TaskSpec, ApiError> 
     tag = "queues",
     summary = "Add a task",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("queue" = String, Path, description = "The queue")
     ),
     request_body = baton_api::EnqueueRequest,
     responses(
-        (status = 201, description = "The task", body = baton_api::Task),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 201, description = "The task", body = baton_api::Task)
     )
 )]
 pub async fn enqueue(
@@ -118,16 +114,12 @@ pub async fn enqueue(
     tag = "queues",
     summary = "Claim the best ready task",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("queue" = String, Path, description = "The queue")
     ),
     request_body = baton_api::ClaimRequest,
     responses(
         (status = 200, description = "Claimed, with its fence", body = baton_api::ClaimResponse),
-        (status = 204, description = "No task is ready; nothing changed"),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 204, description = "No task is ready; nothing changed")
     )
 )]
 pub async fn claim(
@@ -282,16 +274,12 @@ impl TaskTarget {
     tag = "queues",
     summary = "Complete a claimed task",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("queue" = String, Path, description = "The queue"),
         ("id" = String, Path, description = "The task id")
     ),
     request_body = baton_api::CompleteRequest,
     responses(
-        (status = 200, description = "The task", body = baton_api::Task),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The task", body = baton_api::Task)
     )
 )]
 pub async fn complete(
@@ -331,16 +319,12 @@ pub async fn complete(
     tag = "queues",
     summary = "Fail this attempt of a claimed task",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("queue" = String, Path, description = "The queue"),
         ("id" = String, Path, description = "The task id")
     ),
     request_body = baton_api::FailRequest,
     responses(
-        (status = 200, description = "The task", body = baton_api::Task),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The task", body = baton_api::Task)
     )
 )]
 pub async fn fail(
@@ -375,16 +359,12 @@ pub async fn fail(
     tag = "queues",
     summary = "Give a claimed task back without counting an attempt",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)"),
         ("queue" = String, Path, description = "The queue"),
         ("id" = String, Path, description = "The task id")
     ),
     request_body = baton_api::TaskReleaseRequest,
     responses(
-        (status = 200, description = "The task", body = baton_api::Task),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The task", body = baton_api::Task)
     )
 )]
 pub async fn release(
@@ -418,13 +398,10 @@ pub async fn release(
     tag = "queues",
     summary = "A queue's task counts by state",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         ("queue" = String, Path, description = "The queue")
     ),
     responses(
-        (status = 200, description = "The counts", body = baton_api::QueueInfo),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "The counts", body = baton_api::QueueInfo)
     )
 )]
 pub async fn counts(
@@ -462,13 +439,10 @@ fn queue_info(queue: &Name, counts: &TaskCounts) -> QueueInfo {
     tag = "queues",
     summary = "The namespace's queues, each with its task counts",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         baton_api::PageQuery
     ),
     responses(
-        (status = 200, description = "A page of queues in name order", body = baton_api::QueueList),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "A page of queues in name order", body = baton_api::QueueList)
     )
 )]
 pub async fn list_queues(
@@ -497,14 +471,11 @@ pub async fn list_queues(
     tag = "queues",
     summary = "A page of a queue's tasks",
     params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
         ("queue" = String, Path, description = "The queue"),
         baton_api::ListTasksQuery
     ),
     responses(
-        (status = 200, description = "A page of tasks", body = baton_api::TaskList),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "A page of tasks", body = baton_api::TaskList)
     )
 )]
 pub async fn list(

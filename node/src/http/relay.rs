@@ -15,7 +15,7 @@
 //! `AppState::leader_wait` for a leader; a command that surely did not reach a leader (no
 //! connection, or a node that answered it is not the leader) is sent again, to the leader known
 //! then, and past the bound is `NO_LEADER`; one that may have reached one is `OUTCOME_UNKNOWN`.
-//! Which writes are relayed is forward.rs's `RELAYED_ROUTES`.
+//! Which writes are relayed is the route table's `Served::Relayed` (routes.rs).
 //!
 //! Never here: parsing client requests, or deciding anything about a command's content.
 

@@ -78,15 +78,9 @@ fn op(op: &baton_api::TxnOp) -> Result<TxnOp, ApiError> {
                    that would be refused refuses the whole transaction with its code and \
                    changes nothing. At most `txn_ops_max` (64) compares and as many ops; an op \
                    may name a key, a resource or a task only once.",
-    params(
-        ("Baton-Namespace" = Option<String>, Header, description = "The namespace; `default` when absent"),
-        ("Idempotency-Key" = Option<String>, Header, description = "16..255 characters; a retry with the same key is applied at most once (G8)")
-    ),
     request_body = baton_api::TxnRequest,
     responses(
-        (status = 200, description = "Applied: whether the compares held, one result per op run", body = baton_api::TxnResponse),
-        (status = "4XX", description = "Refused, nothing changed: see the problem's code", body = baton_api::Problem, content_type = "application/problem+json"),
-        (status = "5XX", description = "NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL", body = baton_api::Problem, content_type = "application/problem+json")
+        (status = 200, description = "Applied: whether the compares held, one result per op run", body = baton_api::TxnResponse)
     )
 )]
 pub async fn txn(

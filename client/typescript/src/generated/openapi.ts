@@ -1669,6 +1669,15 @@ export interface operations {
                     "text/plain": string;
                 };
             };
+            /** @description Refused, nothing changed: see the problem's code */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
         };
     };
     readyz: {
@@ -1689,16 +1698,7 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
-            /** @description Refused, nothing changed: see the problem's code */
-            "4XX": {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
-            /** @description NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL */
+            /** @description NO_LEADER: not ready (no leader in touch, or not caught up with the log) */
             "5XX": {
                 headers: {
                     [name: string]: unknown;
@@ -1727,8 +1727,17 @@ export interface operations {
                     "application/json": components["schemas"]["TokenList"];
                 };
             };
-            /** @description Refused: see the problem's code */
+            /** @description Refused, nothing changed: see the problem's code */
             "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL */
+            "5XX": {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -1967,15 +1976,6 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL */
-            "5XX": {
-                headers: {
-                    [name: string]: unknown;
-                };
-                content: {
-                    "application/problem+json": components["schemas"]["Problem"];
-                };
-            };
         };
     };
     digest: {
@@ -2005,7 +2005,7 @@ export interface operations {
                     "application/problem+json": components["schemas"]["Problem"];
                 };
             };
-            /** @description NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL */
+            /** @description INTERNAL: the applied state could not be read */
             "5XX": {
                 headers: {
                     [name: string]: unknown;
@@ -2421,8 +2421,17 @@ export interface operations {
                     "application/json": Record<string, never>;
                 };
             };
-            /** @description Refused: see the problem's code */
+            /** @description Refused, nothing changed: see the problem's code */
             "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
+                };
+            };
+            /** @description NO_LEADER (surely not applied), OUTCOME_UNKNOWN (maybe applied) or INTERNAL */
+            "5XX": {
                 headers: {
                     [name: string]: unknown;
                 };
@@ -2491,6 +2500,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": Record<string, never>;
+                };
+            };
+            /** @description Refused, nothing changed: see the problem's code */
+            "4XX": {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/problem+json": components["schemas"]["Problem"];
                 };
             };
         };
