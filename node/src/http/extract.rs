@@ -3,15 +3,19 @@
 //! parameters. Every rejection is an `ApiError`, never axum's plain-text default.
 
 use axum::body::Bytes;
-use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::extract::{FromRequest, FromRequestParts, MatchedPath, Path, Query, Request};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use baton_api::{HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
-use baton_raft_store::machine::{validate_idempotency_key, Caller, Name, Namespace, ResourcePath};
+use baton_raft_store::machine::{
+    validate_idempotency_key, Caller, IdempotencyTag, Name, Namespace, ResourcePath,
+};
 use serde::de::DeserializeOwned;
+use sha2::{Digest, Sha256};
 
 use super::auth::TokenHash;
 use super::error::ApiError;
+use super::service::Mutation;
 use super::AppState;
 
 /// A path in a write's body or route: its shape is checked here, its bounds by admission
@@ -89,7 +93,7 @@ impl FromRequestParts<AppState> for Token {
 
 /// The `Idempotency-Key` header, if any, checked for length.
 #[derive(Debug)]
-pub struct IdempotencyKey(pub Option<String>);
+struct IdempotencyKey(Option<String>);
 
 impl FromRequestParts<AppState> for IdempotencyKey {
     type Rejection = ApiError;
@@ -108,6 +112,96 @@ impl FromRequestParts<AppState> for IdempotencyKey {
             .map_err(ApiError::from_invalid)?;
         Ok(IdempotencyKey(Some(key.to_owned())))
     }
+}
+
+/// What a write takes from its request besides its parameters and body: the namespace, the
+/// token it is made with, its idempotency key, and its route (method and path pattern, which
+/// the key's fingerprint covers, so that one key sent to two routes is two requests).
+#[derive(Debug)]
+pub struct Write {
+    pub namespace: Namespace,
+    by: Option<Name>,
+    key: Option<String>,
+    method: Method,
+    route: MatchedPath,
+}
+
+impl FromRequestParts<AppState> for Write {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, app: &AppState) -> Result<Write, ApiError> {
+        let Ns(namespace) = Ns::from_request_parts(parts, app).await?;
+        let By(by) = By::from_request_parts(parts, app).await?;
+        let IdempotencyKey(key) = IdempotencyKey::from_request_parts(parts, app).await?;
+        let route = parts
+            .extensions
+            .get::<MatchedPath>()
+            .cloned()
+            .ok_or_else(|| ApiError::internal("a write's handler ran without its route"))?;
+        Ok(Write {
+            namespace,
+            by,
+            key,
+            method: parts.method.clone(),
+            route,
+        })
+    }
+}
+
+impl Write {
+    /// The mutation, with its idempotency tag over the route, the path's `parameters` and the
+    /// body's `canonical` bytes, and its estimated share of a log entry.
+    pub fn mutation(
+        self,
+        app: &AppState,
+        parameters: &[&str],
+        canonical: &[u8],
+        size_bytes: usize,
+    ) -> Mutation {
+        let tag = self.key.map(|key| IdempotencyTag {
+            key,
+            fingerprint: fingerprint(
+                &self.namespace,
+                self.method.as_str(),
+                self.route.as_str(),
+                parameters,
+                canonical,
+            ),
+            wall_ms: app.clock.wall_ms(),
+        });
+        Mutation {
+            namespace: self.namespace,
+            by: self.by,
+            tag,
+            size_bytes,
+        }
+    }
+}
+
+/// What identifies a write for its idempotency key (G8): a retry must match it, and a key sent
+/// with another request is refused. Recorded in the replicated state, so it never changes
+/// between versions (a test pins it).
+fn fingerprint(
+    namespace: &Namespace,
+    method: &str,
+    route: &str,
+    parameters: &[&str],
+    canonical_body: &[u8],
+) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for part in [
+        namespace.as_str().as_bytes(),
+        method.as_bytes(),
+        route.as_bytes(),
+    ]
+    .into_iter()
+    .chain(parameters.iter().map(|parameter| parameter.as_bytes()))
+    .chain([canonical_body])
+    {
+        hasher.update((part.len() as u64).to_le_bytes());
+        hasher.update(part);
+    }
+    hasher.finalize().into()
 }
 
 /// A JSON body: the typed value and its canonical encoding (keys sorted), which the
@@ -182,5 +276,57 @@ impl<T: DeserializeOwned> FromRequestParts<AppState> for ApiQuery<T> {
             .map_err(|rejection| {
                 ApiError::invalid(format!("invalid query: {}", rejection.body_text()))
             })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::routes::{Served, ROUTES};
+
+    /// A retry during a rolling upgrade is fingerprinted by one version and checked by another:
+    /// neither the fingerprint nor the route it covers may change.
+    #[test]
+    fn a_writes_fingerprint_is_the_one_earlier_versions_recorded() {
+        let namespace = Namespace::default_namespace();
+        let fingerprint = fingerprint(
+            &namespace,
+            "PUT",
+            "/v1/kv/{*key}",
+            &["a/b"],
+            br#"{"value":1}"#,
+        );
+        let hex: String = fingerprint
+            .iter()
+            .map(|byte| format!("{byte:02x}"))
+            .collect();
+        assert_eq!(
+            hex,
+            "ec1740c3b93b19a7484541301c3b3508d29735cb19bf295a7b4722c77619f340"
+        );
+        let mut relayed: Vec<String> = ROUTES
+            .iter()
+            .filter(|route| route.served == Served::Relayed)
+            .map(|route| format!("{} {}", route.method, route.pattern))
+            .collect();
+        relayed.sort();
+        assert_eq!(
+            relayed,
+            [
+                "DELETE /v1/kv/{*key}",
+                "DELETE /v1/sessions/{id}",
+                "POST /v1/leases",
+                "POST /v1/queues/{queue}/claim",
+                "POST /v1/queues/{queue}/tasks",
+                "POST /v1/queues/{queue}/tasks/{id}/complete",
+                "POST /v1/queues/{queue}/tasks/{id}/fail",
+                "POST /v1/queues/{queue}/tasks/{id}/release",
+                "POST /v1/sessions",
+                "POST /v1/sessions/{id}/keepalive",
+                "POST /v1/sessions/{id}/release",
+                "POST /v1/txn",
+                "PUT /v1/kv/{*key}",
+            ]
+        );
     }
 }

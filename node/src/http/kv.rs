@@ -9,8 +9,7 @@ use baton_api::{
 use baton_raft_store::machine::{ResourceFence, SessionId};
 
 use super::error::ApiError;
-use super::extract::{read_path, write_path, ApiJson, ApiPath, By, IdempotencyKey, Ns};
-use super::service::Mutation;
+use super::extract::{read_path, write_path, ApiJson, ApiPath, Ns, Write};
 use super::{ApiAnswer, AppState};
 
 fn fence_claim(
@@ -42,30 +41,15 @@ fn fence_claim(
 )]
 pub async fn put(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvPutRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let key_path = write_path(&path)?;
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "PUT",
-        "/v1/kv/{*key}",
-        &[&path],
-        &body.canonical,
-    );
     let fence = fence_claim(body.value.fenced_by())?;
     let value = serde_json::to_string(&body.value.value).map_err(ApiError::internal)?;
     let size_bytes = value.len() + 128;
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes,
-    };
+    let mutation = write.mutation(&app, &[&path], &body.canonical, size_bytes);
     let written = app.kv_put(mutation, key_path, value, fence).await?;
     Ok(written.answer(
         StatusCode::OK,
@@ -126,28 +110,13 @@ pub async fn get(
 )]
 pub async fn delete(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath(path): ApiPath<String>,
     body: ApiJson<KvDeleteRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let key_path = write_path(&path)?;
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "DELETE",
-        "/v1/kv/{*key}",
-        &[&path],
-        &body.canonical,
-    );
     let fence = fence_claim(body.value.fenced_by())?;
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes: 256,
-    };
+    let mutation = write.mutation(&app, &[&path], &body.canonical, 256);
     let deleted = app.kv_delete(mutation, key_path, fence).await?;
     Ok(deleted.answer(
         StatusCode::OK,

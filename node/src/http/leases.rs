@@ -17,8 +17,8 @@ use tokio::time::Instant;
 
 use super::convert;
 use super::error::ApiError;
-use super::extract::{read_path, write_path, ApiJson, ApiPath, ApiQuery, By, IdempotencyKey, Ns};
-use super::service::{Acquired, LetGo, Mutation};
+use super::extract::{read_path, write_path, ApiJson, ApiPath, ApiQuery, Ns, Write};
+use super::service::{Acquired, LetGo};
 use super::{ApiAnswer, AppState};
 
 /// A request's estimated share of a log entry, for bounding batches.
@@ -42,25 +42,10 @@ fn parse_session_id(text: &str) -> Result<SessionId, ApiError> {
 )]
 pub async fn create_session(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     body: ApiJson<CreateSessionRequest>,
 ) -> Result<ApiAnswer, ApiError> {
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "POST",
-        "/v1/sessions",
-        &[],
-        &body.canonical,
-    );
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes: size_of(&body.canonical),
-    };
+    let mutation = write.mutation(&app, &[], &body.canonical, size_of(&body.canonical));
     let request = body.value;
     let session = NewSession {
         session_id: app.new_session_id(),
@@ -89,26 +74,11 @@ pub async fn create_session(
 )]
 pub async fn keepalive(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath(id): ApiPath<String>,
 ) -> Result<ApiAnswer, ApiError> {
     let session_id = parse_session_id(&id)?;
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "POST",
-        "/v1/sessions/{id}/keepalive",
-        &[&id],
-        b"",
-    );
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes: 64,
-    };
+    let mutation = write.mutation(&app, &[&id], b"", 64);
     let renewed = app.keepalive(mutation, session_id).await?;
     Ok(renewed.answer(
         StatusCode::OK,
@@ -135,28 +105,13 @@ pub async fn keepalive(
 )]
 pub async fn release(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath(id): ApiPath<String>,
     body: ApiJson<ReleaseRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let session_id = parse_session_id(&id)?;
     let resource = write_path(&body.value.resource)?;
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "POST",
-        "/v1/sessions/{id}/release",
-        &[&id],
-        &body.canonical,
-    );
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes: size_of(&body.canonical),
-    };
+    let mutation = write.mutation(&app, &[&id], &body.canonical, size_of(&body.canonical));
     let let_go = app.release(mutation, session_id, resource).await?;
     let (released, left_line) = match &let_go.value {
         LetGo::Released(resource) => (resource.to_string(), false),
@@ -185,19 +140,11 @@ pub async fn release(
 )]
 pub async fn end_session(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath(id): ApiPath<String>,
 ) -> Result<ApiAnswer, ApiError> {
     let session_id = parse_session_id(&id)?;
-    let tag = app.idempotency_tag(key, &namespace, "DELETE", "/v1/sessions/{id}", &[&id], b"");
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes: 64,
-    };
+    let mutation = write.mutation(&app, &[&id], b"", 64);
     let ended = app.end_session(mutation, session_id).await?;
     Ok(ended.answer(
         StatusCode::OK,
@@ -253,12 +200,9 @@ pub async fn get_session(
 )]
 pub async fn acquire(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     body: ApiJson<AcquireRequest>,
 ) -> Result<ApiAnswer, ApiError> {
-    let tag = app.idempotency_tag(key, &namespace, "POST", "/v1/leases", &[], &body.canonical);
     let request = &body.value;
     let resource = write_path(&request.resource)?;
     let owner = app.owner(request.owner())?;
@@ -266,12 +210,7 @@ pub async fn acquire(
     if let Some(reason) = &request.reason {
         labels.insert("reason".to_owned(), reason.clone());
     }
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes: size_of(&body.canonical),
-    };
+    let mutation = write.mutation(&app, &[], &body.canonical, size_of(&body.canonical));
     let mode = convert::mode_from_wire(request.mode, request.limit).map_err(ApiError::invalid)?;
     let deadline = match request.wait_ms {
         Some(wait_ms) => Some(Instant::now() + wait_duration(wait_ms)?),

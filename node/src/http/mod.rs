@@ -35,14 +35,11 @@ use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use baton_api::{HEADER_CLUSTER_TIME, HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER};
-use baton_raft_store::machine::{
-    IdempotencyTag, Limits, Machine, Namespace, NewSession, Owner, Rejection, SessionId,
-};
+use baton_raft_store::machine::{Limits, Machine, NewSession, Owner, Rejection, SessionId};
 use baton_raft_store::store::{MachineHandle, Raft};
 use openraft::async_runtime::WatchReceiver;
 use openraft::{Instant as _, ReadPolicy};
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::clock::NodeClock;
 use crate::metrics::Metrics;
@@ -250,38 +247,6 @@ impl AppState {
             _ => None,
         };
         ApiError::rejected(rejection, held_by, Some(clocks.cluster_ms))
-    }
-
-    /// The idempotency tag of a mutation: its key and a fingerprint of everything that
-    /// identifies the request (G8).
-    pub fn idempotency_tag(
-        &self,
-        key: Option<String>,
-        namespace: &Namespace,
-        method: &str,
-        route: &str,
-        parameters: &[&str],
-        canonical_body: &[u8],
-    ) -> Option<IdempotencyTag> {
-        let key = key?;
-        let mut hasher = Sha256::new();
-        for part in [
-            namespace.as_str().as_bytes(),
-            method.as_bytes(),
-            route.as_bytes(),
-        ]
-        .into_iter()
-        .chain(parameters.iter().map(|parameter| parameter.as_bytes()))
-        .chain([canonical_body])
-        {
-            hasher.update((part.len() as u64).to_le_bytes());
-            hasher.update(part);
-        }
-        Some(IdempotencyTag {
-            key,
-            fingerprint: hasher.finalize().into(),
-            wall_ms: self.clock.wall_ms(),
-        })
     }
 }
 

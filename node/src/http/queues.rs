@@ -9,16 +9,14 @@ use baton_api::{
     QueueCounts, QueueInfo, QueueList, TaskList, TaskReleaseRequest,
 };
 use baton_raft_store::machine::TaskCounts;
-use baton_raft_store::machine::{
-    Compensation, IdempotencyTag, Name, Namespace, SessionId, TaskFence, TaskSpec,
-};
+use baton_raft_store::machine::{Compensation, Name, SessionId, TaskFence, TaskSpec};
 
 use openraft::async_runtime::WatchReceiver;
 use tokio::time::Instant;
 
 use super::convert;
 use super::error::ApiError;
-use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, By, IdempotencyKey, Ns};
+use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, Ns, Write};
 use super::service::{Mutation, TaskEnd};
 use super::{ApiAnswer, AppState};
 
@@ -81,29 +79,14 @@ pub(super) fn task_spec(request: &EnqueueRequest) -> Result<TaskSpec, ApiError> 
 )]
 pub async fn enqueue(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath(queue_text): ApiPath<String>,
     body: ApiJson<EnqueueRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let queue = write_name("queue", &queue_text)?;
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "POST",
-        "/v1/queues/{queue}/tasks",
-        &[&queue_text],
-        &body.canonical,
-    );
     let task = task_spec(&body.value)?;
     let size_bytes = body.canonical.len() + 256;
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes,
-    };
+    let mutation = write.mutation(&app, &[&queue_text], &body.canonical, size_bytes);
     let enqueued = app.enqueue(mutation, queue, task).await?;
     Ok(enqueued.answer(StatusCode::CREATED, &convert::task(&enqueued.value)))
 }
@@ -124,32 +107,18 @@ pub async fn enqueue(
 )]
 pub async fn claim(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath(queue_text): ApiPath<String>,
     body: ApiJson<ClaimRequest>,
 ) -> Result<Response, ApiError> {
     let queue = write_name("queue", &queue_text)?;
-    let tag = app.idempotency_tag(
-        key,
-        &namespace,
-        "POST",
-        "/v1/queues/{queue}/claim",
-        &[&queue_text],
-        &body.canonical,
-    );
     let owner = app.owner(body.value.owner())?;
     let deadline = match body.value.wait_ms {
         Some(wait_ms) => Some(Instant::now() + super::leases::wait_duration(wait_ms)?),
         None => None,
     };
-    let mutation = Mutation {
-        namespace: namespace.clone(),
-        by,
-        tag,
-        size_bytes: 256,
-    };
+    let namespace = write.namespace.clone();
+    let mutation = write.mutation(&app, &[&queue_text], &body.canonical, 256);
     // An empty queue changes nothing (never recorded), so claiming again is safe; with
     // `wait_ms` the claim is made again whenever this node's applied state shows a ready task.
     // It looks again when an applied entry had an event on the queue (`watch_queue`), and, while
@@ -211,58 +180,34 @@ pub async fn claim(
 /// The task routes share one shape: parse, propose, answer with the task.
 async fn end_task(
     app: &AppState,
-    namespace: Namespace,
-    by: Option<Name>,
+    mutation: Mutation,
     TaskTarget {
         queue,
         task_id,
-        tag,
         claim,
     }: TaskTarget,
     end: TaskEnd,
-    size_bytes: usize,
 ) -> Result<ApiAnswer, ApiError> {
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes,
-    };
     let ended = app.end_task(mutation, queue, task_id, claim, end).await?;
     Ok(ended.answer(StatusCode::OK, &convert::task(&ended.value)))
 }
 
-/// The parts every task operation shares: the queue and task from the path, the idempotency
-/// tag of the request, and the claim that proves the caller holds the task.
+/// The parts every task operation shares: the queue and task from the path, and the claim
+/// that proves the caller holds the task.
 struct TaskTarget {
     queue: Name,
     task_id: Name,
-    tag: Option<IdempotencyTag>,
     claim: TaskFence,
 }
 
 impl TaskTarget {
-    fn parse<T>(
-        app: &AppState,
-        namespace: &Namespace,
-        key: Option<String>,
+    fn parse(
         (queue_text, id_text): (&str, &str),
-        action: &str,
-        body: &ApiJson<T>,
         (session_id, fence): (&baton_api::SessionId, u64),
     ) -> Result<TaskTarget, ApiError> {
-        let route = format!("/v1/queues/{{queue}}/tasks/{{id}}/{action}");
         Ok(TaskTarget {
             queue: write_name("queue", queue_text)?,
             task_id: write_name("task id", id_text)?,
-            tag: app.idempotency_tag(
-                key,
-                namespace,
-                "POST",
-                &route,
-                &[queue_text, id_text],
-                &body.canonical,
-            ),
             claim: task_claim(session_id, fence)?,
         })
     }
@@ -284,33 +229,19 @@ impl TaskTarget {
 )]
 pub async fn complete(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<CompleteRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
     let target = TaskTarget::parse(
-        &app,
-        &namespace,
-        key,
         (&queue_text, &id_text),
-        "complete",
-        &body,
         (&request.session_id, request.fence),
     )?;
     let result = request.result.as_ref().map(json_text).transpose()?;
     let size_bytes = result.as_ref().map_or(0, String::len) + 256;
-    end_task(
-        &app,
-        namespace,
-        by,
-        target,
-        TaskEnd::Complete { result },
-        size_bytes,
-    )
-    .await
+    let mutation = write.mutation(&app, &[&queue_text, &id_text], &body.canonical, size_bytes);
+    end_task(&app, mutation, target, TaskEnd::Complete { result }).await
 }
 
 #[utoipa::path(
@@ -329,27 +260,22 @@ pub async fn complete(
 )]
 pub async fn fail(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<FailRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
     let target = TaskTarget::parse(
-        &app,
-        &namespace,
-        key,
         (&queue_text, &id_text),
-        "fail",
-        &body,
         (&request.session_id, request.fence),
     )?;
     let end = TaskEnd::Fail {
         reason: request.reason.clone(),
         retry: request.retry,
     };
-    end_task(&app, namespace, by, target, end, request.reason.len() + 256).await
+    let size_bytes = request.reason.len() + 256;
+    let mutation = write.mutation(&app, &[&queue_text, &id_text], &body.canonical, size_bytes);
+    end_task(&app, mutation, target, end).await
 }
 
 #[utoipa::path(
@@ -369,27 +295,21 @@ pub async fn fail(
 )]
 pub async fn release(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
     body: ApiJson<TaskReleaseRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
     let target = TaskTarget::parse(
-        &app,
-        &namespace,
-        key,
         (&queue_text, &id_text),
-        "release",
-        &body,
         (&request.session_id, request.fence),
     )?;
     let size_bytes = request.note.as_ref().map_or(0, String::len) + 256;
     let end = TaskEnd::Release {
         note: request.note.clone(),
     };
-    end_task(&app, namespace, by, target, end, size_bytes).await
+    let mutation = write.mutation(&app, &[&queue_text, &id_text], &body.canonical, size_bytes);
+    end_task(&app, mutation, target, end).await
 }
 
 #[utoipa::path(

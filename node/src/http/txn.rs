@@ -8,9 +8,9 @@ use baton_raft_store::machine::{Compare, SessionId, Txn, TxnOp};
 
 use super::convert;
 use super::error::ApiError;
-use super::extract::{write_name, write_path, ApiJson, By, IdempotencyKey, Ns};
+use super::extract::{write_name, write_path, ApiJson, Write};
 use super::queues::{json_text, task_spec};
-use super::service::{Mutation, TxnResult};
+use super::service::TxnResult;
 use super::{ApiAnswer, AppState};
 
 fn compare(compare: &baton_api::TxnCompare) -> Result<Compare, ApiError> {
@@ -85,12 +85,9 @@ fn op(op: &baton_api::TxnOp) -> Result<TxnOp, ApiError> {
 )]
 pub async fn txn(
     State(app): State<AppState>,
-    Ns(namespace): Ns,
-    By(by): By,
-    IdempotencyKey(key): IdempotencyKey,
+    write: Write,
     body: ApiJson<TxnRequest>,
 ) -> Result<ApiAnswer, ApiError> {
-    let tag = app.idempotency_tag(key, &namespace, "POST", "/v1/txn", &[], &body.canonical);
     let request = &body.value;
     let session_id = request
         .session_id
@@ -107,12 +104,7 @@ pub async fn txn(
         success: request.success.iter().map(op).collect::<Result<_, _>>()?,
         failure: request.failure.iter().map(op).collect::<Result<_, _>>()?,
     };
-    let mutation = Mutation {
-        namespace,
-        by,
-        tag,
-        size_bytes: body.canonical.len() + 256,
-    };
+    let mutation = write.mutation(&app, &[], &body.canonical, body.canonical.len() + 256);
     let done = app.txn(mutation, txn).await?;
     let results = done
         .value
