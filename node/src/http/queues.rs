@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::convert;
 use super::error::ApiError;
 use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, Ns, Write};
-use super::service::{Mutation, TaskEnd};
+use super::service::TaskEnd;
 use super::{ApiAnswer, AppState};
 
 fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence, ApiError> {
@@ -177,40 +177,23 @@ pub async fn claim(
     }
 }
 
-/// The task routes share one shape: parse, propose, answer with the task.
-async fn end_task(
+/// The task routes share one shape: the queue and task from the path, the claim that proves
+/// the caller holds the task, then propose `end` and answer with the task.
+async fn end_task<T>(
     app: &AppState,
-    mutation: Mutation,
-    TaskTarget {
-        queue,
-        task_id,
-        claim,
-    }: TaskTarget,
+    write: Write,
+    (queue_text, id_text): (String, String),
+    body: &ApiJson<T>,
+    (session_id, fence): (&baton_api::SessionId, u64),
     end: TaskEnd,
+    size_bytes: usize,
 ) -> Result<ApiAnswer, ApiError> {
+    let queue = write_name("queue", &queue_text)?;
+    let task_id = write_name("task id", &id_text)?;
+    let claim = task_claim(session_id, fence)?;
+    let mutation = write.mutation(app, &[&queue_text, &id_text], &body.canonical, size_bytes);
     let ended = app.end_task(mutation, queue, task_id, claim, end).await?;
     Ok(ended.answer(StatusCode::OK, &convert::task(&ended.value)))
-}
-
-/// The parts every task operation shares: the queue and task from the path, and the claim
-/// that proves the caller holds the task.
-struct TaskTarget {
-    queue: Name,
-    task_id: Name,
-    claim: TaskFence,
-}
-
-impl TaskTarget {
-    fn parse(
-        (queue_text, id_text): (&str, &str),
-        (session_id, fence): (&baton_api::SessionId, u64),
-    ) -> Result<TaskTarget, ApiError> {
-        Ok(TaskTarget {
-            queue: write_name("queue", queue_text)?,
-            task_id: write_name("task id", id_text)?,
-            claim: task_claim(session_id, fence)?,
-        })
-    }
 }
 
 #[utoipa::path(
@@ -230,18 +213,15 @@ impl TaskTarget {
 pub async fn complete(
     State(app): State<AppState>,
     write: Write,
-    ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
+    ApiPath(task): ApiPath<(String, String)>,
     body: ApiJson<CompleteRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
-    let target = TaskTarget::parse(
-        (&queue_text, &id_text),
-        (&request.session_id, request.fence),
-    )?;
     let result = request.result.as_ref().map(json_text).transpose()?;
     let size_bytes = result.as_ref().map_or(0, String::len) + 256;
-    let mutation = write.mutation(&app, &[&queue_text, &id_text], &body.canonical, size_bytes);
-    end_task(&app, mutation, target, TaskEnd::Complete { result }).await
+    let end = TaskEnd::Complete { result };
+    let claim = (&request.session_id, request.fence);
+    end_task(&app, write, task, &body, claim, end, size_bytes).await
 }
 
 #[utoipa::path(
@@ -261,21 +241,17 @@ pub async fn complete(
 pub async fn fail(
     State(app): State<AppState>,
     write: Write,
-    ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
+    ApiPath(task): ApiPath<(String, String)>,
     body: ApiJson<FailRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
-    let target = TaskTarget::parse(
-        (&queue_text, &id_text),
-        (&request.session_id, request.fence),
-    )?;
     let end = TaskEnd::Fail {
         reason: request.reason.clone(),
         retry: request.retry,
     };
     let size_bytes = request.reason.len() + 256;
-    let mutation = write.mutation(&app, &[&queue_text, &id_text], &body.canonical, size_bytes);
-    end_task(&app, mutation, target, end).await
+    let claim = (&request.session_id, request.fence);
+    end_task(&app, write, task, &body, claim, end, size_bytes).await
 }
 
 #[utoipa::path(
@@ -296,20 +272,16 @@ pub async fn fail(
 pub async fn release(
     State(app): State<AppState>,
     write: Write,
-    ApiPath((queue_text, id_text)): ApiPath<(String, String)>,
+    ApiPath(task): ApiPath<(String, String)>,
     body: ApiJson<TaskReleaseRequest>,
 ) -> Result<ApiAnswer, ApiError> {
     let request = &body.value;
-    let target = TaskTarget::parse(
-        (&queue_text, &id_text),
-        (&request.session_id, request.fence),
-    )?;
-    let size_bytes = request.note.as_ref().map_or(0, String::len) + 256;
     let end = TaskEnd::Release {
         note: request.note.clone(),
     };
-    let mutation = write.mutation(&app, &[&queue_text, &id_text], &body.canonical, size_bytes);
-    end_task(&app, mutation, target, end).await
+    let size_bytes = request.note.as_ref().map_or(0, String::len) + 256;
+    let claim = (&request.session_id, request.fence);
+    end_task(&app, write, task, &body, claim, end, size_bytes).await
 }
 
 #[utoipa::path(
