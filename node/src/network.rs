@@ -22,6 +22,13 @@
 //! limit: garbage is an error, never a panic. With a cluster secret, every request carries it in
 //! `Baton-Cluster-Secret` and the server compares it in constant time.
 //!
+//! Every request also names the node it is meant for (`Baton-Peer-To`) and, once the sender
+//! knows it, its cluster (`Baton-Cluster`, the data dir's `ClusterId`); the server answers 421
+//! to a request meant for another node or another cluster, before reading its body
+//! (`Identity`). So a node of a cluster that was replaced and still runs, or an address given
+//! for the wrong node, never reaches a Raft. A request without those headers (a node of an
+//! earlier release, during a rolling upgrade) is served as before.
+//!
 //! What must never live here: the client API (its routes, its error table, its status codes are
 //! the `http` module's), anything that interprets commands, and the cluster secret in a log line,
 //! an error message or a `Debug` output.
@@ -39,7 +46,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use baton_raft_store::machine::{decode_value, encode_value};
-use baton_raft_store::store::{Member, Raft, Snapshot, SnapshotData, TypeConfig, Vote};
+use baton_raft_store::store::{
+    ClusterFile, ClusterId, Member, Raft, Snapshot, SnapshotData, StoreError, TypeConfig, Vote,
+};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -63,6 +72,66 @@ use tokio_rustls::TlsConnector;
 
 /// The header that carries the cluster secret on every peer request when one is configured.
 pub const CLUSTER_SECRET_HEADER: &str = "baton-cluster-secret";
+/// The header naming the cluster a peer request is meant for.
+const CLUSTER_HEADER: &str = "baton-cluster";
+/// The header naming the node a peer request is meant for.
+const PEER_TO_HEADER: &str = "baton-peer-to";
+
+/// Which node this is and which cluster it belongs to, as its peers see it: named in every peer
+/// request it sends, checked in every one it receives. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    node_id: u64,
+    cluster: Arc<Mutex<Option<ClusterId>>>,
+    /// Where a cluster learned later is recorded (none in the network's own tests).
+    file: Option<ClusterFile>,
+}
+
+impl Identity {
+    /// Node `node_id`, of the cluster its data dir records, if it records one.
+    pub fn of(node_id: u64, file: ClusterFile) -> Result<Identity, StoreError> {
+        Ok(Identity {
+            node_id,
+            cluster: Arc::new(Mutex::new(file.read()?)),
+            file: Some(file),
+        })
+    }
+
+    /// Node `node_id` with no data dir: a cluster it learns is kept in memory only.
+    #[cfg(test)]
+    fn in_memory(node_id: u64, cluster: Option<ClusterId>) -> Identity {
+        Identity {
+            node_id,
+            cluster: Arc::new(Mutex::new(cluster)),
+            file: None,
+        }
+    }
+
+    pub fn cluster(&self) -> Option<ClusterId> {
+        *self
+            .cluster
+            .lock()
+            .expect("the identity's lock is never poisoned")
+    }
+
+    /// Makes `named` this node's cluster, durably, unless it has one already; returns the one
+    /// it has afterwards. Only a node that is a member of nothing yet may learn one: a new
+    /// cluster's bootstrap, or a member added to a cluster, from the first request it gets.
+    pub fn adopt(&self, named: ClusterId) -> Result<ClusterId, StoreError> {
+        let mut cluster = self
+            .cluster
+            .lock()
+            .expect("the identity's lock is never poisoned");
+        if let Some(own) = *cluster {
+            return Ok(own);
+        }
+        if let Some(file) = &self.file {
+            file.write(named)?;
+        }
+        *cluster = Some(named);
+        Ok(named)
+    }
+}
 
 /// The largest peer message, request or response, in bytes. It bounds what a node accepts, what
 /// it decodes and what it sends: the log store reads at most a quarter of it of entries for one
@@ -141,7 +210,7 @@ impl LeaderContact {
 /// a connection of its own; `post`'s idle connections are shared by the clones. Cloning is cheap.
 #[derive(Clone)]
 pub struct PeerNetwork {
-    node_id: u64,
+    identity: Identity,
     secret: Option<HeaderValue>,
     /// With peer TLS: the client side of the handshake (the peer CA, this node's certificate).
     tls: Option<TlsConnector>,
@@ -153,20 +222,20 @@ pub struct PeerNetwork {
 const IDLE_CONNECTIONS_MAX: usize = 8;
 
 impl PeerNetwork {
-    /// A network for node `node_id` (named in timeout errors), sending `secret` with every peer
-    /// request when it is `Some`. Fails on an empty or non-header-safe secret, so a node never
+    /// A network for the node `identity` names, sending `secret` with every peer request when
+    /// it is `Some`. Fails on an empty or non-header-safe secret, so a node never
     /// starts with a secret its peers could not receive.
     /// With `tls` (`tls::client_config`: the peer CA and this node's certificate), every peer is
     /// reached over TLS.
     pub fn new(
-        node_id: u64,
+        identity: Identity,
         secret: Option<String>,
         tls: Option<Arc<rustls::ClientConfig>>,
     ) -> Result<Self, PeerNetworkError> {
         let secret = secret.map(|secret| secret_header(&secret)).transpose()?;
         let tls = tls.map(TlsConnector::from);
         Ok(Self {
-            node_id,
+            identity,
             secret,
             tls,
             idle: Arc::default(),
@@ -214,7 +283,7 @@ impl PeerNetwork {
     async fn send(
         &self,
         connection: &mut Option<Connection>,
-        peer_addr: &str,
+        (to, peer_addr): (u64, &str),
         path: &str,
         body: Bytes,
         deadline: Instant,
@@ -230,7 +299,7 @@ impl PeerNetwork {
                     .map_err(ExchangeError::NotSent)?,
             };
             match self
-                .exchange(&mut open, peer_addr, path, body.clone(), deadline)
+                .exchange(&mut open, (to, peer_addr), path, body.clone(), deadline)
                 .await
             {
                 Ok(answer) => {
@@ -243,21 +312,26 @@ impl PeerNetwork {
         }
     }
 
-    /// POSTs `body` to `path` on `connection`, with the cluster secret when one is set, and
-    /// reads the whole answer (at most `PEER_MESSAGE_BYTES_MAX` bytes) before `deadline`.
+    /// POSTs `body` to `path` on `connection` for node `to`, with the cluster secret when one is
+    /// set and the cluster when this node knows it, and reads the whole answer (at most
+    /// `PEER_MESSAGE_BYTES_MAX` bytes) before `deadline`.
     async fn exchange(
         &self,
         connection: &mut Connection,
-        peer_addr: &str,
+        (to, peer_addr): (u64, &str),
         path: &str,
         body: Bytes,
         deadline: Instant,
     ) -> Result<(StatusCode, Bytes), ExchangeError> {
         let mut request = axum::http::Request::post(path)
             .header(header::HOST, peer_addr)
-            .header(header::CONTENT_TYPE, OCTET_STREAM);
+            .header(header::CONTENT_TYPE, OCTET_STREAM)
+            .header(PEER_TO_HEADER, to);
         if let Some(secret) = &self.secret {
             request = request.header(CLUSTER_SECRET_HEADER, secret.clone());
+        }
+        if let Some(cluster) = self.identity.cluster() {
+            request = request.header(CLUSTER_HEADER, cluster.to_string());
         }
         let request = request
             .body(Full::new(body))
@@ -370,12 +444,14 @@ pub enum PeerPostError {
 }
 
 impl PeerNetwork {
-    /// POSTs `body` to `path` on the peer listener at `peer_addr`, with the cluster secret when
-    /// one is set, and returns the 200 answer's body (at most `PEER_MESSAGE_BYTES_MAX` bytes).
-    /// For peer routes other than openraft's own (the write relay); the bytes are the caller's.
+    /// POSTs `body` to `path` on the peer listener of node `to` at `peer_addr`, with the
+    /// cluster secret when one is set, and returns the 200 answer's body (at most
+    /// `PEER_MESSAGE_BYTES_MAX` bytes). For peer routes other than openraft's own (the write
+    /// relay); the bytes are the caller's. A 421 (meant for another node or cluster: see
+    /// `Identity`) was refused before anything was read, so it is `NotDelivered`.
     pub async fn post(
         &self,
-        peer_addr: &str,
+        (to, peer_addr): (u64, &str),
         path: &str,
         body: Vec<u8>,
         timeout: Duration,
@@ -385,7 +461,7 @@ impl PeerNetwork {
         let (status, body) = match self
             .send(
                 &mut connection,
-                peer_addr,
+                (to, peer_addr),
                 path,
                 Bytes::from(body),
                 deadline,
@@ -409,12 +485,12 @@ impl PeerNetwork {
             self.put_idle(peer_addr, connection);
         }
         if !status.is_success() {
-            return Err(PeerPostError::MaybeDelivered(refused(
-                &format!("peer {peer_addr}"),
-                path,
-                status,
-                &body,
-            )));
+            let refusal = refused(&format!("peer {peer_addr}"), path, status, &body);
+            return Err(if status == StatusCode::MISDIRECTED_REQUEST {
+                PeerPostError::NotDelivered(refusal)
+            } else {
+                PeerPostError::MaybeDelivered(refusal)
+            });
         }
         Ok(body)
     }
@@ -436,7 +512,7 @@ impl RaftNetworkFactory<TypeConfig> for PeerNetwork {
 impl fmt::Debug for PeerNetwork {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PeerNetwork")
-            .field("node_id", &self.node_id)
+            .field("node_id", &self.identity.node_id)
             .field("secret", &redacted(&self.secret))
             .finish_non_exhaustive()
     }
@@ -586,13 +662,14 @@ pub fn peer_router(
     raft: Raft,
     contact: LeaderContact,
     secret: Option<String>,
+    identity: Identity,
     more: Router,
 ) -> Router {
     // Only the digest is kept: the comparison is over fixed-length digests, so neither the
     // secret's bytes nor its length leak through timing.
     let secret_digest = secret.map(|secret| digest(secret.as_bytes()));
     let state = PeerState {
-        raft,
+        raft: raft.clone(),
         contact,
         receiving: Arc::default(),
     };
@@ -604,6 +681,10 @@ pub fn peer_router(
         .route(SNAPSHOT_PATH, post(serve_snapshot))
         .with_state(state)
         .merge(more)
+        .route_layer(middleware::from_fn_with_state(
+            (identity, raft),
+            check_identity,
+        ))
         .route_layer(middleware::from_fn_with_state(secret_digest, authenticate))
         .layer(DefaultBodyLimit::max(PEER_MESSAGE_BYTES_MAX))
 }
@@ -648,7 +729,7 @@ impl PeerClient {
             .network
             .send(
                 &mut self.connection,
-                &self.member.peer_addr,
+                (self.target, &self.member.peer_addr),
                 path,
                 Bytes::from(body),
                 deadline,
@@ -662,7 +743,7 @@ impl PeerClient {
             Err(ExchangeError::TimedOut) => {
                 return Err(RPCError::Timeout(Timeout {
                     action: rpc_type,
-                    id: self.network.node_id,
+                    id: self.network.identity.node_id,
                     target: self.target,
                     timeout: ttl,
                 }))
@@ -681,6 +762,12 @@ impl PeerClient {
                 status,
                 &body,
             );
+            if status == StatusCode::MISDIRECTED_REQUEST {
+                // Another node or another cluster answers at that address: openraft backs off
+                // from an unreachable peer instead of sending again at once.
+                tracing::warn!(target = self.target, %message, "a peer refused a request meant for another node or cluster");
+                return Err(RPCError::Unreachable(Unreachable::from_string(message)));
+            }
             return Err(RPCError::Network(NetworkError::from_string(message)));
         }
         let answer: Result<Resp, RaftError<TypeConfig>> =
@@ -749,6 +836,69 @@ async fn authenticate(
         }
     }
     next.run(request).await
+}
+
+/// Answers 421 to a request meant for another node or another cluster (see `Identity`); a node
+/// that is a member of nothing yet learns its cluster from the first request that names one.
+async fn check_identity(
+    State((identity, raft)): State<(Identity, Raft)>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    if let Some(to) = headers.get(PEER_TO_HEADER) {
+        let to = to.to_str().ok().and_then(|to| to.parse::<u64>().ok());
+        if to != Some(identity.node_id) {
+            let to = to.map_or_else(|| "?".to_owned(), |to| to.to_string());
+            return misdirected(format!(
+                "this is node {}, not node {to}: the sender's membership gives this address to another node",
+                identity.node_id
+            ));
+        }
+    }
+    if let Some(named) = headers.get(CLUSTER_HEADER) {
+        let Some(named) = named
+            .to_str()
+            .ok()
+            .and_then(|named| named.parse::<ClusterId>().ok())
+        else {
+            return (StatusCode::BAD_REQUEST, "Baton-Cluster is not a cluster id").into_response();
+        };
+        let own = match identity.cluster() {
+            Some(own) => own,
+            // A member of nothing yet: the cluster that added it (or the one it bootstraps
+            // with) is the first to speak to it.
+            None if !raft.is_initialized().await.unwrap_or(true) => {
+                match identity.adopt(named) {
+                    Ok(own) => {
+                        tracing::info!(cluster = %own, "joined cluster");
+                        own
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "recording the cluster id failed");
+                        return (StatusCode::INTERNAL_SERVER_ERROR, "recording the cluster id failed")
+                            .into_response();
+                    }
+                }
+            }
+            None => {
+                return misdirected(format!(
+                    "this node belongs to a cluster made before clusters had ids, not to cluster {named}"
+                ))
+            }
+        };
+        if own != named {
+            return misdirected(format!(
+                "this node belongs to cluster {own}, not {named}: is an old or another cluster's node still running at an address of this one?"
+            ));
+        }
+    }
+    next.run(request).await
+}
+
+fn misdirected(reason: String) -> Response {
+    tracing::warn!(%reason, "refused a peer request meant for another node or cluster");
+    (StatusCode::MISDIRECTED_REQUEST, reason).into_response()
 }
 
 async fn serve_append(State(peer): State<PeerState>, body: Bytes) -> Response {
@@ -1103,14 +1253,19 @@ mod tests {
         assert!(!constant_time_eq(&digest(b"same"), &digest(b"sane")));
         assert!(!constant_time_eq(&digest(b"same"), &digest(b"same ")));
 
-        let network = PeerNetwork::new(1, Some(SECRET.to_owned()), None).expect("network");
+        let network = PeerNetwork::new(Identity::in_memory(1, None), Some(SECRET.to_owned()), None)
+            .expect("network");
         assert!(!format!("{network:?}").contains(SECRET));
         assert!(matches!(
-            PeerNetwork::new(1, Some(String::new()), None),
+            PeerNetwork::new(Identity::in_memory(1, None), Some(String::new()), None),
             Err(PeerNetworkError::InvalidSecret)
         ));
         assert!(matches!(
-            PeerNetwork::new(1, Some("line\nbreak".to_owned()), None),
+            PeerNetwork::new(
+                Identity::in_memory(1, None),
+                Some("line\nbreak".to_owned()),
+                None
+            ),
             Err(PeerNetworkError::InvalidSecret)
         ));
     }
@@ -1230,6 +1385,61 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_meant_for_another_node_or_cluster_is_refused_and_a_new_member_learns_its_cluster(
+    ) {
+        let peer = TestPeer::start(None).await;
+        let (ours, theirs) = (ClusterId([1; 16]), ClusterId([2; 16]));
+        // An address the sender's membership gives to node 3.
+        let mut wrong_node = client_as(Identity::in_memory(2, Some(ours)), peer.address, 3).await;
+        misdirected(&mut wrong_node, "this is node 1, not node 3").await;
+        assert_eq!(
+            peer.identity.cluster(),
+            None,
+            "a refused request teaches nothing"
+        );
+        // A member of nothing yet learns its cluster from the first request naming one, durably.
+        let mut member = client_as(Identity::in_memory(2, Some(ours)), peer.address, 1).await;
+        let vote = VoteRequest::new(Vote::new(5, 2), None);
+        member.vote(vote, options()).await.expect("vote answered");
+        assert_eq!(peer.identity.cluster(), Some(ours));
+        let file = peer.identity.file.as_ref().expect("a data dir");
+        assert_eq!(file.read().expect("read"), Some(ours));
+        // Then another cluster's node is refused, before any Raft sees its vote.
+        let mut stranger = client_as(Identity::in_memory(2, Some(theirs)), peer.address, 1).await;
+        misdirected(
+            &mut stranger,
+            &format!("belongs to cluster {ours}, not {theirs}"),
+        )
+        .await;
+        assert_eq!(peer.raft.metrics().borrow_watched().current_term, 5);
+        // A node of an earlier release names no cluster: served as before.
+        let mut earlier = client_as(Identity::in_memory(2, None), peer.address, 1).await;
+        earlier
+            .vote(VoteRequest::new(Vote::new(6, 2), None), options())
+            .await
+            .expect("vote answered");
+        peer.stop().await;
+    }
+
+    #[tokio::test]
+    async fn a_member_of_a_cluster_without_an_id_never_learns_one() {
+        let peer = TestPeer::start(None).await;
+        let member = Member {
+            api_addr: "127.0.0.1:1".to_owned(),
+            peer_addr: peer.address.to_string(),
+        };
+        peer.raft
+            .initialize(std::collections::BTreeMap::from([(1, member)]))
+            .await
+            .expect("initialize");
+        let named = ClusterId([3; 16]);
+        let mut client = client_as(Identity::in_memory(2, Some(named)), peer.address, 1).await;
+        misdirected(&mut client, "made before clusters had ids").await;
+        assert_eq!(peer.identity.cluster(), None);
+        peer.stop().await;
+    }
+
+    #[tokio::test]
     async fn wrong_or_missing_secret_is_refused() {
         let peer = TestPeer::start(Some(SECRET)).await;
         for secret in [Some("not the secret"), None] {
@@ -1256,16 +1466,22 @@ mod tests {
         let peer = TestPeer::start(Some(SECRET)).await;
         let address = peer.address.to_string();
         let timeout = Duration::from_secs(5);
-        let network = PeerNetwork::new(2, Some(SECRET.to_owned()), None).expect("network");
+        let network = PeerNetwork::new(Identity::in_memory(2, None), Some(SECRET.to_owned()), None)
+            .expect("network");
         let echoed = network
-            .post(&address, ECHO_PATH, b"relayed".to_vec(), timeout)
+            .post((1, &address), ECHO_PATH, b"relayed".to_vec(), timeout)
             .await
             .expect("an answer");
         assert_eq!(&echoed[..], b"relayed");
         for secret in [Some("not the secret"), None] {
-            let network = PeerNetwork::new(2, secret.map(str::to_owned), None).expect("network");
+            let network = PeerNetwork::new(
+                Identity::in_memory(2, None),
+                secret.map(str::to_owned),
+                None,
+            )
+            .expect("network");
             match network
-                .post(&address, ECHO_PATH, b"x".to_vec(), timeout)
+                .post((1, &address), ECHO_PATH, b"x".to_vec(), timeout)
                 .await
             {
                 Err(PeerPostError::MaybeDelivered(message)) => {
@@ -1283,7 +1499,9 @@ mod tests {
         let closed = listener.local_addr().expect("address").to_string();
         drop(listener);
         assert!(matches!(
-            network.post(&closed, ECHO_PATH, Vec::new(), timeout).await,
+            network
+                .post((1, &closed), ECHO_PATH, Vec::new(), timeout)
+                .await,
             Err(PeerPostError::NotDelivered(_))
         ));
     }
@@ -1329,7 +1547,8 @@ mod tests {
     /// Raft, not delivered for a relay message, with the address in the reason.
     #[tokio::test]
     async fn a_peer_address_that_cannot_be_reached_is_never_sent_to() {
-        let mut network = PeerNetwork::new(2, None, None).expect("network");
+        let mut network =
+            PeerNetwork::new(Identity::in_memory(2, None), None, None).expect("network");
         let member = Member {
             api_addr: "127.0.0.1:1".to_owned(),
             peer_addr: "no such host:port".to_owned(),
@@ -1347,7 +1566,7 @@ mod tests {
         }
         let posted = network
             .post(
-                "no such host:port",
+                (1, "no such host:port"),
                 "/raft/echo",
                 Vec::new(),
                 Duration::from_secs(1),
@@ -1405,10 +1624,13 @@ mod tests {
         std::fs::write(&identity.key, certified.signing_key.serialize_pem())
             .expect("write the key");
         let tls = crate::tls::client_config(&identity, &identity.cert).expect("client config");
-        let mut network = PeerNetwork::new(2, None, Some(tls)).expect("network");
+        let mut network =
+            PeerNetwork::new(Identity::in_memory(2, None), None, Some(tls)).expect("network");
         let within = Duration::from_millis(200);
         let started = Instant::now();
-        let posted = network.post(&address, ECHO_PATH, Vec::new(), within).await;
+        let posted = network
+            .post((1, &address), ECHO_PATH, Vec::new(), within)
+            .await;
         assert!(
             matches!(posted, Err(PeerPostError::NotDelivered(_))),
             "{posted:?}"
@@ -1460,6 +1682,7 @@ mod tests {
     /// on an ephemeral loopback port.
     struct TestPeer {
         raft: Raft,
+        identity: Identity,
         address: SocketAddr,
         server: JoinHandle<std::io::Result<()>>,
         _data_dir: TempDir,
@@ -1475,7 +1698,9 @@ mod tests {
                 ..Config::default()
             };
             let config = Arc::new(config.validate().expect("config"));
-            let network = PeerNetwork::new(1, secret.map(str::to_owned), None).expect("network");
+            let identity = Identity::of(1, state_machine.cluster_file()).expect("the cluster file");
+            let network = PeerNetwork::new(identity.clone(), secret.map(str::to_owned), None)
+                .expect("network");
             let raft = Raft::new(1, config, network, log_store, state_machine)
                 .await
                 .expect("raft");
@@ -1489,11 +1714,13 @@ mod tests {
                 raft.clone(),
                 LeaderContact::default(),
                 secret.map(str::to_owned),
+                identity.clone(),
                 echo,
             );
             let server = tokio::spawn(async move { axum::serve(listener, router).await });
             TestPeer {
                 raft,
+                identity,
                 address,
                 server,
                 _data_dir: data_dir,
@@ -1508,12 +1735,44 @@ mod tests {
 
     /// Node 2's client for node 1 at `address`.
     async fn client_for(address: SocketAddr, secret: Option<&str>) -> PeerClient {
-        let mut network = PeerNetwork::new(2, secret.map(str::to_owned), None).expect("network");
+        let mut network = PeerNetwork::new(
+            Identity::in_memory(2, None),
+            secret.map(str::to_owned),
+            None,
+        )
+        .expect("network");
         let member = Member {
             api_addr: "127.0.0.1:1".to_owned(),
             peer_addr: address.to_string(),
         };
         network.new_client(1, &member).await
+    }
+
+    /// A client of the node `identity` names for node `target` at `address`.
+    async fn client_as(identity: Identity, address: SocketAddr, target: u64) -> PeerClient {
+        let mut network = PeerNetwork::new(identity, None, None).expect("network");
+        let member = Member {
+            api_addr: "127.0.0.1:1".to_owned(),
+            peer_addr: address.to_string(),
+        };
+        network.new_client(target, &member).await
+    }
+
+    /// The vote's refusal, which must be a 421 saying `why`.
+    async fn misdirected(client: &mut PeerClient, why: &str) {
+        match client
+            .vote(VoteRequest::new(Vote::new(5, 2), None), options())
+            .await
+        {
+            Err(RPCError::Unreachable(error)) => {
+                let message = error.to_string();
+                assert!(
+                    message.contains("421") && message.contains(why),
+                    "{message}"
+                );
+            }
+            other => panic!("expected a 421 saying {why:?}, got {other:?}"),
+        }
     }
 
     fn options() -> RPCOption {

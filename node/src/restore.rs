@@ -6,11 +6,17 @@
 //! anything is written, and `store::seed` refuses a data dir that is not empty. The state then starts the
 //! next fence epoch (`Machine::begin_fence_epoch`): the old cluster may have granted fences
 //! after the backup was cut, and the new one must never grant one of those again. Every member
-//! seeded from the same file and `--initial-cluster` holds the same bytes.
+//! seeded from the same file and `--initial-cluster` holds the same bytes, and the same new
+//! cluster id (a recover makes a new one too): a node of the cluster that was lost or replaced,
+//! if it still runs, is refused by the new one (network.rs, `Identity`).
+
+use std::collections::BTreeMap;
 
 use anyhow::{bail, Context};
 use baton_api::decode_backup;
 use baton_raft_store::machine::Machine;
+use baton_raft_store::store::{ClusterId, Member};
+use sha2::{Digest, Sha256};
 
 use crate::config::{parse_initial_cluster, Recover, Restore};
 
@@ -32,7 +38,8 @@ pub async fn restore(restore: &Restore) -> anyhow::Result<String> {
     let mut machine = Machine::decode_snapshot(state)
         .with_context(|| format!("{file}: the state does not decode"))?;
     let epoch = machine.begin_fence_epoch();
-    baton_raft_store::store::seed(&restore.data_dir, &machine, header.index, members)
+    let cluster = restored_cluster(&bytes, &members);
+    baton_raft_store::store::seed(&restore.data_dir, &machine, header.index, members, cluster)
         .await
         .with_context(|| format!("seed {dir}"))?;
     Ok(format!(
@@ -47,6 +54,22 @@ pub async fn restore(restore: &Restore) -> anyhow::Result<String> {
         restore.id,
         dir,
     ))
+}
+
+/// The id of the cluster a restore makes: the same for every member restored from the same file
+/// with the same members (each member is restored by a `batond restore` of its own), and
+/// another than the backed-up cluster's, whose nodes it then refuses.
+fn restored_cluster(backup: &[u8], members: &BTreeMap<u64, Member>) -> ClusterId {
+    let mut hasher = Sha256::new();
+    hasher.update(b"baton restore\0");
+    hasher.update(Sha256::digest(backup));
+    for (id, member) in members {
+        hasher.update(format!("{id}={member}\0").as_bytes());
+    }
+    let digest: [u8; 32] = hasher.finalize().into();
+    let mut id = [0; 16];
+    id.copy_from_slice(&digest[..16]);
+    ClusterId(id)
 }
 
 /// Replays the survivor's whole log onto its last snapshot, starts the next fence epoch (the
@@ -92,8 +115,10 @@ pub async fn recover(recover: &Recover) -> anyhow::Result<String> {
             );
         }
     }
-    let members = std::collections::BTreeMap::from([(recover.id, me.clone())]);
-    baton_raft_store::store::seed(&fresh, &machine, index, members)
+    let members = BTreeMap::from([(recover.id, me.clone())]);
+    // A new cluster: the lost members, should one come back, are refused by this one.
+    let cluster = ClusterId(rand::random());
+    baton_raft_store::store::seed(&fresh, &machine, index, members, cluster)
         .await
         .with_context(|| format!("seed {}", fresh.display()))?;
     std::fs::rename(dir, &kept)

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton_raft_store::store::{self, Raft};
+use baton_raft_store::store::{self, ClusterId, Raft};
 use openraft::async_runtime::WatchReceiver;
 use openraft::SnapshotPolicy;
 use tokio::net::TcpListener;
@@ -20,7 +20,7 @@ use crate::config::NodeConfig;
 use crate::connections::{self, ConnectionBounds};
 use crate::http::{self, AppState, Relay, Shared};
 use crate::metrics::Metrics;
-use crate::network::{peer_router, LeaderContact, PeerNetwork};
+use crate::network::{peer_router, Identity, LeaderContact, PeerNetwork};
 use crate::proposer::{Proposer, ProposerSettings};
 use crate::tls;
 
@@ -82,8 +82,9 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     }
     .validate()
     .context("raft configuration")?;
+    let identity = Identity::of(config.id, state_machine.cluster_file())?;
     let network = PeerNetwork::new(
-        config.id,
+        identity.clone(),
         config.tuning.cluster_secret.clone(),
         peer_client_tls.clone(),
     )?;
@@ -105,6 +106,10 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
                 members = members.len(),
                 "bootstrapping a new cluster from --initial-cluster"
             );
+            // The new cluster's id, recorded before any peer hears of the cluster; the other
+            // members learn it from this node's first request.
+            let cluster = identity.adopt(ClusterId(rand::random()))?;
+            tracing::info!(%cluster, "the new cluster's id");
             if let Err(error) = raft.initialize(members.clone()).await {
                 tracing::warn!(%error, "bootstrap refused (already initialized?)");
             }
@@ -187,6 +192,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
             raft.clone(),
             leader_contact,
             tuning.cluster_secret.clone(),
+            identity,
             http::relay_routes(app.clone()),
         ),
         bounds,

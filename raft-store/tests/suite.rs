@@ -14,8 +14,8 @@ use baton_raft_store::machine::{
     SessionId,
 };
 use baton_raft_store::store::{
-    self, Applied, Entry, LogId, LogStore, Member, SnapshotMeta, StateMachineStore, StoreError,
-    StoredMembership, TypeConfig, Vote,
+    self, Applied, ClusterId, Entry, LogId, LogStore, Member, SnapshotMeta, StateMachineStore,
+    StoreError, StoredMembership, TypeConfig, Vote,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::log::{StoreBuilder, Suite};
@@ -123,6 +123,59 @@ async fn vote_survives_reopen() {
     }
     let (mut log_store, _state_machine) = open(dir.path()).await.unwrap();
     assert_eq!(log_store.read_vote().await.unwrap(), Some(vote));
+}
+
+#[tokio::test]
+async fn the_cluster_id_survives_reopen_and_a_seeded_dir_has_the_one_given() {
+    let dir = TempDir::new().unwrap();
+    let id = ClusterId([7; 16]);
+    {
+        let (_log_store, state_machine) = open(dir.path()).await.unwrap();
+        let file = state_machine.cluster_file();
+        assert_eq!(
+            file.read().unwrap(),
+            None,
+            "a new dir belongs to no cluster"
+        );
+        file.write(id).unwrap();
+    }
+    let (_log_store, state_machine) = open(dir.path()).await.unwrap();
+    assert_eq!(state_machine.cluster_file().read().unwrap(), Some(id));
+
+    let seeded = TempDir::new().unwrap();
+    let member = Member {
+        api_addr: "127.0.0.1:1".to_owned(),
+        peer_addr: "127.0.0.1:2".to_owned(),
+    };
+    let other = ClusterId([9; 16]);
+    store::seed(
+        &seeded.path().join("node"),
+        &baton_raft_store::machine::Machine::default(),
+        5,
+        BTreeMap::from([(1, member)]),
+        other,
+    )
+    .await
+    .unwrap();
+    let (_log_store, state_machine) = open(&seeded.path().join("node")).await.unwrap();
+    assert_eq!(state_machine.cluster_file().read().unwrap(), Some(other));
+}
+
+#[test]
+fn a_cluster_id_reads_back_from_its_text_and_refuses_other_text() {
+    let id = ClusterId([0xab; 16]);
+    let text = id.to_string();
+    assert_eq!(text, "ab".repeat(16));
+    assert_eq!(text.parse::<ClusterId>(), Ok(id));
+    for bad in [
+        "",
+        "ab",
+        &"AB".repeat(16),
+        &"zz".repeat(16),
+        &"ab".repeat(17),
+    ] {
+        assert!(bad.parse::<ClusterId>().is_err(), "{bad:?}");
+    }
 }
 
 #[tokio::test]

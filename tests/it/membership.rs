@@ -2,6 +2,7 @@
 //! enough writes that the leader would need a snapshot to catch it up; re-added with its data
 //! dir untouched through `POST /v1/cluster/members`, it catches up to the very same state
 //! machine (equal `/v1/debug/digest` at an equal applied index) and serves linearizable reads.
+//! A member added at the addresses of another cluster's node never reaches that node.
 
 use std::time::Duration;
 
@@ -168,4 +169,67 @@ async fn a_removed_follower_is_re_added_and_catches_up_to_the_same_state() {
         .expect_status(200);
     let entry: KvEntry = api.get(other, "/v1/kv/mem/after").await.expect_json(200);
     assert_eq!(entry.value, json!("back"));
+}
+
+/// A member added at another cluster's node (a mistyped address, or a replaced cluster's node
+/// still running where the new one lives) never reaches that node's Raft: the node refuses
+/// every request that names another cluster, and its own cluster goes on as before, in the same
+/// term, with that node's state equal to its leader's.
+#[tokio::test]
+async fn a_member_added_at_another_clusters_node_never_reaches_it() {
+    let ours = Cluster::start(3).await;
+    let theirs = Cluster::start(3).await;
+    for n in 0..5 {
+        theirs
+            .api()
+            .put(
+                theirs.node(1 + n % 3),
+                &format!("/v1/kv/theirs/{n}"),
+                &json!({"value": n}),
+            )
+            .await
+            .expect_status(200);
+    }
+    let their_leader = theirs.leader().await;
+    let term_before = cluster_status(&theirs, their_leader).await.term;
+
+    // Our node 3 is replaced by a "node 3" at the addresses of their node 3.
+    let stranger = theirs.node(3);
+    let api = ours.api();
+    let ours_left: Vec<&Node> = ours.nodes().iter().filter(|node| node.id != 3).collect();
+    ours.retry_until_acknowledged(&ours_left, CATCH_UP_TIMEOUT, |node| {
+        api.call(Method::DELETE, node, "/v1/cluster/members/3")
+    })
+    .await
+    .0
+    .expect_status(200);
+    ours.node(3).kill();
+    // It can never catch up, so the add does not finish; what it answers does not matter.
+    let _ = api
+        .call(Method::POST, ours_left[0], "/v1/cluster/members")
+        .json(&json!({"id": 3, "api_addr": stranger.api_addr(),
+                      "peer_addr": stranger.peer_addr()}))
+        .timeout(Duration::from_secs(3))
+        .try_send()
+        .await;
+    // Our leader has had time for many appends and heartbeats to it (heartbeat 50 ms).
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let said = stranger.log_tail(200);
+    assert!(
+        said.contains("refused a peer request meant for another node or cluster"),
+        "their node 3 never refused ours: {said}"
+    );
+    let status = cluster_status(&theirs, stranger).await;
+    assert_eq!(
+        (status.term, status.leader_id),
+        (term_before, Some(their_leader.id)),
+        "their cluster was disturbed: {status:?}"
+    );
+    wait_for_equal_digests(&theirs, their_leader, stranger).await;
+    theirs
+        .api()
+        .put(stranger, "/v1/kv/theirs/after", &json!({"value": "after"}))
+        .await
+        .expect_status(200);
 }

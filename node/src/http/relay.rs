@@ -212,13 +212,16 @@ async fn send_message(network: PeerNetwork, message: Vec<Outgoing>, _permit: Own
         .map(|outgoing| outgoing.timeout)
         .min()
         .unwrap_or_default();
-    let peer_addr = message[0].peer_addr.clone();
+    let (leader, peer_addr) = (message[0].leader, message[0].peer_addr.clone());
     let (relayed, replies): (Vec<Relayed>, Vec<_>) = message
         .into_iter()
         .map(|outgoing| (outgoing.relayed, outgoing.reply))
         .unzip();
     let body = encode_value(&relayed).expect("commands always encode: they are log entries");
-    let answers = match network.post(&peer_addr, RELAY_PATH, body, timeout).await {
+    let answers = match network
+        .post((leader, &peer_addr), RELAY_PATH, body, timeout)
+        .await
+    {
         Ok(bytes) => match decode_value::<Vec<Answer>>(&bytes, PEER_MESSAGE_BYTES_MAX) {
             Ok(answers) if answers.len() == replies.len() => Ok(answers),
             Ok(answers) => Err(PeerPostError::MaybeDelivered(format!(
@@ -407,7 +410,7 @@ impl AppState {
             let asked = self
                 .relay
                 .network
-                .post(&peer_addr, READ_INDEX_PATH, Vec::new(), timeout)
+                .post((id, &peer_addr), READ_INDEX_PATH, Vec::new(), timeout)
                 .await;
             let answer =
                 asked.map(|bytes| decode_value::<ReadIndex>(&bytes, PEER_MESSAGE_BYTES_MAX));

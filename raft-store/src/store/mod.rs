@@ -217,6 +217,7 @@ pub async fn seed(
     machine: &Machine,
     index: u64,
     members: std::collections::BTreeMap<u64, Member>,
+    cluster: ClusterId,
 ) -> Result<(), StoreError> {
     use openraft::storage::{RaftLogStorage, RaftStateMachine};
 
@@ -238,6 +239,7 @@ pub async fn seed(
     };
     let bytes = machine.encode_snapshot()?;
     let (mut log_store, mut state_machine) = open(dir)?;
+    state_machine.cluster_file().write(cluster)?;
     state_machine
         .install_snapshot(&meta, Cursor::new(bytes))
         .await
@@ -247,6 +249,56 @@ pub async fn seed(
         .await
         .map_err(|error| StoreError::Io(error.to_string()))?;
     Ok(())
+}
+
+/// Which cluster a data dir belongs to: 128 bits chosen when the cluster is made (its
+/// bootstrap, a restore, a recover) and learned by a member that joins it from the first peer
+/// request that names it. Peers name it in every request, and a node refuses a request that
+/// names another cluster: a node of a cluster that was replaced (by a restore, say) and still
+/// runs can never write into its successor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub struct ClusterId(pub [u8; 16]);
+
+impl fmt::Display for ClusterId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+impl std::str::FromStr for ClusterId {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<ClusterId, String> {
+        let bad = || format!("a cluster id is 32 lowercase hex digits, not {text:?}");
+        if text.len() != 32
+            || !text
+                .bytes()
+                .all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
+        {
+            return Err(bad());
+        }
+        let mut id = [0; 16];
+        for (index, byte) in id.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&text[index * 2..index * 2 + 2], 16).map_err(|_| bad())?;
+        }
+        Ok(ClusterId(id))
+    }
+}
+
+/// A data dir's record of its cluster (the `cluster` file): absent in a dir made before
+/// clusters had ids, or of a member that has not yet heard from its cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterFile(Database);
+
+impl ClusterFile {
+    pub fn read(&self) -> Result<Option<ClusterId>, StoreError> {
+        self.0.files.read(CLUSTER_FILE)
+    }
+
+    /// Records `id`, durably (a synced file renamed into place, the dir synced).
+    pub fn write(&self, id: ClusterId) -> Result<(), StoreError> {
+        self.0.files.replace(CLUSTER_FILE, &id)
+    }
 }
 
 /// What a member's data dir holds once its whole log is applied, and the dir's lock.
@@ -318,6 +370,7 @@ const VOTE_FILE: &str = "vote";
 const PURGED_FILE: &str = "purged";
 const COMMITTED_FILE: &str = "committed";
 const SNAPSHOT_FILE: &str = "snapshot";
+const CLUSTER_FILE: &str = "cluster";
 /// The file whose exclusive lock says a process has the data dir open.
 const LOCK_FILE: &str = "lock";
 

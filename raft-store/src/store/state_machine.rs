@@ -114,6 +114,11 @@ impl StateMachineStore {
         Arc::clone(&self.database.lock)
     }
 
+    /// The data dir's record of its cluster.
+    pub fn cluster_file(&self) -> super::ClusterFile {
+        super::ClusterFile(self.database.clone())
+    }
+
     /// A read handle on this state machine's applied state.
     pub fn handle(&self) -> MachineHandle {
         MachineHandle {
