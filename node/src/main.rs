@@ -12,6 +12,7 @@ mod network;
 mod proposer;
 mod restore;
 mod server;
+mod service;
 mod tls;
 
 use std::io::IsTerminal;

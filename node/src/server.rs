@@ -18,10 +18,11 @@ use tokio_rustls::TlsAcceptor;
 use crate::clock::NodeClock;
 use crate::config::NodeConfig;
 use crate::connections::{self, ConnectionBounds};
-use crate::http::{self, AppState, Relay, Shared};
+use crate::http::{self, AppState, Shared};
 use crate::metrics::Metrics;
 use crate::network::{peer_router, Identity, LeaderContact, PeerNetwork};
 use crate::proposer::{Proposer, ProposerSettings};
+use crate::service::{Relay, Service};
 use crate::tls;
 
 /// Runs the node until it is told to stop. An error means the node could not start, or
@@ -126,7 +127,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let clock = Arc::new(NodeClock::default());
     let leader_contact = LeaderContact::default();
     let election_timeout = Duration::from_millis(tuning.election_timeout_ms);
-    // The longest a request waits for a leader (see `AppState::leader_wait`).
+    // The longest a request waits for a leader (see `Service::leader_wait`).
     let leader_wait = election_timeout * 2 + Duration::from_secs(1);
     let limits = machine.read(|machine, _| machine.limits().clone())?;
     let proposer = Proposer::spawn(
@@ -154,22 +155,25 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         }
     }
     let forwarder = forwarder.build()?;
-    let app = AppState::new(Shared {
+    let service = Service {
         node_id: config.id,
         raft: raft.clone(),
         machine,
         proposer,
         clock,
-        forwarder,
         relay,
+        election_timeout,
+        leader_contact: leader_contact.clone(),
+    };
+    let app = AppState::new(Shared {
+        service,
+        forwarder,
         metrics: Metrics::default(),
         clock_control: tuning.clock_control,
         event_streams: Arc::new(http::StreamSlots::new(
             tuning.event_streams_max,
             tuning.event_streams_per_token_max,
         )),
-        election_timeout,
-        leader_contact: leader_contact.clone(),
         auth: config.auth,
         api_scheme: if api_tls.is_some() { "https" } else { "http" },
         cluster_time_shown: Default::default(),

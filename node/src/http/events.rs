@@ -4,7 +4,7 @@
 //! silently skipped.
 //!
 //! Every node serves the streams that arrive at it from its own applied log, after a read
-//! index (`AppState::read_here`), so a stream starts where a linearizable read would and one
+//! index (`Service::read_here`), so a stream starts where a linearizable read would and one
 //! tenant's streams take only the slots of the node they arrive at: at most
 //! `--event-streams-max` per node and `--event-streams-per-token-max` per token. A stream ends,
 //! with an `error` message, when its token is revoked (it checks after every entry that may

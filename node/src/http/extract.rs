@@ -15,11 +15,11 @@ use sha2::{Digest, Sha256};
 
 use super::auth::TokenHash;
 use super::error::ApiError;
-use super::service::Mutation;
 use super::AppState;
+use crate::service::Mutation;
 
 /// A path in a write's body or route: its shape is checked here, its bounds by admission
-/// (`AppState::commit` and the machine's `apply` run `admit`).
+/// (`Service::decide` and the machine's `apply` run `admit`).
 pub fn write_path(text: &str) -> Result<ResourcePath, ApiError> {
     ResourcePath::new(text).map_err(ApiError::from_invalid)
 }

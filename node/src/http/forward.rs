@@ -6,7 +6,7 @@
 //!
 //! The bounds (the API's contract): a forward to a leader that stops answering (paused, cut
 //! off) gives up on it after twice the election timeout, by when a new leader has been elected,
-//! and goes to the new one; no request waits longer than `AppState::leader_wait` for a leader.
+//! and goes to the new one; no request waits longer than `Service::leader_wait` for a leader.
 //! A request that asks the leader to hold it (`wait_ms`: an acquire or a claim that waits) has
 //! that much longer.
 //! What a failed forward may be answered with: a request that surely never reached a leader
@@ -26,21 +26,18 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode}
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use baton_api::{ErrorCode, HEADER_IDEMPOTENCY_KEY, HEADER_NAMESPACE};
-use baton_raft_store::store::Member;
 use futures_util::StreamExt;
-use openraft::async_runtime::WatchReceiver;
 use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::routes::{self, Served};
 use super::{AppState, BODY_BYTES_MAX};
+use crate::service::{Leader, RECONNECT_PAUSE};
 
 /// Marks a request a follower forwarded, so it is never forwarded twice.
 const HEADER_FORWARDED: &str = "baton-forwarded";
 /// The largest answer relayed from the leader: a full page of the largest list, with room.
 const ANSWER_BYTES_MAX: usize = 16 << 20;
-/// How long to wait before trying a leader that could not be reached again.
-pub(super) const RECONNECT_PAUSE: Duration = Duration::from_millis(50);
 /// Request headers relayed to the leader.
 const RELAYED_HEADERS: [&str; 6] = [
     "authorization",
@@ -50,14 +47,6 @@ const RELAYED_HEADERS: [&str; 6] = [
     HEADER_IDEMPOTENCY_KEY,
     "last-event-id",
 ];
-
-/// The leader as this node sees it.
-pub(super) enum Leader {
-    /// This node: it handles the request itself.
-    Me,
-    /// Another node, with its addresses.
-    Other { id: u64, member: Member },
-}
 
 /// Why one attempt to forward failed.
 enum Failure {
@@ -117,7 +106,7 @@ pub async fn forward_unless_leader(
     let deadline = started + app.leader_wait() + held;
     let mut unanswered: Option<u64> = None;
     loop {
-        let leader = match wait_for_leader(&app, unanswered, deadline).await {
+        let leader = match app.wait_for_leader(unanswered, deadline).await {
             Some(Leader::Me) => {
                 return next.run(Request::from_parts(parts, Body::from(body))).await;
             }
@@ -175,35 +164,6 @@ fn wait_asked(parts: &Parts, body: &Bytes) -> Option<Duration> {
         .ok()
         .and_then(|waits| waits.wait_ms)
         .map(|wait_ms| Duration::from_millis(wait_ms.min(baton_api::WAIT_MS_MAX)))
-}
-
-/// The leader to send to: waits until this node knows one other than `unanswered` (a leader
-/// that did not answer a request) or becomes the leader itself, until `deadline`.
-pub(super) async fn wait_for_leader(
-    app: &AppState,
-    unanswered: Option<u64>,
-    deadline: Instant,
-) -> Option<Leader> {
-    let mut metrics = app.raft.metrics();
-    loop {
-        {
-            let current = metrics.borrow_and_update();
-            if let Some(id) = current.current_leader.filter(|id| Some(*id) != unanswered) {
-                if id == app.node_id {
-                    if current.state.is_leader() {
-                        return Some(Leader::Me);
-                    }
-                } else if let Some(member) = current.membership_config.membership().get_node(&id) {
-                    let member = member.clone();
-                    return Some(Leader::Other { id, member });
-                }
-            }
-        }
-        match tokio::time::timeout_at(deadline, metrics.changed()).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) | Err(_) => return None,
-        }
-    }
 }
 
 /// One attempt: the request to `api_addr`, its answer relayed. An event stream is relayed as

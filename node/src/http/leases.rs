@@ -18,8 +18,8 @@ use tokio::time::Instant;
 use super::convert;
 use super::error::ApiError;
 use super::extract::{read_path, write_path, ApiJson, ApiPath, ApiQuery, Ns, Write};
-use super::service::{Acquired, LetGo};
 use super::{ApiAnswer, AppState};
+use crate::service::{Acquired, LetGo};
 
 /// A request's estimated share of a log entry, for bounding batches.
 fn size_of(canonical: &[u8]) -> usize {

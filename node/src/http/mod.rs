@@ -10,7 +10,6 @@
 mod auth;
 mod cluster;
 mod console;
-mod convert;
 mod error;
 mod events;
 mod extract;
@@ -21,13 +20,12 @@ mod openapi;
 mod queues;
 mod relay;
 mod routes;
-mod service;
 mod txn;
 
 use std::ops::Deref;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
@@ -35,22 +33,16 @@ use axum::middleware::{from_fn_with_state, Next};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use baton_api::{HEADER_CLUSTER_TIME, HEADER_IDEMPOTENT_REPLAYED, HEADER_LEADER};
-use baton_raft_store::machine::{Limits, Machine, NewSession, Owner, Rejection, SessionId};
-use baton_raft_store::store::{MachineHandle, Raft};
-use openraft::async_runtime::WatchReceiver;
-use openraft::{Instant as _, ReadPolicy};
 use serde::Serialize;
 
-use crate::clock::NodeClock;
 use crate::metrics::Metrics;
-use crate::network::LeaderContact;
-use crate::proposer::Proposer;
 
 pub use auth::bootstrap as bootstrap_token;
-pub use convert::Clocks;
 pub use error::ApiError;
 pub use events::StreamSlots;
-pub use relay::{routes as relay_routes, Relay};
+pub use relay::routes as relay_routes;
+
+use crate::service::{convert, Committed, Service};
 
 /// The largest request body accepted (docs/guarantees.md, "Limits").
 pub const BODY_BYTES_MAX: usize = 1 << 20;
@@ -60,24 +52,14 @@ pub const BODY_BYTES_MAX: usize = 1 << 20;
 pub struct AppState(Arc<Shared>);
 
 pub struct Shared {
-    pub node_id: u64,
-    pub raft: Raft,
-    pub machine: MachineHandle,
-    pub proposer: Proposer,
-    pub clock: Arc<NodeClock>,
+    /// The operations themselves (`crate::service`), which every handler calls.
+    pub service: Service,
     pub forwarder: reqwest::Client,
-    /// A follower's relay of writes to the leader (relay.rs).
-    pub relay: Relay,
     pub metrics: Metrics,
     pub clock_control: bool,
     /// The event streams open on this node (`--event-streams-max`, and per token
     /// `--event-streams-per-token-max`).
     pub event_streams: Arc<events::StreamSlots>,
-    /// The election timeout (`--election-timeout-ms`): a forward to a leader that stops
-    /// answering gives up on it after twice this.
-    pub election_timeout: Duration,
-    /// When this node last heard from its leader (the peer router keeps it).
-    pub leader_contact: LeaderContact,
     /// `--auth`: requests need a token (see `auth.rs`).
     pub auth: bool,
     /// `https` with --tls-cert: how a follower reaches the leader's client API.
@@ -85,6 +67,14 @@ pub struct Shared {
     /// The highest cluster time this node has put in an answer, so an answer it makes up
     /// itself never shows an earlier one.
     pub cluster_time_shown: AtomicU64,
+}
+
+impl Deref for Shared {
+    type Target = Service;
+
+    fn deref(&self) -> &Service {
+        &self.service
+    }
 }
 
 impl Deref for AppState {
@@ -99,158 +89,9 @@ impl AppState {
     pub fn new(shared: Shared) -> AppState {
         AppState(Arc::new(shared))
     }
-
-    /// The longest any request waits for a leader: twice the election timeout (by then a
-    /// paused or cut-off leader has been replaced) plus a second to reach the new one.
-    pub fn leader_wait(&self) -> Duration {
-        self.election_timeout * 2 + Duration::from_secs(1)
-    }
-
-    /// Runs `check` on the limits of the applied state (validating input at the edge), under
-    /// the read lock and without copying them. A poisoned lock means an apply panicked: the
-    /// node is stopping, and nothing here may guess at limits.
-    pub fn with_limits<T>(&self, check: impl FnOnce(&Limits) -> T) -> T {
-        self.machine
-            .read(|machine, _| check(machine.limits()))
-            .expect("the applied state is readable: an apply panicked and the node is stopping")
-    }
-
-    /// A list's page size: `requested`, or the largest allowed when absent.
-    pub fn page_limit(&self, requested: Option<u32>) -> Result<usize, ApiError> {
-        let page_max = self.with_limits(|limits| limits.list_page_max);
-        let limit = requested.map_or(page_max, |limit| limit as usize);
-        if limit == 0 || limit > page_max {
-            return Err(ApiError::invalid(format!("limit must be 1..={page_max}")));
-        }
-        Ok(limit)
-    }
-
-    /// Who an acquire or a claim is for: the named session, or a new one drawn here.
-    pub fn owner(&self, owner: Result<baton_api::Owner<'_>, String>) -> Result<Owner, ApiError> {
-        match owner.map_err(ApiError::invalid)? {
-            baton_api::Owner::Session(id) => Ok(Owner::Session(
-                SessionId::parse(id.as_str()).map_err(ApiError::from_invalid)?,
-            )),
-            baton_api::Owner::NewSession { holder, ttl_ms } => Ok(Owner::NewSession(NewSession {
-                session_id: self.new_session_id(),
-                holder: holder.to_owned(),
-                ttl_ms,
-                labels: Default::default(),
-            })),
-        }
-    }
-
-    /// The leader this node is in touch with: itself while a quorum acknowledged it within
-    /// twice the election timeout, or the leader whose appends it accepted within that time.
-    /// With pre-vote, a node cut off from the others goes on naming its last leader; contact,
-    /// not the name, says whether it still has one.
-    pub fn leader(&self) -> Option<u64> {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow_watched();
-        let leader = metrics.current_leader?;
-        let recent = self.election_timeout * 2;
-        let in_touch = if leader == self.node_id {
-            // A lone voter is its own quorum (openraft reports no acknowledgement then).
-            let alone = metrics
-                .membership_config
-                .membership()
-                .voter_ids()
-                .all(|voter| voter == self.node_id);
-            metrics.state.is_leader()
-                && (alone
-                    || metrics
-                        .last_quorum_acked
-                        .as_ref()
-                        .is_some_and(|acked| acked.elapsed() < recent))
-        } else {
-            self.leader_contact.within(recent)
-        };
-        in_touch.then_some(leader)
-    }
-
-    fn is_leader(&self) -> bool {
-        let metrics = self.raft.metrics();
-        let metrics = metrics.borrow_watched();
-        metrics.state.is_leader() && metrics.current_leader == Some(self.node_id)
-    }
-
-    /// A fresh session id: 128 random bits, chosen here on the leader and carried in the log.
-    pub fn new_session_id(&self) -> SessionId {
-        SessionId(rand::random())
-    }
-
-    pub fn clocks(&self, cluster_ms: u64) -> Clocks {
-        Clocks {
-            wall_ms: self.clock.wall_ms(),
-            cluster_ms,
-        }
-    }
-
-    /// Runs `query` on the applied state after a read index: linearizable (G1). On the leader
-    /// only (followers forward reads); `read_here` is the same on any node.
-    pub async fn read<T>(
-        &self,
-        query: impl FnOnce(&Machine) -> T,
-    ) -> Result<(T, Clocks), ApiError> {
-        self.read_index_here().await?;
-        self.query(query)
-    }
-
-    /// On the leader: confirms leadership and waits until the applied state holds every write
-    /// acknowledged before the call; the read index, the log index a linearizable read must see
-    /// applied.
-    async fn read_index_here(&self) -> Result<u64, ApiError> {
-        // A leader restored after a restart may not yet know which of its entries are
-        // committed: it answers reads only once it has applied its whole takeover log.
-        let term = self.raft.metrics().borrow_watched().current_term;
-        if !self
-            .proposer
-            .wait_leader_ready(term, self.leader_wait())
-            .await
-        {
-            return Err(ApiError::no_leader(None));
-        }
-        // ReadIndex: leadership confirmed by a quorum after the read arrived. Lease reads would
-        // skip that round trip, but are safe only if no pause outlasts the lease, and Baton's
-        // fault model has pauses (a SIGSTOP, a GC) of any length (docs/guarantees.md, G1).
-        let read_index = self.raft.ensure_linearizable(ReadPolicy::ReadIndex);
-        match tokio::time::timeout(self.leader_wait(), read_index).await {
-            Ok(Ok(read_log_id)) => Ok(read_log_id.index()),
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "read index refused");
-                Err(ApiError::no_leader(
-                    self.leader().filter(|id| *id != self.node_id),
-                ))
-            }
-            Err(_) => Err(ApiError::no_leader(None)),
-        }
-    }
-
-    /// `query` on this node's applied state as it is now, at its cluster time.
-    fn query<T>(&self, query: impl FnOnce(&Machine) -> T) -> Result<(T, Clocks), ApiError> {
-        let (value, cluster_ms) = self
-            .machine
-            .read(|machine, _| (query(machine), machine.time_ms()))
-            .map_err(ApiError::internal)?;
-        Ok((value, self.clocks(cluster_ms)))
-    }
-
-    /// A machine refusal as an API error, with the denial's lease in wire form.
-    pub fn refusal(&self, rejection: Rejection, clocks: Clocks) -> ApiError {
-        let held_by = match &rejection {
-            Rejection::LeaseHeld {
-                held_by,
-                holders,
-                holders_total,
-                ..
-            } => Some(convert::held_by(held_by, holders, *holders_total, clocks)),
-            _ => None,
-        };
-        ApiError::rejected(rejection, held_by, Some(clocks.cluster_ms))
-    }
 }
 
-impl<T> service::Committed<T> {
+impl<T> Committed<T> {
     /// The answer to a committed mutation: decided at its entry's cluster time, and marked as
     /// a replay when it is the recorded first answer of a retry.
     pub fn answer<B: Serialize>(&self, status: StatusCode, body: &B) -> ApiAnswer {

@@ -17,8 +17,8 @@ use tokio::time::Instant;
 use super::convert;
 use super::error::ApiError;
 use super::extract::{read_name, write_name, ApiJson, ApiPath, ApiQuery, Ns, Write};
-use super::service::TaskEnd;
 use super::{ApiAnswer, AppState};
+use crate::service::TaskEnd;
 
 fn task_claim(session_id: &baton_api::SessionId, fence: u64) -> Result<TaskFence, ApiError> {
     let session_id = SessionId::parse(session_id.as_str()).map_err(ApiError::from_invalid)?;

@@ -10,8 +10,8 @@ use super::convert;
 use super::error::ApiError;
 use super::extract::{write_name, write_path, ApiJson, Write};
 use super::queues::{json_text, task_spec};
-use super::service::TxnResult;
 use super::{ApiAnswer, AppState};
+use crate::service::TxnResult;
 
 fn compare(compare: &baton_api::TxnCompare) -> Result<Compare, ApiError> {
     Ok(match compare.kind().map_err(ApiError::invalid)? {

@@ -1,10 +1,10 @@
-//! The typed calls between the handlers and the proposer: one method per mutation, taking that
-//! operation's parts and returning that operation's result. Handlers never see the machine's
-//! `Reply`: which reply answers which operation is decided here, once, and a reply of another
-//! kind is a broken invariant that stops the node (see `main`), never an API error.
+//! The writes: one method per mutation, taking that operation's parts and returning that
+//! operation's result. Callers never see the machine's `Reply`: which reply answers which
+//! operation is decided here, once, and a reply of another kind is a broken invariant that
+//! stops the node (see `main`), never an API error.
 //!
-//! What must never live here: HTTP (status codes, headers, wire types; that is the route
-//! files), parsing of requests (the route files and `extract.rs`), reads (`AppState::read`).
+//! What must never live here: HTTP, parsing of requests (the route files and `extract.rs`),
+//! reads (`Service::read`).
 
 use baton_raft_store::machine::{
     Command, Grant, IdempotencyTag, Labels, LeaseMode, Name, Namespace, NewSession, Op, Owner,
@@ -13,7 +13,7 @@ use baton_raft_store::machine::{
 };
 use sha2::{Digest, Sha256};
 
-use super::{ApiError, AppState, Clocks};
+use super::{ApiError, Clocks, Service};
 
 /// Where a mutation acts, by whom, how a retry of it is recognised, and its share of a log
 /// entry.
@@ -115,7 +115,7 @@ pub enum TaskEnd {
     Release { note: Option<String> },
 }
 
-impl AppState {
+impl Service {
     pub async fn create_session(
         &self,
         mutation: Mutation,

@@ -1,37 +1,13 @@
 //! Hand-written conversions from the machine's log types to the client's wire types
 //! (STYLE rule 3), and the informational RFC 3339 times.
 
-use baton_api::{self as api, rfc3339};
+use baton_api::{self as api};
 use baton_raft_store::machine::{
     Event, EventKind, Grant, LeaseMode, LeaseView, Name, Page, SessionId, SessionView, TaskClaimed,
     TaskState, TaskView,
 };
 
-/// The two clocks an answer is rendered with: the answering node's wall clock, for the
-/// informational `*_at` fields, and the cluster time the answer was decided at, which every
-/// `expires_in_ms` is relative to.
-#[derive(Debug, Clone, Copy)]
-pub struct Clocks {
-    pub wall_ms: i64,
-    pub cluster_ms: u64,
-}
-
-impl Clocks {
-    /// `expires_in_ms` from now, as a wall-clock time.
-    pub fn expires_at(&self, expires_in_ms: u64) -> String {
-        rfc3339(
-            self.wall_ms
-                .saturating_add(i64::try_from(expires_in_ms).unwrap_or(i64::MAX)),
-        )
-    }
-
-    /// A cluster time in the past (like `acquired_at`), as a wall-clock time.
-    pub fn at(&self, cluster_time_ms: u64) -> String {
-        let ago_ms =
-            i64::try_from(self.cluster_ms.saturating_sub(cluster_time_ms)).unwrap_or(i64::MAX);
-        rfc3339(self.wall_ms.saturating_sub(ago_ms))
-    }
-}
+pub use crate::service::Clocks;
 
 pub fn session_id(id: SessionId) -> api::SessionId {
     api::SessionId::new(id.to_string())
@@ -317,6 +293,8 @@ pub fn event(event: &Event) -> api::Event {
 
 #[cfg(test)]
 mod tests {
+    use baton_api::rfc3339;
+
     use super::*;
 
     #[test]
