@@ -585,3 +585,27 @@ fn kv_fence_and_session_come_both_or_neither() {
         }
     }
 }
+
+/// A transaction's compares built by their constructors travel as docs/api.md shows them, and
+/// read back as the compare they were made as.
+#[test]
+fn txn_compares_are_built_as_documented() {
+    let fence = TxnCompare::fence("repo/build", 41);
+    let absent = TxnCompare::kv_revision("results/build", 0);
+    assert_eq!(
+        serde_json::to_value(&fence).unwrap(),
+        json!({"fence": {"resource": "repo/build", "token": 41}})
+    );
+    assert_eq!(
+        serde_json::to_value(&absent).unwrap(),
+        json!({"kv": "results/build", "revision": 0})
+    );
+    assert!(matches!(fence.kind(), Ok(CompareKind::Fence(fence)) if fence.token == 41));
+    assert!(matches!(
+        absent.kind(),
+        Ok(CompareKind::KvRevision {
+            key: "results/build",
+            revision: 0
+        })
+    ));
+}
