@@ -212,14 +212,17 @@ async fn a_member_added_at_another_clusters_node_never_reaches_it() {
         .timeout(Duration::from_secs(3))
         .try_send()
         .await;
-    // Our leader has had time for many appends and heartbeats to it (heartbeat 50 ms).
-    tokio::time::sleep(Duration::from_secs(1)).await;
-
-    let said = stranger.log_tail(200);
-    assert!(
-        said.contains("refused a peer request meant for another node or cluster"),
-        "their node 3 never refused ours: {said}"
-    );
+    // Our leader sends it appends and heartbeats every 50 ms: their node 3 refuses them.
+    poll_until(
+        CATCH_UP_TIMEOUT,
+        "their node 3 to refuse our leader's requests",
+        async || {
+            let said = stranger.log_tail(200);
+            said.contains("refused a peer request meant for another node or cluster")
+                .then_some(())
+        },
+    )
+    .await;
     let status = cluster_status(&theirs, stranger).await;
     assert_eq!(
         (status.term, status.leader_id),
