@@ -70,6 +70,10 @@ pub struct BenchArgs {
     /// it, as curl or a hook process does).
     #[arg(long, default_value = "pooled:512", value_parser = client::parse_connections)]
     connections: client::Connections,
+    /// `sessions`: event streams (`GET /v1/events`, server-sent) kept open beside the renewals,
+    /// spread over the endpoints, each read as it comes, as agents watching the board do.
+    #[arg(long, default_value_t = 0)]
+    streams: usize,
     /// `sessions`: how often each session is renewed, e.g. `3s` or `500ms`.
     #[arg(long, default_value = "3s", value_parser = parse_period)]
     period: Duration,

@@ -1,7 +1,7 @@
 //! `--workload sessions`: `--sessions` sessions on the endpoints, each renewed once per
 //! `--period`, spread evenly, for `--seconds`, while a probe client acquires and releases a
-//! path in a loop. A keepalive's latency runs from the moment it was due, so a client that
-//! falls behind shows it.
+//! path in a loop, and `--streams` event streams are read beside them. A keepalive's latency
+//! runs from the moment it was due, so a client that falls behind shows it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -138,8 +138,13 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         );
     }
 
+    let streams = open_streams(&args.endpoints, args.streams).await?;
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.seconds);
+    let reading: Vec<_> = streams
+        .into_iter()
+        .map(|stream| tokio::spawn(read_stream(stream, deadline)))
+        .collect();
     // The probe is an agent of its own, with its own connection.
     let probe = tokio::spawn(cycles_until(
         Http::default(),
@@ -181,6 +186,12 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         renewal.await.context("a keepalive task")?;
     }
     let probe = probe.await.context("the probe")?;
+    let (mut events, mut streams_cut) = (0u64, 0usize);
+    for read in reading {
+        let (read, cut) = read.await.context("an event stream")?;
+        events += read;
+        streams_cut += usize::from(cut);
+    }
     let timed = std::mem::take(&mut *latencies.lock().expect("latencies"));
     let p99_by_second = p99_by_second(&timed, args.seconds);
     let mut latencies: Vec<Duration> = timed.into_iter().map(|(_, latency)| latency).collect();
@@ -201,6 +212,12 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         probe.cycles,
         probe.errors
     );
+    if args.streams > 0 {
+        println!(
+            "streams {}: {events} events read, {streams_cut} ended before the run did",
+            args.streams
+        );
+    }
     let json = serde_json::json!({
         "workload": "sessions",
         "sessions": sessions.len(),
@@ -216,6 +233,9 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         "probe_acquire_p99_ms": probe_p99,
         "probe_cycles": probe.cycles,
         "probe_errors": probe.errors,
+        "streams": args.streams,
+        "stream_events": events,
+        "streams_cut": streams_cut,
     });
     let chart = Chart {
         title: format!(
@@ -232,6 +252,60 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
         ],
     };
     Ok(Figures { json, chart })
+}
+
+/// Opens `count` event streams spread over `endpoints`, from the current revision on: each
+/// answered 200 before the measurement starts.
+async fn open_streams(
+    endpoints: &[String],
+    count: usize,
+) -> anyhow::Result<Vec<reqwest::Response>> {
+    if count == 0 {
+        return Ok(Vec::new());
+    }
+    // One connection per stream, as each watching agent has its own.
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .context("an HTTP client for the streams")?;
+    let opened: Vec<anyhow::Result<reqwest::Response>> = stream::iter(0..count)
+        .map(|index| {
+            let url = format!("{}/v1/events", endpoints[index % endpoints.len()]);
+            let client = client.clone();
+            async move {
+                let answer = client
+                    .get(&url)
+                    .header("accept", "text/event-stream")
+                    .send()
+                    .await
+                    .with_context(|| format!("opening {url}"))?;
+                if !answer.status().is_success() {
+                    bail!("opening {url} answered {}", answer.status());
+                }
+                Ok(answer)
+            }
+        })
+        .buffer_unordered(SESSIONS_CREATING)
+        .collect()
+        .await;
+    let opened: Vec<reqwest::Response> = opened.into_iter().collect::<anyhow::Result<_>>()?;
+    eprintln!("baton-jepsen bench: {count} event streams open");
+    Ok(opened)
+}
+
+/// Reads `stream` until `deadline`: the events read, and whether it ended first.
+async fn read_stream(stream: reqwest::Response, deadline: Instant) -> (u64, bool) {
+    let mut chunks = stream.bytes_stream();
+    let mut events = 0u64;
+    loop {
+        match tokio::time::timeout_at(deadline.into(), chunks.next()).await {
+            Err(_) => return (events, false),
+            Ok(Some(Ok(chunk))) => {
+                events += chunk.windows(5).filter(|window| window == b"data:").count() as u64;
+            }
+            Ok(Some(Err(_)) | None) => return (events, true),
+        }
+    }
 }
 
 /// The keepalive p99 of each second of the run, by the second the renewal was due in: whether
