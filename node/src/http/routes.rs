@@ -1,5 +1,5 @@
-//! The API's one route table. Each operation is declared twice over, in two halves that never
-//! repeat each other: its handler's `#[utoipa::path]` (method, path, parameters, request body,
+//! The API's one route table. Each operation is declared in two halves that never repeat each
+//! other: its handler's `#[utoipa::path]` (method, path, parameters, request body,
 //! answers and errors), and its row in `table!` below (who may call it, whether it acts in the
 //! request's namespace, where it is served). Everything else reads those two: the router, the
 //! OpenAPI document's paths and its shared parameters and errors (`openapi.rs`), a follower's
