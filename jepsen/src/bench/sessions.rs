@@ -19,6 +19,8 @@ use super::{check_endpoints_and_seconds, percentile_ms, BenchArgs};
 
 /// Sessions created at once while setting up.
 const SESSIONS_CREATING: usize = 64;
+/// Tries to open one event stream at most.
+const STREAM_OPEN_TRIES: usize = 20;
 /// Renewals at once while opening the measured connections.
 const SETUP_IN_FLIGHT: usize = 512;
 
@@ -254,8 +256,8 @@ pub(super) async fn run(args: &BenchArgs) -> anyhow::Result<Figures> {
     Ok(Figures { json, chart })
 }
 
-/// Opens `count` event streams spread over `endpoints`, from the current revision on: each
-/// answered 200 before the measurement starts.
+/// Opens `count` event streams spread over `endpoints`, from the cluster's current revision on:
+/// each answered 200 before the measurement starts.
 async fn open_streams(
     endpoints: &[String],
     count: usize,
@@ -268,21 +270,44 @@ async fn open_streams(
         .pool_max_idle_per_host(0)
         .build()
         .context("an HTTP client for the streams")?;
+    // From the current revision on, as an agent that starts watching the board does: not the
+    // whole window of events kept, which would measure 1,000 replays of it.
+    let status: baton_client::api::ClusterStatus = client
+        .get(format!("{}/v1/cluster", endpoints[0]))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .context("the cluster's revision")?
+        .json()
+        .await
+        .context("the cluster's revision")?;
+    let after = status.revision;
     let opened: Vec<anyhow::Result<reqwest::Response>> = stream::iter(0..count)
         .map(|index| {
-            let url = format!("{}/v1/events", endpoints[index % endpoints.len()]);
+            let url = format!(
+                "{}/v1/events?after={after}",
+                endpoints[index % endpoints.len()]
+            );
             let client = client.clone();
             async move {
-                let answer = client
-                    .get(&url)
-                    .header("accept", "text/event-stream")
-                    .send()
-                    .await
-                    .with_context(|| format!("opening {url}"))?;
-                if !answer.status().is_success() {
-                    bail!("opening {url} answered {}", answer.status());
+                // NO_LEADER and overload are answered before anything is streamed: a client
+                // opens the stream again, as docs/api.md says to.
+                for _ in 0..STREAM_OPEN_TRIES {
+                    let answer = client
+                        .get(&url)
+                        .header("accept", "text/event-stream")
+                        .send()
+                        .await
+                        .with_context(|| format!("opening {url}"))?;
+                    match answer.status() {
+                        status if status.is_success() => return Ok(answer),
+                        StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                        status => bail!("opening {url} answered {status}"),
+                    }
                 }
-                Ok(answer)
+                bail!("opening {url} answered 503 or 429 {STREAM_OPEN_TRIES} times")
             }
         })
         .buffer_unordered(SESSIONS_CREATING)

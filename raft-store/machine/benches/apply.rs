@@ -7,7 +7,10 @@
 //! - `keepalive`: a keepalive of a session holding 1,000 (or 1) leases;
 //! - `acquire_subtree_release`: a subtree acquire over an empty directory, and its release.
 //!
-//! Then `encode_snapshot` and `decode_snapshot` of the 1,000,000-lease machine.
+//! Then `encode_snapshot` and `decode_snapshot` of the 1,000,000-lease machine, and
+//! `events_after` on a namespace whose event window is full (100,000 events): what each event
+//! stream reads after every entry that recorded an event (`at_the_head`: the newest event), and
+//! a page of a reader that starts at the oldest.
 //!
 //! `cargo bench -p baton-machine --bench apply -- --warm-up-time 1 --measurement-time 3`
 
@@ -235,9 +238,50 @@ fn snapshot(c: &mut Criterion) {
     group.finish();
 }
 
+fn events(c: &mut Criterion) {
+    let mut fixture = Fixture::new(1);
+    let session = SessionId(1);
+    let kept = fixture.limits.events_kept_max as u64;
+    // An acquire and its release record an event each.
+    for pair in 0..kept / 2 {
+        let resource = fixture.path(&format!("events/{}", pair % 100));
+        let ops = [
+            Op::Acquire {
+                resource: resource.clone(),
+                mode: LeaseMode::Exclusive,
+                owner: Owner::Session(session),
+                max_hold_ms: None,
+                labels: Labels::new(),
+            },
+            Op::Release {
+                session_id: session,
+                resource,
+            },
+        ];
+        let commands = ops.into_iter().map(|op| fixture.on(op)).collect();
+        fixture.apply_all(commands);
+    }
+    let namespace = fixture.namespace.clone();
+    let newest = fixture.machine.revision(&namespace);
+    let page = |after: u64| {
+        fixture
+            .machine
+            .events_after(&namespace, after, 1_000)
+            .expect("still in the window")
+    };
+    assert_eq!(page(newest - 1).len(), 1);
+    assert_eq!(page(newest - kept).len(), 1_000, "the window is full");
+    let mut group = c.benchmark_group("events/100k_kept");
+    group.bench_function("at_the_head", |b| b.iter(|| black_box(page(newest - 1))));
+    group.bench_function("a_page_from_the_oldest", |b| {
+        b.iter(|| black_box(page(newest - kept)))
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
-    targets = apply_small, apply_large, snapshot
+    targets = apply_small, apply_large, snapshot, events
 }
 criterion_main!(benches);

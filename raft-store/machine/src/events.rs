@@ -160,13 +160,17 @@ impl EventLog {
         let skip = after
             .saturating_add(1)
             .saturating_sub(window.oldest_revision());
+        let start = usize::try_from(skip)
+            .unwrap_or(usize::MAX)
+            .min(window.events.len());
+        let end = start.saturating_add(limit).min(window.events.len());
+        // By index, not by skipping: the vector's iterator steps through every event before
+        // `start`, and a stream at the head of a full window would read all of them after
+        // every entry (the `events` benchmark: 221 µs for one event there, 109 ns by index).
+        let mut focus = window.events.focus();
         Some(
-            window
-                .events
-                .iter()
-                .skip(usize::try_from(skip).unwrap_or(usize::MAX))
-                .take(limit)
-                .cloned()
+            (start..end)
+                .filter_map(|index| focus.get(index).cloned())
                 .collect(),
         )
     }
