@@ -11,6 +11,7 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs;
+use std::io::Write;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -26,6 +27,11 @@ use crate::net::{self, Net, NetChoice, Pids};
 pub const READY_TIMEOUT: Duration = Duration::from_secs(30);
 /// Per-request timeout of the harness's own control calls.
 const CONTROL_TIMEOUT: Duration = Duration::from_millis(1_000);
+/// How long a backup (`GET /v1/snapshot`) may take.
+const BACKUP_TIMEOUT: Duration = Duration::from_secs(20);
+/// The line the harness writes into a node's log when it restores the node's data dir from a
+/// backup: what the node logs after it is a member of a new cluster.
+pub const RESTORED_MARKER: &str = "---- baton-jepsen: data dir restored";
 
 /// Timings and flags of the nodes.
 #[derive(Debug, Clone)]
@@ -177,6 +183,8 @@ pub struct Cluster {
     mounts: Vec<LazyMount>,
     /// The nodes that run `batond` rather than `batond_before` (all of them without one).
     upgraded: Mutex<std::collections::BTreeSet<u64>>,
+    /// `--initial-cluster` of every node: `id=API@PEER`, comma-separated.
+    initial_cluster: String,
 }
 
 /// Owns the right to stop a cluster: dropping it resumes and kills every node process.
@@ -291,6 +299,7 @@ impl Cluster {
             stopped: std::sync::atomic::AtomicBool::new(false),
             mounts,
             upgraded: Mutex::default(),
+            initial_cluster,
         }));
         for node in &cluster.0.nodes {
             cluster.0.spawn(node)?;
@@ -402,6 +411,71 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+
+    /// Takes a backup through node `id`'s `GET /v1/snapshot` (any node answers, after a read
+    /// index: the file holds every write acknowledged before the request) into `file`, checked
+    /// whole. Returns the backup's header.
+    pub async fn save_backup(&self, id: u64, file: &Path) -> anyhow::Result<Value> {
+        let url = format!("{}://{}/v1/snapshot", self.scheme(), self.node(id).api);
+        let response = self.http.get(url).timeout(BACKUP_TIMEOUT).send().await?;
+        let status = response.status();
+        let bytes = response.bytes().await?;
+        if !status.is_success() {
+            bail!(
+                "GET /v1/snapshot on node {id}: {status} {}",
+                String::from_utf8_lossy(&bytes)
+            );
+        }
+        let (header, _) = baton_client::api::decode_backup(&bytes)
+            .map_err(|error| anyhow::anyhow!("the backup from node {id} is refused: {error}"))?;
+        fs::write(file, &bytes).with_context(|| format!("write {}", file.display()))?;
+        Ok(serde_json::to_value(header)?)
+    }
+
+    /// Replaces node `id`'s data dir (the node must be stopped) with one seeded from `backup` by
+    /// `batond restore`, as a member of a new cluster of the same members at the same
+    /// addresses. The old dir's files are deleted (a lazy file system's mount point stays).
+    /// The node's log gets [`RESTORED_MARKER`] and what `batond restore` printed: the votes
+    /// saved after it belong to the new cluster.
+    pub fn restore_node(&self, id: u64, backup: &Path) -> anyhow::Result<()> {
+        if self.is_running(id) {
+            bail!("node {id} runs: stop it before restoring its data dir");
+        }
+        let dir = self.data_dir(id);
+        for entry in fs::read_dir(&dir).with_context(|| format!("read {}", dir.display()))? {
+            let path = entry?.path();
+            if path.is_dir() {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            }
+            .with_context(|| format!("remove {}", path.display()))?;
+        }
+        let output = std::process::Command::new(self.batond_of(id))
+            .arg("restore")
+            .arg(backup)
+            .args(["--id", &id.to_string(), "--data-dir"])
+            .arg(&dir)
+            .args(["--initial-cluster", &self.initial_cluster])
+            .env_remove("BATON_DATA_DIR")
+            .output()
+            .context("run batond restore")?;
+        let mut log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path(id))?;
+        writeln!(log, "{RESTORED_MARKER} from {}", backup.display())?;
+        log.write_all(&output.stdout)?;
+        log.write_all(&output.stderr)?;
+        if !output.status.success() {
+            bail!(
+                "batond restore of node {id} exited with {}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            );
+        }
+        Ok(())
     }
 
     /// The first node found to have exited by itself (not by a kill of the harness), with the

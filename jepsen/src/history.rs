@@ -200,6 +200,63 @@ pub fn logical_pairs(history: &[Op]) -> Vec<Pair<'_>> {
     result
 }
 
+/// The history as the cluster that remains after every `restore` fault knows it. A restore
+/// brings the cluster back to its backup, so what it did after the backup was cut may be
+/// undone: every client answer that came between the start of a restore fault whose backup was
+/// saved and the fault's end (all the old cluster's nodes killed, the new one ready) becomes
+/// `info` (it may or may not have taken effect in the restored cluster) and loses its cluster
+/// time (the restored cluster's time resumes at the backup's). An answer before the start is
+/// in the backup (the backup is cut after a read index); an answer after the end came from the
+/// restored cluster. A history without a restore comes back as it is.
+///
+/// The fences the undone answers carried are not forgotten by a restore: the checkers of fence
+/// order (`fences`, and the grants `stale_writes` knows of) read the history as recorded.
+pub fn undone(history: &[Op]) -> std::borrow::Cow<'_, [Op]> {
+    let mut windows: Vec<(u64, u64)> = Vec::new();
+    let mut started: Option<u64> = None;
+    for op in history.iter().filter(|op| op.is_named(NEMESIS)) {
+        if op.value["fault"] != "restore" {
+            continue;
+        }
+        match op.f.as_str() {
+            "start" => started = Some(op.time_ns),
+            "stop" => {
+                if let Some(start) = started.take() {
+                    if op.value["saved"] == Value::Bool(true) {
+                        windows.push((start, op.time_ns));
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    // A run that stopped inside a restore: everything after its start may be undone.
+    if let Some(start) = started {
+        windows.push((start, u64::MAX));
+    }
+    if windows.is_empty() {
+        return std::borrow::Cow::Borrowed(history);
+    }
+    let inside = |time_ns: u64| {
+        windows
+            .iter()
+            .any(|&(from, to)| (from..=to).contains(&time_ns))
+    };
+    std::borrow::Cow::Owned(
+        history
+            .iter()
+            .map(|op| {
+                let mut op = op.clone();
+                if op.is_client() && op.kind != OpType::Invoke && inside(op.time_ns) {
+                    op.kind = OpType::Info;
+                    op.cluster_time_ms = None;
+                }
+                op
+            })
+            .collect(),
+    )
+}
+
 /// The recorder: appends events under one lock, so the order of the file is the order in
 /// which events happened, and hands out client process ids.
 #[derive(Debug, Clone)]
@@ -363,5 +420,73 @@ pub mod build {
             op.index = index as u64;
         }
         ops
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::build::{indexed, op};
+    use super::*;
+
+    fn nemesis(time_ms: u64, f: &str, value: Value) -> Op {
+        Op {
+            process: Process::Named(NEMESIS.to_owned()),
+            kind: OpType::Info,
+            ..op(0, OpType::Info, time_ms, f, "", value)
+        }
+    }
+
+    fn timed(mut op: Op, cluster_time_ms: u64) -> Op {
+        op.cluster_time_ms = Some(cluster_time_ms);
+        op
+    }
+
+    /// A write answered before the restore began is in the backup; one answered between the
+    /// backup and the restored cluster's start may be undone; one answered after came from the
+    /// restored cluster. Events of the nemesis and the final reads are never undone.
+    #[test]
+    fn the_answers_inside_a_restore_are_unknown_and_the_others_stand() {
+        let history = indexed(vec![
+            op(1, OpType::Invoke, 0, "write", "k", json!({"value": 1})),
+            timed(op(1, OpType::Ok, 1, "write", "k", json!({})), 10),
+            nemesis(2, "start", json!({"fault": "restore"})),
+            op(2, OpType::Invoke, 3, "write", "k", json!({"value": 2})),
+            timed(op(2, OpType::Ok, 4, "write", "k", json!({})), 20),
+            op(3, OpType::Invoke, 4, "acquire", "a", json!({})),
+            op(3, OpType::Fail, 5, "acquire", "a", json!({})),
+            nemesis(6, "backup", json!({})),
+            nemesis(9, "stop", json!({"fault": "restore", "saved": true})),
+            op(1, OpType::Invoke, 10, "write", "k", json!({"value": 3})),
+            timed(op(1, OpType::Ok, 11, "write", "k", json!({})), 12),
+        ]);
+        let undone = undone(&history);
+        let kinds: Vec<OpType> = undone.iter().map(|op| op.kind).collect();
+        use OpType::{Info, Invoke, Ok};
+        assert_eq!(
+            kinds,
+            [Invoke, Ok, Info, Invoke, Info, Invoke, Info, Info, Info, Invoke, Ok]
+        );
+        assert_eq!(undone[4].cluster_time_ms, None);
+        assert_eq!(undone[4].value, history[4].value, "the answer is kept");
+        assert_eq!(undone[10].cluster_time_ms, Some(12));
+    }
+
+    /// A restore whose backup failed changed nothing, and neither did the fault windows of
+    /// other faults.
+    #[test]
+    fn a_history_without_a_saved_restore_is_read_as_recorded() {
+        let history = indexed(vec![
+            nemesis(0, "start", json!({"fault": "restore"})),
+            op(1, OpType::Invoke, 1, "write", "k", json!({"value": 1})),
+            op(1, OpType::Ok, 2, "write", "k", json!({})),
+            nemesis(3, "stop", json!({"fault": "restore", "saved": false})),
+            nemesis(4, "start", json!({"fault": "kill-all"})),
+            op(1, OpType::Invoke, 5, "write", "k", json!({"value": 2})),
+            op(1, OpType::Ok, 6, "write", "k", json!({})),
+            nemesis(7, "stop", json!({"fault": "kill-all"})),
+        ]);
+        assert!(matches!(undone(&history), std::borrow::Cow::Borrowed(_)));
     }
 }

@@ -9,10 +9,13 @@
 //! clients stalled inside their critical section), `partition` (isolate a node, isolate the
 //! leader, a bridge, a one-way cut), `clock` (node rates within the 1% rate error, wall
 //! offsets of any size, guard clocks within the rate error), `clock-beyond` (rates and jumps
-//! outside G6's assumptions), `membership` (remove a node, add it back) and `upgrade` (a
+//! outside G6's assumptions), `membership` (remove a node, add it back), `upgrade` (a
 //! rolling upgrade: one node at a time stopped with SIGTERM and started again on the same data
 //! dir with the new `batond`, the others still on the earlier release; once all run the new one,
-//! a SIGTERM and restart of any node, the leader's hand-over included). What must never
+//! a SIGTERM and restart of any node, the leader's hand-over included) and `restore` (a backup
+//! through any node, a moment of writes the restore will undo, every node SIGKILLed, and every
+//! data dir replaced by `batond restore` from the backup: a new cluster at the same addresses;
+//! the checkers read the window from the backup to the restore as undone, `history::undone`). What must never
 //! live here: any fault aimed at something the harness did not start.
 //!
 //! Every restart must succeed: a node that cannot be restarted (spawn fails, it exits, it is
@@ -57,6 +60,8 @@ pub enum Fault {
     Membership,
     /// Stop a node with SIGTERM and start it on the new binary (a rolling upgrade).
     Upgrade,
+    /// Back the cluster up, lose it whole, and restore every member from the backup.
+    Restore,
 }
 
 impl Fault {
@@ -72,9 +77,10 @@ impl Fault {
             "clock-beyond" => Fault::ClockBeyond,
             "membership" => Fault::Membership,
             "upgrade" => Fault::Upgrade,
+            "restore" => Fault::Restore,
             "none" | "" => return Ok(None),
             other => anyhow::bail!(
-                "unknown nemesis {other:?}: kill, kill-all, power, pause, partition, clock, clock-beyond, membership, upgrade, none"
+                "unknown nemesis {other:?}: kill, kill-all, power, pause, partition, clock, clock-beyond, membership, upgrade, restore, none"
             ),
         }))
     }
@@ -91,6 +97,7 @@ impl Fault {
             Fault::ClockBeyond => "clock-beyond",
             Fault::Membership => "membership",
             Fault::Upgrade => "upgrade",
+            Fault::Restore => "restore",
         }
     }
 }
@@ -183,6 +190,7 @@ impl Nemesis {
                 Fault::ClockBeyond => self.clock(&mut rng, true).await,
                 Fault::Membership => self.membership(&mut rng).await,
                 Fault::Upgrade => self.upgrade(&mut rng).await?,
+                Fault::Restore => self.restore(&mut rng).await?,
             };
             *injected.entry(name).or_default() += 1;
             self.sleep(Duration::from_millis(rng.random_range(800..2_000)))
@@ -342,6 +350,74 @@ impl Nemesis {
             json!({"node": node, "restarted": restarted.is_ok()}),
         );
         restarted.map(|()| "upgrade".to_owned())
+    }
+
+    /// A backup, then the whole cluster lost and restored from it. The backup comes from a
+    /// random node (`nemesis` event `backup`, with the file's header); the cluster runs on for a
+    /// moment, granting fences and taking writes the restore will undo; then every node is
+    /// SIGKILLed, its data dir replaced by `batond restore` from the file, and all are started
+    /// again and must come back ready. A backup that fails (no leader at that moment) ends the
+    /// fault with nothing lost: `saved` false.
+    async fn restore(&self, rng: &mut StdRng) -> Result<String, NodeFailure> {
+        let ids = self.cluster.ids();
+        let from = ids[rng.random_range(0..ids.len())];
+        let after_save = Duration::from_millis(rng.random_range(100..1_000));
+        let down = Duration::from_millis(rng.random_range(50..500));
+        self.start("restore", json!({"node": from}));
+        let file = self
+            .cluster
+            .config()
+            .run_dir
+            .join(format!("backup-{}.bak", self.history.now_ns()));
+        match self.cluster.save_backup(from, &file).await {
+            Ok(header) => self.history.nemesis(
+                "backup",
+                json!({"node": from, "file": file.display().to_string(), "header": header}),
+            ),
+            Err(error) => {
+                self.stop(
+                    "restore",
+                    json!({"saved": false, "error": format!("{error:#}")}),
+                );
+                return Ok("restore-unsaved".to_owned());
+            }
+        }
+        tokio::time::sleep(after_save).await;
+        for id in &ids {
+            self.cluster.kill(*id);
+        }
+        tokio::time::sleep(down).await;
+        let mut restored = Ok(());
+        for id in &ids {
+            if let Err(error) = self.cluster.restore_node(*id, &file) {
+                restored = Err(NodeFailure {
+                    node: *id,
+                    fault: NodeFault::Restart,
+                    cause: format!("{error:#}"),
+                    log_tail: self.cluster.log_tail(*id),
+                });
+                break;
+            }
+        }
+        if restored.is_ok() {
+            restored = ids.iter().try_for_each(|id| self.cluster.start_again(*id));
+        }
+        if restored.is_ok() {
+            for id in &ids {
+                restored = self
+                    .cluster
+                    .wait_restarted(*id, self.readiness(), RESTART_READY_TIMEOUT)
+                    .await;
+                if restored.is_err() {
+                    break;
+                }
+            }
+        }
+        self.stop(
+            "restore",
+            json!({"saved": true, "restarted": restored.is_ok()}),
+        );
+        restored.map(|()| "restore".to_owned())
     }
 
     /// SIGKILLs every node at once (paused ones too), keeps them down a moment (for `power`,

@@ -82,6 +82,10 @@ pub struct TestArgs {
 /// a second or two of writes falls behind the leader's purged log and needs a snapshot.
 const SNAPSHOT_HEAVY_LOG_ENTRIES: u64 = 20;
 
+/// The workloads the `restore` nemesis runs with: their checkers judge fences and values, which
+/// a restore keeps (fences) or rolls back to the backup (values), not holds by time.
+const RESTORABLE: [Workload; 1] = [Workload::FencedKv];
+
 /// Arguments of `baton-jepsen check`: judge a stored history again.
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
@@ -172,6 +176,12 @@ async fn run_inner(args: TestArgs) -> anyhow::Result<checkers::Verdict> {
     };
     if faults.contains(&Fault::Upgrade) != batond_before.is_some() {
         bail!("the upgrade nemesis and --upgrade-from (or --batond-before) go together");
+    }
+    if faults.contains(&Fault::Restore) && !RESTORABLE.contains(&args.workload) {
+        bail!(
+            "the restore nemesis runs with the {} workloads: the others' checkers judge holds by time, which a restore does not keep (a renewal after the backup is undone)",
+            RESTORABLE.map(Workload::name).join(" and ")
+        );
     }
     let snapshot_log_entries = args
         .snapshot_log_entries
@@ -676,24 +686,24 @@ async fn sample_digests(cluster: &Cluster, history: &History) {
 }
 
 /// Every vote each node saved, from its log (every start of it), as one `final` event per
-/// node (`votes`: `[{term, voted_for, committed}]` in the order saved), for the `votes` checker.
+/// node and cluster it was a member of (`votes`: `[{term, voted_for, committed}]` in the order
+/// saved), for the `votes` checker. A restore gives the node a new data dir whose votes start
+/// again (`votes::per_data_dir`).
 fn record_votes(cluster: &Cluster, history: &History) {
     for id in cluster.ids() {
         let log = std::fs::read_to_string(cluster.log_path(id)).unwrap_or_default();
-        let votes: Vec<Value> = log
-            .lines()
-            .filter_map(checkers::votes::parse_line)
-            .collect();
-        history.add(
-            Process::Named(FINAL.to_owned()),
-            OpType::Info,
-            checkers::votes::FINAL_VOTES,
-            Value::Null,
-            json!({"node": id, "votes": votes}),
-            None,
-            None,
-            Some(id),
-        );
+        for (restores, votes) in checkers::votes::per_data_dir(&log).into_iter().enumerate() {
+            history.add(
+                Process::Named(FINAL.to_owned()),
+                OpType::Info,
+                checkers::votes::FINAL_VOTES,
+                Value::Null,
+                json!({"node": id, "restores": restores, "votes": votes}),
+                None,
+                None,
+                Some(id),
+            );
+        }
     }
 }
 

@@ -171,4 +171,42 @@ mod tests {
             indexed([grant(2, 3, 4, 7, "k2"), grant(3, 5, 6, 6, "k1")].concat());
         assert_eq!(check(&no_earlier_attempt).verdict, Verdict::Invalid);
     }
+
+    /// What a restore without a new fence epoch would do: fence 8, granted after the backup and
+    /// undone by the restore, granted again by the restored cluster. The run's checkers judge
+    /// fence order on the history as recorded, so the undone grant still counts.
+    #[test]
+    fn a_fence_granted_again_after_a_restore_is_caught() {
+        let restore = |at: u64, f: &str, value: Value| {
+            let mut event = op(0, OpType::Info, at, f, "", value);
+            event.process = crate::history::Process::Named(crate::history::NEMESIS.to_owned());
+            event
+        };
+        let run = |fence_after: u64| {
+            let history = indexed(
+                [
+                    grant(1, 0, 1, 7, "k1"),
+                    vec![restore(2, "start", json!({"fault": "restore"}))],
+                    grant(2, 3, 4, 8, "k2"),
+                    vec![restore(
+                        5,
+                        "stop",
+                        json!({"fault": "restore", "saved": true}),
+                    )],
+                    grant(3, 6, 7, fence_after, "k3"),
+                ]
+                .concat(),
+            );
+            let results = crate::checkers::check_all(
+                crate::workloads::Workload::FencedKv,
+                &history,
+                false,
+                std::time::Duration::from_secs(1),
+            );
+            let fences = results.iter().find(|result| result.name == "fences");
+            fences.expect("the fences checker runs").verdict
+        };
+        assert_eq!(run(8), Verdict::Invalid);
+        assert_eq!(run((1 << 40) + 1), Verdict::Valid);
+    }
 }

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::history::Op;
+use crate::history::{self, Op};
 use crate::workloads::Workload;
 
 /// A verdict: valid, invalid, or unknown (could not tell: never counted as valid).
@@ -126,12 +126,18 @@ pub struct Named {
 
 /// Runs the checkers that apply to `workload`. `beyond`: the run had `clock-beyond`, so the
 /// checkers that rest on G6's time assumptions are reported but not counted.
+///
+/// A run with restores is judged as the restored cluster knows it (`history::undone`): what
+/// was answered between a backup and the restore may be undone. Fence order is judged on the
+/// history as recorded: a restore never reissues a fence, whatever it undid.
 pub fn check_all(
     workload: Workload,
-    history: &[Op],
+    recorded: &[Op],
     beyond: bool,
     linearizable_limit: Duration,
 ) -> Vec<Named> {
+    let undone = history::undone(recorded);
+    let history: &[Op] = &undone;
     let mut results = Vec::new();
     let mut run = |name: &'static str, counted: bool, check: &dyn Fn() -> CheckResult| {
         let started = Instant::now();
@@ -146,7 +152,7 @@ pub fn check_all(
             verdict: result.verdict,
         });
     };
-    run("fences", true, &|| fences::check(history));
+    run("fences", true, &|| fences::check(recorded));
     run("cluster-time-monotonic", true, &|| {
         cluster_time::check_monotonic(history)
     });
@@ -161,11 +167,15 @@ pub fn check_all(
         Workload::Lease | Workload::UnfencedLock | Workload::Semaphore => {
             run("holds", !beyond, &|| holds::check(history));
             run("shared-limits", !beyond, &|| holds::check_limits(history));
-            run("stale-writes", true, &|| stale_writes::check(history));
+            run("stale-writes", true, &|| {
+                stale_writes::check(history, recorded)
+            });
             run("final-leases", !beyond, &|| final_leases::check(history));
         }
         Workload::FencedKv => {
-            run("stale-writes", true, &|| stale_writes::check(history));
+            run("stale-writes", true, &|| {
+                stale_writes::check(history, recorded)
+            });
             run("lost-writes", true, &|| lost_writes::check(history));
             run("refused-writes", true, &|| refused_writes::check(history));
             run("txn-atomic", true, &|| txn_atomic::check(history));
@@ -179,7 +189,9 @@ pub fn check_all(
         Workload::Line => {
             run("holds", !beyond, &|| holds::check(history));
             run("shared-limits", !beyond, &|| holds::check_limits(history));
-            run("stale-writes", true, &|| stale_writes::check(history));
+            run("stale-writes", true, &|| {
+                stale_writes::check(history, recorded)
+            });
             run("line", true, &|| line::check(history));
         }
         Workload::Queue => {

@@ -1,6 +1,8 @@
 //! Votes never go back (docs/harness.md): every vote a node saved is in its log (`vote saved
 //! term=T voted_for=N committed=C`, every start of the node), recorded after the run as one
-//! `final` event per node (f `votes`). openraft orders votes by leader id, the pair (term,
+//! `final` event per node and data dir (f `votes`; a restore gives the node a new data dir whose
+//! votes start again, so its votes after it are an event of their own, `restores` counting
+//! them). openraft orders votes by leader id, the pair (term,
 //! candidate), then uncommitted before committed; a node may grant only a vote greater than
 //! the one it holds, and the one it holds is durable. So the votes a node saved, in the order
 //! it saved them across all its starts, must rise. One that is smaller than an earlier one
@@ -13,6 +15,7 @@
 use serde_json::{json, Value};
 
 use super::{CheckResult, Verdict};
+use crate::cluster::RESTORED_MARKER;
 use crate::history::{Op, FINAL};
 
 /// The f of the `final` events that hold a node's votes.
@@ -45,6 +48,21 @@ pub fn parse_line(line: &str) -> Option<Value> {
     }))
 }
 
+/// The votes a node's log holds, one list per data dir the node ran on, in the order saved: a
+/// restore ([`RESTORED_MARKER`] in the log) gives the node a new data dir whose votes start
+/// again.
+pub fn per_data_dir(log: &str) -> Vec<Vec<Value>> {
+    let mut dirs = vec![Vec::new()];
+    for line in log.lines() {
+        if line.starts_with(RESTORED_MARKER) {
+            dirs.push(Vec::new());
+        } else if let Some(vote) = parse_line(line) {
+            dirs.last_mut().expect("one at least").push(vote);
+        }
+    }
+    dirs
+}
+
 /// Checks the votes.
 pub fn check(history: &[Op]) -> CheckResult {
     let mut violations: Vec<Value> = Vec::new();
@@ -54,6 +72,7 @@ pub fn check(history: &[Op]) -> CheckResult {
         .filter(|op| op.is_named(FINAL) && op.f == FINAL_VOTES)
     {
         let node = op.value["node"].as_u64().unwrap_or(0);
+        let restores = op.value["restores"].as_u64().unwrap_or(0);
         let mut highest: Option<(u64, u64, bool)> = None;
         for vote in op.value["votes"].as_array().into_iter().flatten() {
             let (Some(term), Some(candidate), Some(committed)) = (
@@ -68,6 +87,7 @@ pub fn check(history: &[Op]) -> CheckResult {
             if let Some(before) = highest.filter(|before| this < *before) {
                 violations.push(json!({"problem": "a node saved a vote smaller than one it had saved before",
                                        "node": node,
+                                       "restores": restores,
                                        "before": {"term": before.0, "voted_for": before.1, "committed": before.2},
                                        "after": vote}));
             }
@@ -157,6 +177,39 @@ mod tests {
         let history = [votes(2, json!([vote(7, 2, true), vote(6, 3, false)]))];
         assert_eq!(check(&history).verdict, Verdict::Invalid);
         let history = [votes(2, json!([vote(7, 2, true), vote(7, 2, false)]))];
+        assert_eq!(check(&history).verdict, Verdict::Invalid);
+    }
+
+    #[test]
+    fn a_restore_starts_the_votes_again() {
+        let saved = |term: u64| {
+            format!("2026-12-06T20:00:00Z  INFO baton_raft_store::store::log: vote saved term={term} voted_for=1 committed=true")
+        };
+        let log = [
+            saved(7),
+            saved(9),
+            format!("{RESTORED_MARKER} from /tmp/backup.bak"),
+            "restored node 1 from /tmp/backup.bak".to_owned(),
+            saved(1),
+        ]
+        .join("\n");
+        let dirs = per_data_dir(&log);
+        assert_eq!(
+            dirs,
+            [
+                vec![vote(7, 1, true), vote(9, 1, true)],
+                vec![vote(1, 1, true)]
+            ]
+        );
+        let history: Vec<Op> = dirs
+            .into_iter()
+            .map(|votes_of_dir| votes(1, Value::Array(votes_of_dir)))
+            .collect();
+        assert_eq!(check(&history).verdict, Verdict::Valid);
+        // Without the marker, the same votes are a forgotten vote.
+        let one = per_data_dir(&log.replace(RESTORED_MARKER, "something else"));
+        assert_eq!(one.len(), 1);
+        let history = [votes(1, Value::Array(one.concat()))];
         assert_eq!(check(&history).verdict, Verdict::Invalid);
     }
 
