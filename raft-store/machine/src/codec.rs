@@ -4,6 +4,7 @@
 //! version is an error, never a panic, and decoding is bounded by a size limit.
 
 use std::collections::BTreeMap;
+use std::io::{self, Read};
 
 use imbl::OrdMap;
 
@@ -15,6 +16,8 @@ use super::legacy::{IdempotencyTableV3, LimitsV1, NamespaceStateV2, NamespaceSta
 use super::{AuthState, Batch, Limits, Machine, Namespace, NamespaceState};
 
 const SNAPSHOT_MAGIC: &[u8; 4] = b"BTNM";
+/// The magic and the format version.
+const SNAPSHOT_HEADER_BYTES: usize = 8;
 /// Version 2 added the access-control state (`auth`) at the end and the token to each event
 /// (`by`); version 3 gave tasks `on_dead` and a finishing time and the limits two more
 /// (legacy.rs); version 4 added the lines of waiting acquires to each namespace and a task
@@ -43,6 +46,10 @@ pub enum CodecError {
     Decode(#[from] bincode::error::DecodeError),
     #[error("encoding failed: {0}")]
     Encode(#[from] bincode::error::EncodeError),
+    #[error("writing the encoding failed: {0}")]
+    Write(io::Error),
+    #[error("reading the encoding failed: {0}")]
+    Read(io::Error),
     #[error("{0} trailing bytes after the encoded value")]
     TrailingBytes(usize),
     #[error("the decoded snapshot is inconsistent: {0}")]
@@ -146,6 +153,29 @@ pub fn decode_batch(bytes: &[u8]) -> Result<Batch, CodecError> {
     decode_value(bytes, BATCH_BYTES_MAX)
 }
 
+/// Runs `$decode`, a bincode decode with the configuration `$config`, under the decoding
+/// limit: the smallest power of four at least `$claim` (see `decode_value`).
+macro_rules! decode_with_limit {
+    ($claim:expr, |$config:ident| $decode:expr) => {
+        decode_with_limit!(@ $claim, $config, $decode; 12 14 16 18 20 22 24 26 28 30 32 34 36 38)
+    };
+    (@ $claim:expr, $config:ident, $decode:expr; $($shift:literal)*) => {
+        match $claim {
+            $(claim if claim <= 1 << $shift => {
+                let $config = bincode::config::standard().with_limit::<{ 1 << $shift }>();
+                $decode?
+            })*
+            _ => {
+                let $config = bincode::config::standard().with_limit::<{ 1 << 40 }>();
+                $decode?
+            }
+        }
+    };
+}
+
+/// How many times its input's length a decoder may claim: see `decode_value`.
+const CLAIM_FACTOR: usize = 64;
+
 /// Decodes exactly one value from `bytes`, refusing garbage without ever attempting a huge
 /// allocation. bincode allocates a string as long as its length prefix claims before reading
 /// it, and counts decoded values at their in-memory size (a one-byte varint claims eight), so
@@ -156,38 +186,72 @@ pub fn decode_value<T: serde::de::DeserializeOwned>(
     bytes: &[u8],
     bytes_max: usize,
 ) -> Result<T, CodecError> {
-    const CLAIM_FACTOR: usize = 64;
     if bytes.len() > bytes_max {
         return Err(CodecError::TooLarge(bytes.len()));
     }
     let claim = bytes.len().max(64).saturating_mul(CLAIM_FACTOR);
-    macro_rules! decode_with_limit_for {
-        ($($shift:literal)*) => {
-            match claim {
-                $(claim if claim <= 1 << $shift => decode_limited::<T, { 1 << $shift }>(bytes)?,)*
-                _ => decode_limited::<T, { 1 << 40 }>(bytes)?,
-            }
-        };
-    }
-    let (value, read) = decode_with_limit_for!(12 14 16 18 20 22 24 26 28 30 32 34 36 38);
+    let (value, read) = decode_with_limit!(claim, |limited| {
+        bincode::serde::decode_from_slice::<T, _>(bytes, limited)
+    });
     if read != bytes.len() {
         return Err(CodecError::TrailingBytes(bytes.len() - read));
     }
     Ok(value)
 }
 
-fn decode_limited<T: serde::de::DeserializeOwned, const LIMIT: usize>(
-    bytes: &[u8],
-) -> Result<(T, usize), CodecError> {
-    Ok(bincode::serde::decode_from_slice::<T, _>(
-        bytes,
-        bincode::config::standard().with_limit::<LIMIT>(),
-    )?)
+/// `decode_value` of the next `len` bytes of `input`, read as they are decoded: the same limit,
+/// and the value must take exactly `len` bytes. Reads nothing past them.
+pub fn decode_value_from<T: serde::de::DeserializeOwned>(
+    input: &mut impl Read,
+    len: u64,
+    bytes_max: usize,
+) -> Result<T, CodecError> {
+    let too_large = || CodecError::TooLarge(usize::try_from(len).unwrap_or(usize::MAX));
+    let size = usize::try_from(len).map_err(|_| too_large())?;
+    if size > bytes_max {
+        return Err(too_large());
+    }
+    let claim = size.max(64).saturating_mul(CLAIM_FACTOR);
+    let mut input = Counted {
+        input: input.take(len),
+        read: 0,
+    };
+    let value = decode_with_limit!(claim, |limited| {
+        bincode::serde::decode_from_std_read::<T, _, _>(&mut input, limited)
+    });
+    if input.read != len {
+        return Err(CodecError::TrailingBytes(
+            usize::try_from(len - input.read).unwrap_or(usize::MAX),
+        ));
+    }
+    Ok(value)
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    input: R,
+    read: u64,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let read = self.input.read(buf)?;
+        self.read += read as u64;
+        Ok(read)
+    }
 }
 
 impl Machine {
     /// The whole state as bytes. Two machines with equal state encode to equal bytes.
     pub fn encode_snapshot(&self) -> Result<Vec<u8>, CodecError> {
+        let mut bytes = Vec::with_capacity(64);
+        self.encode_snapshot_to(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// Writes `encode_snapshot`'s bytes to `out` as they are encoded, never holding them whole
+    /// (wrap a file in a `BufWriter`).
+    pub fn encode_snapshot_to(&self, out: &mut impl io::Write) -> Result<(), CodecError> {
         let body = SnapshotRef {
             limits: &self.limits,
             time_ms: self.time_ms,
@@ -197,27 +261,37 @@ impl Machine {
             events: &self.events,
             auth: &self.auth,
         };
-        let mut bytes = Vec::with_capacity(64);
-        bytes.extend_from_slice(SNAPSHOT_MAGIC);
-        bytes.extend_from_slice(&SNAPSHOT_VERSION.to_le_bytes());
-        bincode::serde::encode_into_std_write(&body, &mut bytes, config())?;
-        Ok(bytes)
+        out.write_all(SNAPSHOT_MAGIC).map_err(CodecError::Write)?;
+        out.write_all(&SNAPSHOT_VERSION.to_le_bytes())
+            .map_err(CodecError::Write)?;
+        bincode::serde::encode_into_std_write(&body, out, config())?;
+        Ok(())
     }
 
     /// Rebuilds a machine from `encode_snapshot` bytes, with its indexes, and checks it.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<Machine, CodecError> {
-        let header = SNAPSHOT_MAGIC.len() + 4;
-        if bytes.len() < header || &bytes[..4] != SNAPSHOT_MAGIC {
+        Machine::decode_snapshot_from(bytes, bytes.len() as u64)
+    }
+
+    /// `decode_snapshot` of the `len` bytes `input` holds, read as they are decoded (wrap a
+    /// file in a `BufReader`), never held whole. Fewer bytes than `len`, or more, is an error.
+    pub fn decode_snapshot_from(mut input: impl Read, len: u64) -> Result<Machine, CodecError> {
+        let mut header = [0; SNAPSHOT_HEADER_BYTES];
+        if len < SNAPSHOT_HEADER_BYTES as u64
+            || input.read_exact(&mut header).is_err()
+            || &header[..4] != SNAPSHOT_MAGIC
+        {
             return Err(CodecError::BadMagic);
         }
-        let version = u32::from_le_bytes(bytes[4..8].try_into().expect("four bytes"));
+        let version = u32::from_le_bytes(header[4..].try_into().expect("four bytes"));
+        let body = len - SNAPSHOT_HEADER_BYTES as u64;
         let shared = |events: SharedEventLog, namespaces: &OrdMap<Namespace, NamespaceState>| {
             events.into_windows(namespaces.keys())
         };
         let mut body: SnapshotOwned = match version {
-            SNAPSHOT_VERSION => decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?,
+            SNAPSHOT_VERSION => decode_value_from(&mut input, body, SNAPSHOT_BYTES_MAX)?,
             SNAPSHOT_VERSION_SHARED_EVENTS => {
-                let v4: SnapshotOwnedV4 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                let v4: SnapshotOwnedV4 = decode_value_from(&mut input, body, SNAPSHOT_BYTES_MAX)?;
                 SnapshotOwned {
                     events: shared(v4.events, &v4.namespaces),
                     limits: v4.limits,
@@ -229,7 +303,7 @@ impl Machine {
                 }
             }
             SNAPSHOT_VERSION_WITHOUT_LINES => {
-                let v3: SnapshotOwnedV3 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                let v3: SnapshotOwnedV3 = decode_value_from(&mut input, body, SNAPSHOT_BYTES_MAX)?;
                 let namespaces = v3
                     .namespaces
                     .into_iter()
@@ -246,7 +320,7 @@ impl Machine {
                 }
             }
             SNAPSHOT_VERSION_WITHOUT_TXN => {
-                let v2: SnapshotOwnedV2 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                let v2: SnapshotOwnedV2 = decode_value_from(&mut input, body, SNAPSHOT_BYTES_MAX)?;
                 let namespaces = upgrade_namespaces(v2.namespaces, v2.time_ms);
                 SnapshotOwned {
                     events: shared(v2.events, &namespaces),
@@ -259,7 +333,7 @@ impl Machine {
                 }
             }
             SNAPSHOT_VERSION_WITHOUT_AUTH => {
-                let v1: SnapshotOwnedV1 = decode_value(&bytes[header..], SNAPSHOT_BYTES_MAX)?;
+                let v1: SnapshotOwnedV1 = decode_value_from(&mut input, body, SNAPSHOT_BYTES_MAX)?;
                 let namespaces = upgrade_namespaces(v1.namespaces, v1.time_ms);
                 SnapshotOwned {
                     events: shared(v1.events.into(), &namespaces),
@@ -273,6 +347,9 @@ impl Machine {
             }
             _ => return Err(CodecError::UnsupportedVersion(version)),
         };
+        if input.read(&mut [0]).map_err(CodecError::Read)? != 0 {
+            return Err(CodecError::TrailingBytes(1));
+        }
         body.events.rebuild_index();
         let mut machine = Machine {
             limits: body.limits,

@@ -1188,6 +1188,21 @@ fn snapshots_round_trip_and_refuse_garbage() {
     trailing.push(0);
     assert!(Machine::decode_snapshot(&trailing).is_err());
 
+    // Streamed both ways: the same bytes, and a stream that ends early or runs on is refused.
+    let mut streamed = Vec::new();
+    machine.encode_snapshot_to(&mut streamed).expect("encode");
+    assert_eq!(streamed, bytes);
+    let len = bytes.len() as u64;
+    let from = |input: &[u8], len: u64| Machine::decode_snapshot_from(input, len);
+    assert_eq!(from(&bytes, len).expect("decode"), machine);
+    assert!(from(&bytes[..bytes.len() - 1], len).is_err(), "ends early");
+    assert!(from(&bytes, len - 1).is_err(), "shorter than the stream");
+    assert!(
+        matches!(from(&trailing, len), Err(CodecError::TrailingBytes(1))),
+        "runs on"
+    );
+    assert!(from(&bytes, len + 1).is_err(), "longer than the stream");
+
     let batch = Batch {
         stamp_ms: 7,
         commands: vec![command(keepalive(A)), Command::Sweep { max: 3 }],
