@@ -15,8 +15,9 @@
 //! The protocol is the one the release before openraft 0.10 spoke, so that old and new nodes
 //! serve together during a rolling upgrade: a vote that is not part of a leadership transfer
 //! travels without the field 0.10 added (`wire::VoteOf09`), and a snapshot travels in chunks of
-//! openraft 0.9's layout (`wire::SnapshotChunk`), which the receiving side gathers and installs
-//! whole. Pre-vote and leadership transfer are new routes: an old node answers them 404, which
+//! openraft 0.9's layout (`wire::SnapshotChunk`), read from the snapshot file a chunk at a
+//! time, which the receiving side writes to a file of its own as it comes
+//! (`SnapshotInbox`) and installs from there: no snapshot is held whole in memory. Pre-vote and leadership transfer are new routes: an old node answers them 404, which
 //! counts as a refusal.
 //! Every body, in either direction, is bounded by `PEER_MESSAGE_BYTES_MAX` and decoded with that
 //! limit: garbage is an error, never a panic. With a cluster secret, every request carries it in
@@ -35,6 +36,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::io::Read;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -47,7 +49,8 @@ use axum::routing::post;
 use axum::Router;
 use baton_raft_store::machine::{decode_value, encode_value};
 use baton_raft_store::store::{
-    ClusterFile, ClusterId, Member, Raft, Snapshot, SnapshotData, StoreError, TypeConfig, Vote,
+    ClusterFile, ClusterId, Member, Raft, Snapshot, SnapshotData, SnapshotInbox, StoreError,
+    TypeConfig, Vote,
 };
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::client::conn::http1::SendRequest;
@@ -143,9 +146,9 @@ pub const PEER_MESSAGE_BYTES_MAX: usize = 64 << 20;
 /// asks for less by default).
 pub const SNAPSHOT_CHUNK_BYTES_MAX: usize = 16 << 20;
 
-/// The largest snapshot a node gathers from its chunks: a bound on the memory one transfer
-/// takes (a million leases encode to about 130 MB).
-pub const SNAPSHOT_BYTES_MAX: usize = 2 << 30;
+/// The largest snapshot a node gathers from its chunks: a bound on the disk one transfer takes
+/// (a million leases encode to about 130 MB; the snapshot file holds at most 4 GiB).
+pub const SNAPSHOT_BYTES_MAX: u64 = 2 << 30;
 
 /// How long opening a TCP connection to a peer may take before the peer counts as unreachable.
 pub const PEER_CONNECT_TIMEOUT_MS: u64 = 1_000;
@@ -616,17 +619,37 @@ impl PeerClient {
         chunk_bytes: usize,
         option: &RPCOption,
     ) -> Result<SnapshotResponse<TypeConfig>, PeerRpcError> {
-        let Snapshot { meta, snapshot } = snapshot;
-        let data = snapshot.into_inner();
+        let Snapshot { meta, mut snapshot } = snapshot;
+        let total = snapshot.len();
         let mut offset = 0;
         loop {
-            let end = (offset + chunk_bytes).min(data.len());
+            // Reading the snapshot file is blocking I/O: off the async workers.
+            let (read, rest) = tokio::task::spawn_blocking(move || {
+                let mut data = Vec::new();
+                let read = (&mut snapshot)
+                    .take(chunk_bytes as u64)
+                    .read_to_end(&mut data)
+                    .map(|_| data);
+                (read, snapshot)
+            })
+            .await
+            .map_err(|error| network_error(&error))?;
+            snapshot = rest;
+            let data = read.map_err(|error| network_error(&error))?;
+            let end = offset + data.len() as u64;
+            if data.is_empty() && end < total {
+                let ended = std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("the snapshot ended at byte {end} of {total}"),
+                );
+                return Err(network_error(&ended));
+            }
             let chunk = wire::SnapshotChunk {
                 vote,
                 meta: meta.clone(),
-                offset: offset as u64,
-                data: data[offset..end].to_vec(),
-                done: end == data.len(),
+                offset,
+                data,
+                done: end >= total,
             };
             let body = encode(&chunk).map_err(|error| network_error(&error))?;
             let answer: SnapshotResponse<TypeConfig> = self
@@ -660,6 +683,7 @@ impl fmt::Debug for PeerClient {
 /// node's other peer routes (the write relay), behind the same secret check and body limit.
 pub fn peer_router(
     raft: Raft,
+    inbox: SnapshotInbox,
     contact: LeaderContact,
     secret: Option<String>,
     identity: Identity,
@@ -671,6 +695,7 @@ pub fn peer_router(
     let state = PeerState {
         raft: raft.clone(),
         contact,
+        inbox,
         receiving: Arc::default(),
     };
     Router::new()
@@ -689,12 +714,13 @@ pub fn peer_router(
         .layer(DefaultBodyLimit::max(PEER_MESSAGE_BYTES_MAX))
 }
 
-/// What the peer routes share: the node's Raft, its contact with the leader, and the snapshot
-/// being gathered from its chunks.
+/// What the peer routes share: the node's Raft, its contact with the leader, where snapshots
+/// are gathered, and the snapshot being gathered from its chunks.
 #[derive(Clone)]
 struct PeerState {
     raft: Raft,
     contact: LeaderContact,
+    inbox: SnapshotInbox,
     receiving: Arc<Mutex<Option<wire::Gathered>>>,
 }
 
@@ -944,36 +970,56 @@ async fn serve_transfer_leader(State(peer): State<PeerState>, body: Bytes) -> Re
     }
 }
 
-/// One chunk of a snapshot: gathered in order; the last one installs the whole snapshot.
-/// Every chunk is answered with this node's vote, so a deposed sender learns of it early.
+/// One chunk of a snapshot: gathered in order into a file; the last one installs the snapshot
+/// from it. Every chunk is answered with this node's vote, so a deposed sender learns of it
+/// early. A chunk out of order is 409; one that cannot be written, 500: either way the sender
+/// starts over.
 async fn serve_snapshot(State(peer): State<PeerState>, body: Bytes) -> Response {
     let chunk = match decode::<wire::SnapshotChunk>(&body) {
         Ok(chunk) => chunk,
         Err(error) => return malformed(SNAPSHOT_PATH, &error),
     };
-    let done = {
-        let mut receiving = peer
-            .receiving
+    let (receiving, inbox) = (peer.receiving.clone(), peer.inbox.clone());
+    // Writing the chunk is blocking I/O: off the async workers.
+    let gathered = tokio::task::spawn_blocking(move || {
+        let mut receiving = receiving
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if let Err(refusal) = wire::gather(&mut receiving, chunk) {
+        wire::gather(&mut receiving, &inbox, chunk)?;
+        match receiving.take_if(|gathered| gathered.done) {
+            Some(gathered) => Ok(Some((
+                gathered.vote,
+                gathered.meta,
+                gathered.data.finish()?,
+            ))),
+            None => Ok(None),
+        }
+    })
+    .await
+    .unwrap_or_else(|error| Err(wire::Refusal::Failed(error.to_string())));
+    let (vote, meta, data) = match gathered {
+        Ok(Some(done)) => done,
+        Ok(None) => {
+            let vote = peer.raft.metrics().borrow_watched().vote;
+            let answered = SnapshotResponse::<TypeConfig>::new(vote);
+            return answer(&Ok::<_, RaftError<TypeConfig>>(answered));
+        }
+        Err(wire::Refusal::OutOfOrder(refusal)) => {
             tracing::warn!(refusal, "refused a snapshot chunk");
             return (StatusCode::CONFLICT, refusal).into_response();
         }
-        receiving.take_if(|gathered| gathered.done)
-    };
-    let Some(gathered) = done else {
-        let vote = peer.raft.metrics().borrow_watched().vote;
-        let answered = SnapshotResponse::<TypeConfig>::new(vote);
-        return answer(&Ok::<_, RaftError<TypeConfig>>(answered));
+        Err(wire::Refusal::Failed(error)) => {
+            tracing::error!(%error, "gathering a snapshot failed");
+            return (StatusCode::INTERNAL_SERVER_ERROR, error).into_response();
+        }
     };
     let snapshot = Snapshot {
-        meta: gathered.meta,
-        snapshot: std::io::Cursor::new(gathered.data),
+        meta,
+        snapshot: data,
     };
     let installed = peer
         .raft
-        .install_full_snapshot(gathered.vote, snapshot)
+        .install_full_snapshot(vote, snapshot)
         .await
         .map_err(RaftError::<TypeConfig>::Fatal);
     answer(&installed)
@@ -1046,7 +1092,9 @@ fn constant_time_eq(left: &SecretDigest, right: &SecretDigest) -> bool {
 /// The peer protocol's own message shapes: those of the release before openraft 0.10, so that
 /// old and new nodes understand each other during a rolling upgrade.
 mod wire {
-    use baton_raft_store::store::{LogId, SnapshotMeta};
+    use baton_raft_store::store::{
+        LogId, ReceivingSnapshot, SnapshotInbox, SnapshotMeta, StoreError,
+    };
     use serde::{Deserialize, Serialize};
 
     use super::{decode, encode, TypeConfig, Vote, VoteRequest, WireError, SNAPSHOT_BYTES_MAX};
@@ -1095,49 +1143,73 @@ mod wire {
     pub(super) struct Gathered {
         pub(super) vote: Vote,
         pub(super) meta: SnapshotMeta,
-        pub(super) data: Vec<u8>,
+        pub(super) data: ReceivingSnapshot,
         /// Its last chunk arrived.
         pub(super) done: bool,
     }
 
-    /// Adds `chunk` to the snapshot being gathered. A chunk at offset 0 starts a transfer
-    /// afresh (one at a time: a newer transfer replaces an unfinished one); any other must
-    /// continue the one gathered, from the same vote and meta at the next byte. A refusal
-    /// leaves the sender to start over, and past `SNAPSHOT_BYTES_MAX` drops what was gathered.
+    /// Why a chunk was not gathered.
+    #[derive(Debug)]
+    pub(super) enum Refusal {
+        /// It does not continue the snapshot being gathered, or would take it past
+        /// `SNAPSHOT_BYTES_MAX`.
+        OutOfOrder(String),
+        /// It could not be written.
+        Failed(String),
+    }
+
+    impl From<StoreError> for Refusal {
+        fn from(error: StoreError) -> Refusal {
+            Refusal::Failed(error.to_string())
+        }
+    }
+
+    /// Adds `chunk` to the snapshot being gathered, written to its file in `inbox`. A chunk at
+    /// offset 0 starts a transfer afresh (one at a time: a newer transfer replaces an unfinished
+    /// one, whose file goes); any other must continue the one gathered, from the same vote and
+    /// meta at the next byte. A refusal leaves the sender to start over, and past
+    /// `SNAPSHOT_BYTES_MAX` drops what was gathered. Blocking.
     pub(super) fn gather(
         receiving: &mut Option<Gathered>,
+        inbox: &SnapshotInbox,
         chunk: SnapshotChunk,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refusal> {
         if chunk.offset == 0 {
+            *receiving = None;
             *receiving = Some(Gathered {
                 vote: chunk.vote,
                 meta: chunk.meta,
-                data: Vec::new(),
+                data: inbox.receive()?,
                 done: false,
             });
         } else {
             let follows = receiving.as_ref().is_some_and(|gathered| {
                 gathered.vote == chunk.vote
                     && gathered.meta == chunk.meta
-                    && gathered.data.len() as u64 == chunk.offset
+                    && gathered.data.len() == chunk.offset
             });
             if !follows {
-                return Err(format!(
+                return Err(Refusal::OutOfOrder(format!(
                     "a chunk at byte {} of a snapshot that is not being received up to there",
                     chunk.offset
-                ));
+                )));
             }
         }
         let Some(gathered) = receiving.as_mut() else {
-            return Err("no snapshot is being received".to_owned());
-        };
-        if gathered.data.len() + chunk.data.len() > SNAPSHOT_BYTES_MAX {
-            *receiving = None;
-            return Err(format!(
-                "a snapshot over the {SNAPSHOT_BYTES_MAX}-byte limit"
+            return Err(Refusal::OutOfOrder(
+                "no snapshot is being received".to_owned(),
             ));
+        };
+        if gathered.data.len() + chunk.data.len() as u64 > SNAPSHOT_BYTES_MAX {
+            *receiving = None;
+            return Err(Refusal::OutOfOrder(format!(
+                "a snapshot over the {SNAPSHOT_BYTES_MAX}-byte limit"
+            )));
         }
-        gathered.data.extend_from_slice(&chunk.data);
+        if let Err(error) = gathered.data.append(&chunk.data) {
+            *receiving = None;
+            return Err(error.into());
+        }
         gathered.done = chunk.done;
         Ok(())
     }
@@ -1355,7 +1427,10 @@ mod tests {
         let snapshot = openraft::RaftSnapshotBuilder::build_snapshot(&mut builder)
             .await
             .expect("a snapshot");
-        let bytes = snapshot.snapshot.get_ref().clone();
+        let bytes = source
+            .handle()
+            .read(|machine, _| machine.encode_snapshot().expect("encode"))
+            .expect("read");
         assert!(bytes.len() > 16, "several chunks of 16 bytes");
 
         let peer = TestPeer::start(None).await;
@@ -1381,6 +1456,15 @@ mod tests {
             .await
             .expect("the state machine");
         assert_eq!(installed, (bytes, Some(log_id(1, 1))));
+        let received: Vec<_> = std::fs::read_dir(peer.data_dir.path())
+            .expect("the data dir")
+            .map(|entry| entry.expect("an entry").file_name())
+            .filter(|name| name.to_string_lossy().starts_with("snapshot-received-"))
+            .collect();
+        assert!(
+            received.is_empty(),
+            "gathered into a file, removed once installed: {received:?}"
+        );
         peer.stop().await;
     }
 
@@ -1685,7 +1769,7 @@ mod tests {
         identity: Identity,
         address: SocketAddr,
         server: JoinHandle<std::io::Result<()>>,
-        _data_dir: TempDir,
+        data_dir: TempDir,
     }
 
     impl TestPeer {
@@ -1699,6 +1783,7 @@ mod tests {
             };
             let config = Arc::new(config.validate().expect("config"));
             let identity = Identity::of(1, state_machine.cluster_file()).expect("the cluster file");
+            let inbox = state_machine.snapshot_inbox();
             let network = PeerNetwork::new(identity.clone(), secret.map(str::to_owned), None)
                 .expect("network");
             let raft = Raft::new(1, config, network, log_store, state_machine)
@@ -1712,6 +1797,7 @@ mod tests {
             let echo = Router::new().route(ECHO_PATH, post(|body: Bytes| async move { body }));
             let router = peer_router(
                 raft.clone(),
+                inbox,
                 LeaderContact::default(),
                 secret.map(str::to_owned),
                 identity.clone(),
@@ -1723,7 +1809,7 @@ mod tests {
                 identity,
                 address,
                 server,
-                _data_dir: data_dir,
+                data_dir,
             }
         }
 

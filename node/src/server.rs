@@ -84,6 +84,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     .validate()
     .context("raft configuration")?;
     let identity = Identity::of(config.id, state_machine.cluster_file())?;
+    let snapshot_inbox = state_machine.snapshot_inbox();
     let network = PeerNetwork::new(
         identity.clone(),
         config.tuning.cluster_secret.clone(),
@@ -194,6 +195,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         peer_tls.map(TlsAcceptor::from),
         peer_router(
             raft.clone(),
+            snapshot_inbox,
             leader_contact,
             tuning.cluster_secret.clone(),
             identity,

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
-use std::io::{self, Cursor};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -14,8 +14,8 @@ use baton_raft_store::machine::{
     SessionId,
 };
 use baton_raft_store::store::{
-    self, Applied, ClusterId, Entry, LogId, LogStore, Member, SnapshotMeta, StateMachineStore,
-    StoreError, StoredMembership, TypeConfig, Vote,
+    self, Applied, ClusterId, Entry, LogId, LogStore, Member, SnapshotData, SnapshotMeta,
+    StateMachineStore, StoreError, StoredMembership, TypeConfig, Vote,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::log::{StoreBuilder, Suite};
@@ -259,9 +259,10 @@ async fn snapshot_restores_machine_after_reopen() {
             .handle()
             .read(|machine, _| machine.encode_snapshot().unwrap())
             .unwrap();
-        assert_eq!(snapshot.snapshot.get_ref(), &bytes);
-        assert_eq!(snapshot.meta.last_log_id, Some(log_id(1, 3)));
-        (bytes, snapshot.meta)
+        let meta = snapshot.meta;
+        assert_eq!(snapshot.snapshot.into_bytes().unwrap(), bytes);
+        assert_eq!(meta.last_log_id, Some(log_id(1, 3)));
+        (bytes, meta)
     };
     let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
     let handle = state_machine.handle();
@@ -618,12 +619,20 @@ async fn install_snapshot_refuses_garbage_and_replaces_state() {
         .build_snapshot()
         .await
         .unwrap();
+    let meta = snapshot.meta;
+    let built = snapshot.snapshot.into_bytes().unwrap();
 
     let dir = TempDir::new().unwrap();
     let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
-    let garbage = Cursor::new(b"not a snapshot".to_vec());
+    let garbage = SnapshotData::from_bytes(b"not a snapshot".to_vec());
     assert!(state_machine
-        .install_snapshot(&snapshot.meta, garbage)
+        .install_snapshot(&meta, garbage)
+        .await
+        .is_err());
+    // Cut short: the first bytes decode, the rest is missing.
+    let truncated = SnapshotData::from_bytes(built[..built.len() - 1].to_vec());
+    assert!(state_machine
+        .install_snapshot(&meta, truncated)
         .await
         .is_err());
     assert_eq!(
@@ -631,23 +640,105 @@ async fn install_snapshot_refuses_garbage_and_replaces_state() {
         None,
         "a refused install changes nothing"
     );
+    assert!(
+        state_machine
+            .get_current_snapshot()
+            .await
+            .unwrap()
+            .is_none(),
+        "a refused install persists nothing"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .filter(|entry| entry
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tmp"))
+            .count(),
+        0,
+        "a refused install leaves no file behind"
+    );
 
     state_machine
-        .install_snapshot(&snapshot.meta, snapshot.snapshot.clone())
+        .install_snapshot(&meta, SnapshotData::from_bytes(built.clone()))
         .await
         .unwrap();
     let installed = state_machine
         .handle()
         .read(|machine, _| machine.encode_snapshot().unwrap())
         .unwrap();
-    assert_eq!(&installed, snapshot.snapshot.get_ref());
+    assert_eq!(installed, built);
     let current = state_machine.get_current_snapshot().await.unwrap().unwrap();
-    assert_eq!(current.meta, snapshot.meta);
+    assert_eq!(current.meta, meta);
     assert_eq!(
         state_machine.applied_state().await.unwrap().0,
         Some(log_id(1, 2))
     );
     let _: SnapshotMeta = current.meta;
+}
+
+/// A snapshot sent to a follower is gathered chunk by chunk into a file of its own, installed
+/// from it, and the file is gone once the snapshot is; a transfer given up leaves nothing.
+#[tokio::test]
+async fn a_received_snapshot_is_gathered_in_a_file_installed_from_it_and_removed() {
+    let source_dir = TempDir::new().unwrap();
+    let (_source_log, mut source) = open(source_dir.path()).await.unwrap();
+    let mut entries = vec![membership_entry(1, 1)];
+    entries.extend(
+        (2..200)
+            .map(|index| normal_entry(1, index, create_session_batch(1_000, u128::from(index)))),
+    );
+    source.apply_entries(entries).unwrap();
+    let built = source
+        .get_snapshot_builder()
+        .await
+        .build_snapshot()
+        .await
+        .unwrap();
+    let meta = built.meta;
+    let bytes = built.snapshot.into_bytes().unwrap();
+
+    let dir = TempDir::new().unwrap();
+    let (_log_store, mut state_machine) = open(dir.path()).await.unwrap();
+    let inbox = state_machine.snapshot_inbox();
+    let leftovers = || {
+        std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|name| name.starts_with("snapshot-received-"))
+            .collect::<Vec<_>>()
+    };
+    let given_up = {
+        let mut receiving = inbox.receive().unwrap();
+        receiving.append(&bytes[..10]).unwrap();
+        leftovers()
+    };
+    assert_eq!(given_up.len(), 1, "gathered in a file: {given_up:?}");
+    assert!(leftovers().is_empty(), "a transfer given up is removed");
+
+    let mut receiving = inbox.receive().unwrap();
+    for chunk in bytes.chunks(1000) {
+        receiving.append(chunk).unwrap();
+    }
+    assert_eq!(receiving.len(), bytes.len() as u64);
+    let data = receiving.finish().unwrap();
+    assert_eq!(data.len(), bytes.len() as u64);
+    state_machine.install_snapshot(&meta, data).await.unwrap();
+    assert!(
+        leftovers().is_empty(),
+        "an installed snapshot's file is removed"
+    );
+    let installed = state_machine
+        .handle()
+        .read(|machine, _| machine.encode_snapshot().unwrap())
+        .unwrap();
+    assert_eq!(installed, bytes);
+    let current = state_machine.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.meta, meta);
+    assert_eq!(current.snapshot.into_bytes().unwrap(), bytes);
 }
 
 // ---- helpers ----

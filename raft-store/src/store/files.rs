@@ -17,7 +17,7 @@
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -31,7 +31,19 @@ const MAGIC: &[u8; 4] = b"BTNF";
 /// Magic, payload length, checksum.
 const HEADER_BYTES: usize = 12;
 /// The suffix of a file being written, before it is renamed into place.
-const TMP_SUFFIX: &str = ".tmp";
+pub(super) const TMP_SUFFIX: &str = ".tmp";
+/// How much of a streamed file is gathered before it is written out.
+const STREAM_BUFFER_BYTES: usize = 1 << 20;
+/// A payload's length is a `u32` in the header.
+const PAYLOAD_BYTES_MAX: u64 = u32::MAX as u64;
+
+/// A file opened for reading.
+pub trait DiskReader: Read + Seek + Send {}
+
+/// A durable file's payload, checked: a reader at its first byte, and its length.
+pub(super) type Payload = (Box<dyn DiskReader>, u64);
+
+impl<T: Read + Seek + Send> DiskReader for T {}
 
 /// The file operations the store's small files need. Paths are absolute (under the data dir).
 pub trait Disk: fmt::Debug + Send + Sync + 'static {
@@ -39,6 +51,11 @@ pub trait Disk: fmt::Debug + Send + Sync + 'static {
     fn read(&self, path: &Path) -> io::Result<Option<Vec<u8>>>;
     /// Creates `path`, or truncates it, and writes `parts` one after another. Not durable.
     fn write(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()>;
+    /// Appends `bytes` to `path`. Not durable.
+    fn append(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
+    /// `path` opened for reading at its start, or `None` if there is no such file. The reader
+    /// goes on reading the file it opened when another is renamed over `path`.
+    fn open(&self, path: &Path) -> io::Result<Option<Box<dyn DiskReader>>>;
     /// Writes `bytes` at the start of `path` (created if absent), leaving any bytes after them
     /// and the file's size as they were. Not durable.
     fn overwrite(&self, path: &Path, bytes: &[u8]) -> io::Result<()>;
@@ -77,6 +94,18 @@ impl Disk for RealDisk {
             file.write_all(part)?;
         }
         Ok(())
+    }
+
+    fn append(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+        OpenOptions::new().append(true).open(path)?.write_all(bytes)
+    }
+
+    fn open(&self, path: &Path) -> io::Result<Option<Box<dyn DiskReader>>> {
+        match File::open(path) {
+            Ok(file) => Ok(Some(Box::new(file))),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
     }
 
     fn overwrite(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -163,6 +192,35 @@ impl Files {
         self.replace_parts(name, &[&payload])
     }
 
+    /// Creates the file `name`, empty (or empties it). Not durable.
+    pub(super) fn create_empty(&self, name: &str) -> Result<(), StoreError> {
+        self.disk
+            .write(&self.path(name), &[])
+            .map_err(|error| self.io("create", name, error))
+    }
+
+    /// Appends `bytes` to the file `name`. Not durable.
+    pub(super) fn append(&self, name: &str, bytes: &[u8]) -> Result<(), StoreError> {
+        self.disk
+            .append(&self.path(name), bytes)
+            .map_err(|error| self.io("write", name, error))
+    }
+
+    /// The file `name` (not a sealed one) opened for reading at its start.
+    pub(super) fn open_plain(&self, name: &str) -> Result<Box<dyn DiskReader>, StoreError> {
+        self.disk
+            .open(&self.path(name))
+            .and_then(|file| file.ok_or_else(|| io::ErrorKind::NotFound.into()))
+            .map_err(|error| self.io("open", name, error))
+    }
+
+    /// Removes the file `name`, not durably: for files a restart removes anyway.
+    pub(super) fn remove_unsynced(&self, name: &str) -> Result<(), StoreError> {
+        self.disk
+            .remove(&self.path(name))
+            .map_err(|error| self.io("remove", name, error))
+    }
+
     /// Removes the durable file `name`: durable when this returns.
     pub(super) fn remove(&self, name: &str) -> Result<(), StoreError> {
         self.disk
@@ -214,33 +272,91 @@ impl Files {
 
     /// Replaces the durable file `name` with `parts` one after another, sealed as one payload.
     pub(super) fn replace_parts(&self, name: &str, parts: &[&[u8]]) -> Result<(), StoreError> {
-        let header = header(parts);
-        let mut sealed = Vec::with_capacity(parts.len() + 1);
-        sealed.push(&header[..]);
-        sealed.extend_from_slice(parts);
-        let tmp = format!("{name}{TMP_SUFFIX}");
-        let tmp_path = self.path(&tmp);
-        self.disk
-            .write(&tmp_path, &sealed)
-            .and_then(|()| self.disk.sync(&tmp_path))
-            .map_err(|error| self.io("write", &tmp, error))?;
-        self.disk
-            .rename(&tmp_path, &self.path(name))
-            .map_err(|error| self.io("rename into place", name, error))?;
-        self.sync_dir()
+        self.replace_streamed(name, |out| {
+            parts
+                .iter()
+                .try_for_each(|part| out.write_all(part))
+                .map_err(|error| self.io("write", name, error))
+        })
     }
 
-    /// The payload of the durable file `name` (whole, checked), if there is one.
-    pub(super) fn read_payload(&self, name: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        let Some(mut bytes) = self.read_bytes(name)? else {
+    /// Replaces the durable file `name` with the payload `write` writes to the [`Sealing`] it
+    /// is given, streamed to disk a megabyte at a time rather than held whole: durable when
+    /// this returns, as `replace` is. If `write` fails, the file is left as it was.
+    pub(super) fn replace_streamed<T>(
+        &self,
+        name: &str,
+        write: impl FnOnce(&mut Sealing<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let tmp = format!("{name}{TMP_SUFFIX}");
+        let mut sealing = Sealing {
+            files: self,
+            tmp: self.path(&tmp),
+            buffer: Vec::new(),
+            hasher: crc32fast::Hasher::new(),
+            length: 0,
+            created: false,
+        };
+        let written = write(&mut sealing).and_then(|value| {
+            sealing
+                .finish()
+                .map_err(|error| self.io("write", &tmp, error))?;
+            Ok(value)
+        });
+        let value = match written {
+            Ok(value) => value,
+            Err(error) => {
+                // Best effort: a leftover is removed when the store opens anyway.
+                let _ = self.disk.remove(&sealing.tmp);
+                return Err(error);
+            }
+        };
+        self.disk
+            .sync(&sealing.tmp)
+            .map_err(|error| self.io("fdatasync", &tmp, error))?;
+        self.disk
+            .rename(&sealing.tmp, &self.path(name))
+            .map_err(|error| self.io("rename into place", name, error))?;
+        self.sync_dir()?;
+        Ok(value)
+    }
+
+    /// The payload of the durable file `name`, checked whole, as a reader at its first byte,
+    /// with its length; `None` if there is no such file. The payload is read twice (to check
+    /// it, then by the caller) and never held whole; the reader keeps the file it checked when
+    /// another is renamed over `name`.
+    pub(super) fn open_payload(&self, name: &str) -> Result<Option<Payload>, StoreError> {
+        let Some(mut file) = self
+            .disk
+            .open(&self.path(name))
+            .map_err(|error| self.io("open", name, error))?
+        else {
             return Ok(None);
         };
-        let length = unseal(&bytes)
-            .map_err(|reason| self.corrupt(name, reason))?
-            .len();
-        bytes.drain(..HEADER_BYTES);
-        debug_assert_eq!(bytes.len(), length);
-        Ok(Some(bytes))
+        let read = |error| self.io("read", name, error);
+        let mut header = Vec::with_capacity(HEADER_BYTES);
+        (&mut file)
+            .take(HEADER_BYTES as u64)
+            .read_to_end(&mut header)
+            .map_err(read)?;
+        let (length, checksum) =
+            parse_header(&header).map_err(|reason| self.corrupt(name, reason))?;
+        let mut hasher = crc32fast::Hasher::new();
+        let mut chunk = vec![0; 64 << 10];
+        let mut payload = 0_u64;
+        loop {
+            let got = file.read(&mut chunk).map_err(read)?;
+            if got == 0 {
+                break;
+            }
+            hasher.update(&chunk[..got]);
+            payload += got as u64;
+        }
+        check_payload(payload, length, hasher.finalize(), checksum)
+            .map_err(|reason| self.corrupt(name, reason))?;
+        file.seek(SeekFrom::Start(HEADER_BYTES as u64))
+            .map_err(read)?;
+        Ok(Some((file, payload)))
     }
 
     /// The error for a durable file whose content does not check out.
@@ -271,7 +387,7 @@ impl Files {
         self.path(name).display().to_string()
     }
 
-    fn io(&self, verb: &str, name: &str, error: io::Error) -> StoreError {
+    pub(super) fn io(&self, verb: &str, name: &str, error: io::Error) -> StoreError {
         StoreError::Io(format!("{verb} {}: {error}", self.describe(name)))
     }
 }
@@ -284,33 +400,116 @@ fn header(parts: &[&[u8]]) -> [u8; HEADER_BYTES] {
         hasher.update(part);
         length += part.len();
     }
+    seal(length as u64, hasher.finalize())
+}
+
+/// The header of a payload of `length` bytes with `checksum`.
+fn seal(length: u64, checksum: u32) -> [u8; HEADER_BYTES] {
     let mut header = [0; HEADER_BYTES];
     header[..4].copy_from_slice(MAGIC);
     header[4..8].copy_from_slice(&u32::try_from(length).unwrap_or(u32::MAX).to_le_bytes());
-    header[8..].copy_from_slice(&hasher.finalize().to_le_bytes());
+    header[8..].copy_from_slice(&checksum.to_le_bytes());
     header
 }
 
-/// The payload of sealed bytes, or why they do not check out.
-fn unseal(bytes: &[u8]) -> Result<&[u8], String> {
-    let Some((header, payload)) = bytes.split_at_checked(HEADER_BYTES) else {
-        return Err(format!("{} bytes, shorter than a header", bytes.len()));
+/// The payload length and checksum a header announces, or why it is not a header.
+fn parse_header(header: &[u8]) -> Result<(u64, u32), String> {
+    let Some(header) = header.first_chunk::<HEADER_BYTES>() else {
+        return Err(format!("{} bytes, shorter than a header", header.len()));
     };
     if &header[..4] != MAGIC {
         return Err("not a Baton store file (bad magic)".to_owned());
     }
-    let length = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes")) as usize;
-    if payload.len() != length {
+    let length = u32::from_le_bytes(header[4..8].try_into().expect("4 bytes"));
+    let checksum = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
+    Ok((u64::from(length), checksum))
+}
+
+/// Whether a payload of `length` bytes hashing to `hashed` is the one its header announced.
+fn check_payload(length: u64, announced: u64, hashed: u32, checksum: u32) -> Result<(), String> {
+    if length != announced {
         return Err(format!(
-            "{} bytes of payload where the header says {length}",
-            payload.len()
+            "{length} bytes of payload where the header says {announced}"
         ));
     }
-    let checksum = u32::from_le_bytes(header[8..].try_into().expect("4 bytes"));
-    if crc32fast::hash(payload) != checksum {
+    if hashed != checksum {
         return Err("checksum mismatch".to_owned());
     }
+    Ok(())
+}
+
+/// The payload of sealed bytes, or why they do not check out.
+fn unseal(bytes: &[u8]) -> Result<&[u8], String> {
+    let (length, checksum) = parse_header(bytes)?;
+    let payload = &bytes[HEADER_BYTES..];
+    check_payload(
+        payload.len() as u64,
+        length,
+        crc32fast::hash(payload),
+        checksum,
+    )?;
     Ok(payload)
+}
+
+/// A durable file's payload being written by `Files::replace_streamed`: a writer that gathers
+/// a megabyte, then appends it to the file being written, checksumming as it goes. A payload
+/// that fits in the buffer is written in one go, header first, as `replace` writes.
+pub(super) struct Sealing<'a> {
+    files: &'a Files,
+    tmp: PathBuf,
+    buffer: Vec<u8>,
+    hasher: crc32fast::Hasher,
+    length: u64,
+    /// The file exists, with a placeholder where the header goes.
+    created: bool,
+}
+
+impl Sealing<'_> {
+    fn flush_buffer(&mut self) -> io::Result<()> {
+        if !self.created {
+            self.files
+                .disk
+                .write(&self.tmp, &[&[0; HEADER_BYTES], &self.buffer])?;
+            self.created = true;
+        } else {
+            self.files.disk.append(&self.tmp, &self.buffer)?;
+        }
+        self.buffer.clear();
+        Ok(())
+    }
+
+    /// Writes what is left and the header over its placeholder.
+    fn finish(&mut self) -> io::Result<()> {
+        if self.length > PAYLOAD_BYTES_MAX {
+            return Err(io::Error::other(format!(
+                "a payload of {} bytes, over the {PAYLOAD_BYTES_MAX} a file holds",
+                self.length
+            )));
+        }
+        let header = seal(self.length, self.hasher.clone().finalize());
+        if !self.created {
+            self.created = true;
+            return self.files.disk.write(&self.tmp, &[&header, &self.buffer]);
+        }
+        self.flush_buffer()?;
+        self.files.disk.overwrite(&self.tmp, &header)
+    }
+}
+
+impl Write for Sealing<'_> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.hasher.update(bytes);
+        self.length += bytes.len() as u64;
+        self.buffer.extend_from_slice(bytes);
+        if self.buffer.len() >= STREAM_BUFFER_BYTES {
+            self.flush_buffer()?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -436,6 +635,21 @@ pub(crate) mod sim {
             let inode = state.inode_for(path);
             state.inodes[inode].current = parts.concat();
             Ok(())
+        }
+
+        fn append(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
+            let mut state = self.step()?;
+            let inode = *state.names.get(path).ok_or(io::ErrorKind::NotFound)?;
+            state.inodes[inode].current.extend_from_slice(bytes);
+            Ok(())
+        }
+
+        fn open(&self, path: &Path) -> io::Result<Option<Box<dyn DiskReader>>> {
+            let state = self.step()?;
+            Ok(state.names.get(path).map(|inode| {
+                Box::new(io::Cursor::new(state.inodes[*inode].current.clone()))
+                    as Box<dyn DiskReader>
+            }))
         }
 
         fn overwrite(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
@@ -567,6 +781,95 @@ mod tests {
         fs::write(&path, &bytes).unwrap();
         let error = on_disk.read::<(u64, u64)>("vote").unwrap_err().to_string();
         assert!(error.contains("checksum mismatch"), "{error}");
+    }
+
+    /// A payload of 2.5 MiB: written to disk in three appends.
+    fn big_payload() -> Vec<u8> {
+        (0..5_u32 << 19).map(|i| (i % 251) as u8).collect()
+    }
+
+    fn replace_big(files: &Files, payload: &[u8]) -> Result<(), StoreError> {
+        files.replace_streamed("snapshot", |out| {
+            payload
+                .chunks(4096)
+                .try_for_each(|chunk| out.write_all(chunk))
+                .map_err(|error| StoreError::Io(error.to_string()))
+        })
+    }
+
+    fn read_payload(files: &Files, name: &str) -> Option<Vec<u8>> {
+        let (mut reader, len) = files.open_payload(name).unwrap()?;
+        let mut payload = Vec::new();
+        reader.read_to_end(&mut payload).unwrap();
+        assert_eq!(payload.len() as u64, len);
+        Some(payload)
+    }
+
+    #[test]
+    fn a_streamed_file_reads_back_checked_and_a_damaged_one_is_refused() {
+        let real = tempfile::tempdir().unwrap();
+        let on_disk = Files::open(real.path(), Arc::new(RealDisk)).unwrap();
+        let payload = big_payload();
+        replace_big(&on_disk, &payload).unwrap();
+        assert_eq!(read_payload(&on_disk, "snapshot"), Some(payload.clone()));
+        assert_eq!(read_payload(&on_disk, "absent"), None);
+        // A small one is sealed alike.
+        on_disk.replace_parts("snapshot", &[b"ab", b"cd"]).unwrap();
+        assert_eq!(read_payload(&on_disk, "snapshot"), Some(b"abcd".to_vec()));
+
+        replace_big(&on_disk, &payload).unwrap();
+        let path = real.path().join("snapshot");
+        let mut bytes = fs::read(&path).unwrap();
+        bytes[3 << 19] ^= 1;
+        fs::write(&path, &bytes).unwrap();
+        let error = on_disk.open_payload("snapshot").err().unwrap().to_string();
+        assert!(error.contains("checksum mismatch"), "{error}");
+        fs::write(&path, &bytes[..bytes.len() - 1]).unwrap();
+        let error = on_disk.open_payload("snapshot").err().unwrap().to_string();
+        assert!(error.contains("payload where the header says"), "{error}");
+
+        // A write that fails leaves the file as it was, and nothing beside it.
+        on_disk.replace_parts("snapshot", &[b"old"]).unwrap();
+        let failed = on_disk.replace_streamed("snapshot", |out| {
+            out.write_all(&payload).unwrap();
+            Err::<(), _>(StoreError::Refused("the writer gave up".to_owned()))
+        });
+        assert!(failed.is_err());
+        assert_eq!(read_payload(&on_disk, "snapshot"), Some(b"old".to_vec()));
+        assert_eq!(on_disk.list().unwrap(), ["snapshot"]);
+    }
+
+    #[test]
+    fn a_power_cut_in_a_streamed_replace_leaves_the_old_file_or_the_new_one() {
+        let payload = big_payload();
+        let steps = {
+            let disk = Arc::new(SimDisk::default());
+            let files = files(&disk);
+            let before = disk.steps();
+            replace_big(&files, &payload).unwrap();
+            disk.steps() - before
+        };
+        assert!(steps >= 6, "{steps} steps: the payload is written in parts");
+        for cut_at in 0..=steps {
+            for keep_all in [false, true] {
+                let disk = Arc::new(SimDisk::default());
+                let before = files(&disk);
+                before.replace_parts("snapshot", &[b"old"]).unwrap();
+                disk.fail_after(disk.steps() + cut_at);
+                let finished = replace_big(&before, &payload).is_ok();
+                disk.cut(|| keep_all);
+                let read = read_payload(&files(&disk), "snapshot").unwrap();
+                if finished {
+                    assert!(read == payload, "acknowledged, then lost (cut at {cut_at})");
+                } else {
+                    assert!(
+                        read == b"old" || read == payload,
+                        "{} bytes (cut at {cut_at})",
+                        read.len()
+                    );
+                }
+            }
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! leave this module.
 
 use std::fs::File;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use super::files::Files;
@@ -97,8 +98,10 @@ impl Sled {
                     Some(bytes) => decode::<u64>(&bytes, "sled's snapshot counter")?,
                     None => 0,
                 };
-                let header = encode(&(counter, meta), "snapshot meta")?;
-                super::state_machine::write_snapshot_file(files, &header, &data)?;
+                super::snapshot_file::replace(files, counter, &meta, |out| {
+                    out.write_all(&data)
+                        .map_err(|error| StoreError::Io(format!("write the snapshot: {error}")))
+                })?;
             }
             (None, None) => {}
             _ => {

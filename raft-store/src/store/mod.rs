@@ -30,11 +30,12 @@ mod log;
 #[cfg(test)]
 mod power_tests;
 mod segments;
+mod snapshot_file;
 mod state_machine;
 
 use std::fmt;
 use std::fs;
-use std::io::{self, Cursor};
+use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -46,9 +47,10 @@ use crate::machine::{decode_value, encode_value, Batch, CodecError, Machine, Res
 
 pub use self::change_watch::{ChangeWatch, Watching};
 use self::files::Files;
-pub use self::files::{Disk, RealDisk};
+pub use self::files::{Disk, DiskReader, RealDisk};
 pub use self::log::LogStore;
-use self::state_machine::SnapshotWritten;
+use self::snapshot_file::SnapshotWritten;
+pub use self::snapshot_file::{ReceivingSnapshot, SnapshotData, SnapshotInbox};
 pub use self::state_machine::{AppliedCopy, MachineHandle, SnapshotBuilder, StateMachineStore};
 
 openraft::declare_raft_types!(
@@ -74,8 +76,6 @@ pub type Entry = alias::EntryOf<TypeConfig>;
 pub type SnapshotMeta = alias::SnapshotMetaOf<TypeConfig>;
 /// A membership with the log id of the entry that set it.
 pub type StoredMembership = alias::StoredMembershipOf<TypeConfig>;
-/// A snapshot's bytes, whole in memory.
-pub type SnapshotData = Cursor<Vec<u8>>;
 /// A snapshot: its meta and its bytes.
 pub type Snapshot = alias::SnapshotOf<TypeConfig, SnapshotData>;
 
@@ -241,7 +241,7 @@ pub async fn seed(
     let (mut log_store, mut state_machine) = open(dir)?;
     state_machine.cluster_file().write(cluster)?;
     state_machine
-        .install_snapshot(&meta, Cursor::new(bytes))
+        .install_snapshot(&meta, SnapshotData::from_bytes(bytes))
         .await
         .map_err(|error| StoreError::Io(error.to_string()))?;
     log_store

@@ -6,23 +6,23 @@
 //! applied entry and the last applied membership, so a reader always sees a machine and the
 //! log position it is at, never one without the other. Whatever reads the whole state (a
 //! snapshot build, a backup, a digest) takes an O(1) copy under the lock and reads the copy
-//! after letting go (`MachineHandle::copy`), so it never holds up an apply. Only snapshots are persisted (the
-//! `snapshot` file: a counter of the snapshots built here, the meta, and the machine's bytes). A restart rebuilds the machine
+//! after letting go (`MachineHandle::copy`), so it never holds up an apply. Only snapshots are
+//! persisted, streamed to and from the `snapshot` file (`snapshot_file.rs`). A restart rebuilds the machine
 //! from the last snapshot and openraft re-applies the committed log after it: every entry is in
 //! the rebuilt state exactly once. Deciding what a command does belongs to `machine`, never here.
 
-use std::io::{self, Cursor};
+use std::io;
 use std::sync::Arc;
 
 use futures_util::TryStreamExt;
 use openraft::storage::{EntryResponder, RaftStateMachine};
 use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 
-use super::files::Files;
+use super::snapshot_file::{self, SnapshotFile, SnapshotInbox, SnapshotWritten};
 use super::{
-    decode, encode, io_error, run_blocking, Applied, AppliedState, ChangeWatch, Database, DirLock,
-    Entry, LogId, SharedState, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoreError,
-    StoredMembership, TypeConfig, Watching, SNAPSHOT_FILE,
+    io_error, run_blocking, Applied, AppliedState, ChangeWatch, Database, DirLock, Entry, LogId,
+    SharedState, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoreError, StoredMembership,
+    TypeConfig, Watching,
 };
 use crate::machine::{Command, Machine, Name, Namespace, ResourcePath};
 
@@ -127,25 +127,34 @@ impl StateMachineStore {
         }
     }
 
+    /// Where this node gathers the snapshots it is sent.
+    pub fn snapshot_inbox(&self) -> SnapshotInbox {
+        SnapshotInbox::new(self.database.files.clone())
+    }
+
     /// Rebuilds the machine from the last persisted snapshot, or starts empty.
     pub(super) fn open(database: Database) -> Result<StateMachineStore, StoreError> {
-        let persisted = read_snapshot_file(&database.files)?;
-        if let Some((counter, meta, _)) = &persisted {
-            *database
-                .snapshot_write
-                .lock()
-                .map_err(|_| StoreError::Poisoned)? = SnapshotWritten {
-                counter: *counter,
-                last_log_id: meta.last_log_id,
-            };
-        }
-        let state = match persisted {
-            Some((_, meta, data)) => AppliedState {
-                machine: Machine::decode_snapshot(&data)?,
-                last_applied: meta.last_log_id,
-                last_membership: meta.last_membership,
-                consecutive: true,
-            },
+        let state = match snapshot_file::open(&database.files)? {
+            Some(SnapshotFile {
+                counter,
+                meta,
+                data,
+            }) => {
+                *database
+                    .snapshot_write
+                    .lock()
+                    .map_err(|_| StoreError::Poisoned)? = SnapshotWritten {
+                    counter,
+                    last_log_id: meta.last_log_id,
+                };
+                let len = data.len();
+                AppliedState {
+                    machine: Machine::decode_snapshot_from(data, len)?,
+                    last_applied: meta.last_log_id,
+                    last_membership: meta.last_membership,
+                    consecutive: true,
+                }
+            }
             None => AppliedState {
                 machine: Machine::default(),
                 last_applied: None,
@@ -230,8 +239,9 @@ impl MachineHandle {
 /// - The machine is in memory; snapshots are what is durable. `build_snapshot` and
 ///   `install_snapshot` fsync the snapshot before returning, and openraft purges the log only
 ///   after that. A built snapshot never replaces a persisted one that covers more of the log.
-/// - Snapshot bytes are `Machine::encode_snapshot`; the applied log id and membership travel in
-///   openraft's `SnapshotMeta`. Bytes that do not decode are an error, never a panic.
+/// - Snapshot bytes are `Machine::encode_snapshot`, streamed (`SnapshotData`, never held
+///   whole); the applied log id and membership travel in openraft's `SnapshotMeta`. Bytes that
+///   do not decode are an error, never a panic, and leave the persisted snapshot as it was.
 /// - Any I/O, encoding or decoding error, or a poisoned lock, is an `io::Error`: openraft
 ///   stops the node.
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
@@ -268,43 +278,40 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         }
     }
 
-    /// Decodes the received bytes (an error on garbage), persists meta and bytes with an fsync,
-    /// then replaces the in-memory machine, applied log id and membership at once.
+    /// Decodes the received bytes as it persists them with the meta (an error on garbage,
+    /// which leaves the persisted snapshot as it was), fsyncs them, then replaces the
+    /// in-memory machine, applied log id and membership at once.
     async fn install_snapshot(
         &mut self,
         meta: &SnapshotMeta,
         snapshot: SnapshotData,
     ) -> StorageResult<()> {
-        tracing::info!(snapshot = %meta, "installing snapshot");
+        tracing::info!(snapshot = %meta, bytes = snapshot.len(), "installing snapshot");
         self.install(meta, snapshot).await?;
         self.watch.changed_all();
         Ok(())
     }
 
-    /// The last persisted snapshot (built here or installed), read back from disk.
+    /// The last persisted snapshot (built here or installed), streamed from disk.
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot>> {
         let database = self.database.clone();
-        let persisted = run_blocking(move || read_persisted_snapshot(&database))
+        let persisted = run_blocking(move || snapshot_file::open(&database.files))
             .await
             .map_err(io_error)?;
-        Ok(persisted.map(|(meta, data)| Snapshot {
-            meta,
-            snapshot: Cursor::new(data),
+        Ok(persisted.map(|file| Snapshot {
+            meta: file.meta,
+            snapshot: file.data,
         }))
     }
 }
 
 impl StateMachineStore {
     async fn install(&mut self, meta: &SnapshotMeta, snapshot: SnapshotData) -> StorageResult<()> {
-        let data = snapshot.into_inner();
         // Decoding a large snapshot is seconds of CPU: off the async workers, like building one.
-        let (machine, data) = run_blocking(move || Ok((Machine::decode_snapshot(&data)?, data)))
-            .await
-            .map_err(io_error)?;
         let database = self.database.clone();
         let persisted_meta = meta.clone();
-        run_blocking(move || {
-            persist_snapshot(&database, persisted_meta, &data, SnapshotOrigin::Installed)
+        let machine = run_blocking(move || {
+            snapshot_file::persist_received(&database, &persisted_meta, snapshot)
         })
         .await
         .map_err(io_error)?;
@@ -321,8 +328,9 @@ impl StateMachineStore {
 }
 
 /// Takes a copy of the machine with its log id under the read lock (O(1): the bytes match that
-/// log id exactly), then encodes the copy with no lock held, so applies go on meanwhile, and
-/// persists meta and bytes with an fsync before returning.
+/// log id exactly), then encodes the copy into the snapshot file with no lock on the state held,
+/// so applies go on meanwhile, and syncs it before returning. The snapshot returned reads the
+/// file back.
 ///
 /// All of it runs on a blocking thread: encoding a million leases takes a large fraction of a
 /// second of CPU, and on an async worker it starved the node's heartbeats and appends long
@@ -332,114 +340,35 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot> {
         let (handle, database) = (self.handle.clone(), self.database.clone());
-        let (meta, data) = run_blocking(move || {
+        let snapshot = run_blocking(move || {
             let copy = handle.copy()?;
             tracing::info!(last_applied = ?copy.last_applied, "building a snapshot of a copy");
-            let data = copy.machine.encode_snapshot()?;
             let meta = SnapshotMeta {
                 last_log_id: copy.last_applied,
                 last_membership: copy.last_membership,
             };
-            drop(copy.machine);
-            let meta = persist_snapshot(&database, meta, &data, SnapshotOrigin::Built)?;
-            Ok((meta, data))
+            let written = snapshot_file::persist_built(&database, &meta, &copy.machine)?;
+            let read_back = if written {
+                snapshot_file::open(&database.files)?.filter(|file| file.meta == meta)
+            } else {
+                None
+            };
+            let data = match read_back {
+                Some(file) => file.data,
+                // Superseded (or superseded since): openraft reads only a built snapshot's
+                // meta, and the bytes are for the rare caller that reads them.
+                None => SnapshotData::from_bytes(copy.machine.encode_snapshot()?),
+            };
+            Ok(Snapshot {
+                meta,
+                snapshot: data,
+            })
         })
         .await
         .map_err(io_error)?;
-        tracing::info!(snapshot = %meta, bytes = data.len(), "snapshot built");
-        Ok(Snapshot {
-            meta,
-            snapshot: Cursor::new(data),
-        })
+        tracing::info!(snapshot = %snapshot.meta, bytes = snapshot.snapshot.len(), "snapshot built");
+        Ok(snapshot)
     }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SnapshotOrigin {
-    /// Built here: counted, and not written over a persisted snapshot that covers more of the
-    /// log (a slow build racing an install).
-    Built,
-    /// Received from the leader: openraft already decided it is newer; written as is.
-    Installed,
-}
-
-/// Replaces the snapshot file with one holding the meta and the bytes, durably, under the
-/// snapshot-write lock. Returns the meta. Blocking.
-///
-/// The file's header keeps a counter of the snapshots built here beside the meta: earlier
-/// builds made snapshot ids of it, and read the header as (counter, meta), so a data dir stays
-/// readable by the release before this one.
-fn persist_snapshot(
-    database: &Database,
-    meta: SnapshotMeta,
-    data: &[u8],
-    origin: SnapshotOrigin,
-) -> Result<SnapshotMeta, StoreError> {
-    let mut written = database
-        .snapshot_write
-        .lock()
-        .map_err(|_| StoreError::Poisoned)?;
-    let mut counter = written.counter;
-    if origin == SnapshotOrigin::Built {
-        counter = counter.saturating_add(1);
-        if written.last_log_id > meta.last_log_id {
-            return Ok(meta);
-        }
-    }
-    let header = encode(&(counter, &meta), "snapshot meta")?;
-    write_snapshot_file(&database.files, &header, data)?;
-    *written = SnapshotWritten {
-        counter,
-        last_log_id: meta.last_log_id,
-    };
-    Ok(meta)
-}
-
-/// The snapshot file's payload: the length of the header (the counter and the meta), the
-/// header, then the machine's bytes.
-pub(super) fn write_snapshot_file(
-    files: &Files,
-    header: &[u8],
-    data: &[u8],
-) -> Result<(), StoreError> {
-    let length = u32::try_from(header.len())
-        .map_err(|_| StoreError::Refused("a snapshot meta over 4 GiB".to_owned()))?
-        .to_le_bytes();
-    files.replace_parts(SNAPSHOT_FILE, &[&length, header, data])
-}
-
-/// A persisted snapshot: its meta and the machine's bytes.
-type PersistedSnapshot = (SnapshotMeta, Vec<u8>);
-/// The snapshot file: the counter of snapshots built here, its meta and the machine's bytes.
-type SnapshotFile = (u64, SnapshotMeta, Vec<u8>);
-
-/// The snapshot file split into its counter, meta and bytes.
-fn read_snapshot_file(files: &Files) -> Result<Option<SnapshotFile>, StoreError> {
-    let Some(mut payload) = files.read_payload(SNAPSHOT_FILE)? else {
-        return Ok(None);
-    };
-    let length = payload
-        .first_chunk::<4>()
-        .map(|length| u32::from_le_bytes(*length) as usize)
-        .filter(|length| 4 + length <= payload.len())
-        .ok_or_else(|| files.corrupt(SNAPSHOT_FILE, "the meta's length runs past the end"))?;
-    let (counter, meta): (u64, SnapshotMeta) = decode(&payload[4..4 + length], "snapshot meta")?;
-    payload.drain(..4 + length);
-    Ok(Some((counter, meta, payload)))
-}
-
-/// The persisted snapshot's meta and bytes, if there is one. Blocking.
-fn read_persisted_snapshot(database: &Database) -> Result<Option<PersistedSnapshot>, StoreError> {
-    Ok(read_snapshot_file(&database.files)?.map(|(_, meta, data)| (meta, data)))
-}
-
-/// What the snapshot file holds: the counter of snapshots built here and the last log id it
-/// covers (the durable snapshot the log's purge goes by). Kept under the snapshot-write lock,
-/// so that a write never reads the file back.
-#[derive(Debug, Default)]
-pub(super) struct SnapshotWritten {
-    counter: u64,
-    pub(super) last_log_id: Option<LogId>,
 }
 
 fn poisoned() -> io::Error {
