@@ -290,6 +290,35 @@ async fn a_backup_through_a_pipe_and_a_stdout_that_fails() {
     assert_eq!(after.fence, before.fence + 1);
 }
 
+/// A backup is streamed as it is encoded, its length announced first; clients that go away
+/// after the answer's start leave the node serving.
+#[tokio::test]
+async fn a_backup_is_streamed_with_its_length_and_a_client_may_leave_midway() {
+    let cluster = Cluster::start(1).await;
+    for index in 0..50 {
+        grant(&cluster, &format!("streamed/{index}")).await;
+    }
+    let before = grant(&cluster, "streamed/last").await;
+    let url = format!("{}/v1/snapshot", cluster.nodes()[0].api_url());
+    let http = reqwest::Client::new();
+    let answer = http.get(&url).send().await.expect("a backup");
+    assert_eq!(answer.status(), 200);
+    let announced = answer.content_length().expect("a Content-Length");
+    let bytes = answer.bytes().await.expect("the whole backup");
+    assert_eq!(bytes.len() as u64, announced);
+    let (header, state) = baton_client::api::decode_backup(&bytes).expect("a whole backup");
+    assert_eq!(header.fence, before.fence);
+    assert_eq!(header.state_bytes, state.len() as u64);
+
+    for _ in 0..20 {
+        let answer = http.get(&url).send().await.expect("a backup");
+        assert_eq!(answer.status(), 200);
+        drop(answer);
+    }
+    let after = grant(&cluster, "after-the-abandoned-backups").await;
+    assert_eq!(after.fence, before.fence + 1);
+}
+
 #[tokio::test]
 async fn the_documented_backup_and_restore_scripts_work() {
     let old = Cluster::start(1).await;

@@ -1,6 +1,7 @@
 //! The backup file: what `GET /v1/snapshot` answers, `baton snapshot save` writes,
 //! `baton snapshot inspect` reads and `batond restore` seeds a new cluster from
-//! (docs/operations.md). A pure format, no I/O:
+//! (docs/operations.md). A pure format, written to any `io::Write` ([`BackupWriter`], so a
+//! server streams it) and read from bytes:
 //!
 //! ```text
 //! "BATONBAK"  magic, 8 bytes
@@ -16,6 +17,8 @@
 //! Baton; the state is opaque here and decoded only by `batond restore`. Every way a file can
 //! be wrong (not a backup, a newer format, truncated, a flipped bit, bytes after the end) is a
 //! [`BackupError`] found before anything is written from it.
+
+use std::io::Write as _;
 
 use serde::{Deserialize, Serialize};
 
@@ -99,21 +102,99 @@ impl std::error::Error for BackupError {}
 
 /// A backup file's bytes: `header` then `state`. `header.state_bytes` is set from `state`.
 pub fn encode_backup(header: &BackupHeader, state: &[u8]) -> Vec<u8> {
-    let header = BackupHeader {
-        state_bytes: state.len() as u64,
-        ..header.clone()
+    let bytes = Vec::with_capacity(BACKUP_MAGIC.len() + 1024 + state.len());
+    let write = |bytes| -> std::io::Result<Vec<u8>> {
+        let mut writer = BackupWriter::new(bytes, header, state.len() as u64)?;
+        writer.write_all(state)?;
+        writer.finish()
     };
-    let json = serde_json::to_vec(&header).expect("a backup header always serializes");
-    let mut bytes = Vec::with_capacity(BACKUP_MAGIC.len() + 20 + json.len() + state.len());
-    bytes.extend_from_slice(BACKUP_MAGIC);
-    bytes.extend_from_slice(&BACKUP_FORMAT.to_le_bytes());
-    bytes.extend_from_slice(&(json.len() as u32).to_le_bytes());
-    bytes.extend_from_slice(&json);
-    bytes.extend_from_slice(&(state.len() as u64).to_le_bytes());
-    bytes.extend_from_slice(state);
-    let checksum = crc32fast::hash(&bytes);
-    bytes.extend_from_slice(&checksum.to_le_bytes());
-    bytes
+    write(bytes).expect("writing to a Vec never fails")
+}
+
+/// Writes a backup file as its state is produced, never holding it whole: `new` writes
+/// everything before the state (`header.state_bytes` set to `state_bytes`), the state is
+/// written through it (exactly `state_bytes` of it: more is an error at once, fewer at
+/// `finish`), and `finish` writes the checksum.
+#[derive(Debug)]
+pub struct BackupWriter<W> {
+    out: W,
+    hasher: crc32fast::Hasher,
+    /// The bytes before the state.
+    head: u64,
+    state_bytes: u64,
+    written: u64,
+}
+
+impl<W: std::io::Write> BackupWriter<W> {
+    /// Writes the magic, the format, the header and the state's length to `out`.
+    pub fn new(
+        out: W,
+        header: &BackupHeader,
+        state_bytes: u64,
+    ) -> std::io::Result<BackupWriter<W>> {
+        let header = BackupHeader {
+            state_bytes,
+            ..header.clone()
+        };
+        let json = serde_json::to_vec(&header).expect("a backup header always serializes");
+        let mut writer = BackupWriter {
+            out,
+            hasher: crc32fast::Hasher::new(),
+            head: 0,
+            state_bytes,
+            written: 0,
+        };
+        writer.put(BACKUP_MAGIC)?;
+        writer.put(&BACKUP_FORMAT.to_le_bytes())?;
+        writer.put(&(json.len() as u32).to_le_bytes())?;
+        writer.put(&json)?;
+        writer.put(&state_bytes.to_le_bytes())?;
+        writer.head = writer.written;
+        writer.written = 0;
+        Ok(writer)
+    }
+
+    /// How long the whole file is.
+    pub fn file_len(&self) -> u64 {
+        self.head + self.state_bytes + 4
+    }
+
+    /// Writes the checksum after a state of exactly `state_bytes`; returns the writer.
+    pub fn finish(mut self) -> std::io::Result<W> {
+        if self.written != self.state_bytes {
+            return Err(std::io::Error::other(format!(
+                "a state of {} bytes where the header says {}",
+                self.written, self.state_bytes
+            )));
+        }
+        let checksum = self.hasher.clone().finalize();
+        self.out.write_all(&checksum.to_le_bytes())?;
+        Ok(self.out)
+    }
+
+    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.hasher.update(bytes);
+        self.out.write_all(bytes)?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for BackupWriter<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.written + bytes.len() as u64 > self.state_bytes {
+            return Err(std::io::Error::other(format!(
+                "a state over the {} bytes the header says",
+                self.state_bytes
+            )));
+        }
+        self.put(bytes)?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
 }
 
 /// Checks a whole backup file and splits it into its header and the state's bytes.
@@ -208,6 +289,30 @@ mod tests {
                 ..header()
             }
         );
+    }
+
+    #[test]
+    fn a_backup_written_in_pieces_is_the_one_encoded_whole_and_its_length_is_kept() {
+        let state = [7_u8; 100];
+        let mut writer = BackupWriter::new(Vec::new(), &header(), 100).unwrap();
+        for piece in state.chunks(7) {
+            writer.write_all(piece).unwrap();
+        }
+        let length = writer.file_len();
+        let whole = encode_backup(&header(), &state);
+        assert_eq!(length, whole.len() as u64);
+        assert_eq!(writer.finish().unwrap(), whole);
+
+        let mut short = BackupWriter::new(Vec::new(), &header(), 100).unwrap();
+        short.write_all(&state[..99]).unwrap();
+        let error = short.finish().unwrap_err().to_string();
+        assert!(
+            error.contains("99 bytes where the header says 100"),
+            "{error}"
+        );
+        let mut long = BackupWriter::new(Vec::new(), &header(), 100).unwrap();
+        long.write_all(&state).unwrap();
+        assert!(long.write_all(&[0]).is_err(), "a state past its length");
     }
 
     #[test]

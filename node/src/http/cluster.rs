@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use baton_api::{
-    encode_backup, AddMemberRequest, BackupHeader, ClusterStatus, Digest, ErrorCode,
+    AddMemberRequest, BackupHeader, BackupWriter, ClusterStatus, Digest, ErrorCode,
     Member as WireMember, BACKUP_CONTENT_TYPE, HEADER_CLUSTER_TIME,
 };
 use baton_raft_store::machine::{Namespace, Role};
@@ -392,11 +392,14 @@ pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError>
     app.read_here(|_| ()).await?;
     let (node_id, saved_at_ms) = (app.node_id, app.clock.wall_ms());
     let copy = app.machine.copy().map_err(ApiError::internal)?;
-    // Encoding a large state is a fraction of a second of CPU: off the async workers, and off
-    // the state's lock (the copy is the state at its log index), so applies go on meanwhile.
-    let (bytes, cluster_time_ms) = tokio::task::spawn_blocking(move || {
+    // The file gives the state's length before the state, so the copy is encoded twice, never
+    // held whole: once to count its bytes, then again as it is sent, a chunk at a time. Both
+    // off the async workers, and off the state's lock (the copy is the state at its log index),
+    // so applies go on meanwhile.
+    let (copy, header) = tokio::task::spawn_blocking(move || {
+        let mut counted = ByteCount(0);
+        copy.machine.encode_snapshot_to(&mut counted)?;
         let machine = &copy.machine;
-        let state = machine.encode_snapshot()?;
         let (sessions, leases) = machine.counts();
         let header = BackupHeader {
             index: copy.last_applied.map_or(0, |log_id| log_id.index),
@@ -413,26 +416,107 @@ pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError>
             saved_at: baton_api::rfc3339(saved_at_ms),
             sessions: sessions as u64,
             leases: leases as u64,
-            state_bytes: 0,
+            state_bytes: counted.0,
         };
-        Ok::<_, baton_raft_store::machine::CodecError>((
-            encode_backup(&header, &state),
-            header.cluster_time_ms,
-        ))
+        Ok::<_, baton_raft_store::machine::CodecError>((copy, header))
     })
     .await
     .map_err(ApiError::internal)?
     .map_err(ApiError::internal)?;
-    tracing::info!(bytes = bytes.len(), "backup served");
-    let mut response = (StatusCode::OK, bytes).into_response();
+    let cluster_time_ms = header.cluster_time_ms;
+    let length = BackupWriter::new(std::io::sink(), &header, header.state_bytes)
+        .map_err(ApiError::internal)?
+        .file_len();
+    let (sender, chunks) = tokio::sync::mpsc::channel(BACKUP_CHUNKS_IN_FLIGHT);
+    tokio::task::spawn_blocking(move || {
+        let mut out = ChunkSender {
+            sender,
+            chunk: Vec::with_capacity(BACKUP_CHUNK_BYTES),
+        };
+        let written = BackupWriter::new(&mut out, &header, header.state_bytes)
+            .and_then(|mut file| {
+                copy.machine
+                    .encode_snapshot_to(&mut file)
+                    .map_err(std::io::Error::other)?;
+                file.finish()
+            })
+            .and_then(|out| out.send_chunk());
+        match written {
+            Ok(()) => tracing::info!(bytes = length, "backup served"),
+            Err(error) => {
+                // The body ends in an error: the client sees the answer cut short.
+                tracing::warn!(%error, "a backup was not served whole");
+                let _ = out.sender.blocking_send(Err(error));
+            }
+        }
+    });
+    let body = axum::body::Body::from_stream(futures_util::stream::unfold(
+        chunks,
+        |mut chunks| async move { chunks.recv().await.map(|chunk| (chunk, chunks)) },
+    ));
+    let mut response = (StatusCode::OK, body).into_response();
     let headers = response.headers_mut();
     headers.insert(
         header::CONTENT_TYPE,
         header::HeaderValue::from_static(BACKUP_CONTENT_TYPE),
     );
+    headers.insert(header::CONTENT_LENGTH, header::HeaderValue::from(length));
     headers.insert(
         HEADER_CLUSTER_TIME,
         header::HeaderValue::from(cluster_time_ms),
     );
     Ok(response)
+}
+
+/// A backup is sent in chunks of this many bytes...
+const BACKUP_CHUNK_BYTES: usize = 256 << 10;
+/// ...with at most this many encoded ahead of the client: what one backup holds in memory.
+const BACKUP_CHUNKS_IN_FLIGHT: usize = 4;
+
+/// Counts the bytes written to it.
+struct ByteCount(u64);
+
+impl std::io::Write for ByteCount {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len() as u64;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Gathers what is written to it into chunks and sends each, full, to the response body,
+/// waiting while the client is `BACKUP_CHUNKS_IN_FLIGHT` chunks behind. A client gone is an
+/// error, which stops the encoding.
+struct ChunkSender {
+    sender: tokio::sync::mpsc::Sender<std::io::Result<axum::body::Bytes>>,
+    chunk: Vec<u8>,
+}
+
+impl ChunkSender {
+    fn send_chunk(&mut self) -> std::io::Result<()> {
+        if self.chunk.is_empty() {
+            return Ok(());
+        }
+        let chunk = std::mem::replace(&mut self.chunk, Vec::with_capacity(BACKUP_CHUNK_BYTES));
+        self.sender.blocking_send(Ok(chunk.into())).map_err(|_| {
+            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client went away")
+        })
+    }
+}
+
+impl std::io::Write for ChunkSender {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.chunk.extend_from_slice(bytes);
+        if self.chunk.len() >= BACKUP_CHUNK_BYTES {
+            self.send_chunk()?;
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
