@@ -233,7 +233,7 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
     renewer.abort();
 
     println!(
-        "memory: {granted} leases ({failures}) in {} sessions, filled in {fill_seconds:.0} s ({FILL_IN_FLIGHT} in flight: acquire p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms, {} over {} ms; {elections} elections); {}; node {follower} restarted serving in {restart_seconds:.1} s, RSS after {:.0} MiB",
+        "memory: {granted} leases ({failures}) in {} sessions, filled in {fill_seconds:.0} s ({FILL_IN_FLIGHT} in flight: acquire p50 {:.1} ms, p99 {:.1} ms, p99.9 {:.1} ms, max {:.1} ms, {} over {} ms; {elections} elections); {}; node {follower} restarted serving in {restart_seconds:.1} s, RSS after {:.0} MiB (peak {:.0}: the snapshot decoded from its file, the log after it replayed)",
         sessions.len(),
         latency.p50_ms,
         latency.p99_ms,
@@ -253,7 +253,8 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
             ))
             .collect::<Vec<_>>()
             .join("; "),
-        after_restart.rss_mib
+        after_restart.rss_mib,
+        after_restart.peak_mib
     );
     if !slow_seconds.is_empty() {
         println!(
@@ -308,6 +309,7 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
             "id": follower,
             "ready_seconds": restart_seconds,
             "rss_mib": after_restart.rss_mib,
+            "peak_mib": after_restart.peak_mib,
         },
     });
     let mut bars: Vec<(String, f64)> = nodes
