@@ -195,8 +195,12 @@ async fn lease_count(cluster: &Cluster) -> usize {
     leases["leases"].as_array().map_or(0, Vec::len)
 }
 
+/// The session id a state file keeps (its first line).
 fn read_state(path: &Path) -> String {
     std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .next()
         .unwrap_or_default()
         .trim()
         .to_owned()
@@ -269,6 +273,83 @@ async fn the_claude_code_hook_claims_denies_renews_and_releases() {
     assert!(lease(&cluster, &named("src/auth.rs"))
         .await
         .is_some_and(|lease| lease.holder.starts_with("claude-code:bbbbbbbb@")));
+}
+
+/// How many `method route` requests `node` answered, by its `/metrics`.
+async fn answered(cluster: &Cluster, method: &str, route: &str) -> u64 {
+    let metrics = cluster.api().get(&cluster.nodes()[0], "/metrics").await;
+    let labels = format!("route=\"{route}\",method=\"{method}\",");
+    metrics
+        .text
+        .lines()
+        .filter(|line| line.starts_with("baton_http_requests_total{") && line.contains(&labels))
+        .filter_map(|line| line.rsplit_once(' ')?.1.parse::<u64>().ok())
+        .sum()
+}
+
+/// Acquires, keepalives and session reads `cluster`'s one node answered.
+async fn hook_requests(cluster: &Cluster) -> [u64; 3] {
+    [
+        answered(cluster, "POST", "/v1/leases").await,
+        answered(cluster, "POST", "/v1/sessions/{id}/keepalive").await,
+        answered(cluster, "GET", "/v1/sessions/{id}").await,
+    ]
+}
+
+/// Most hook calls are one request, the acquire: a file the session already holds is told
+/// from another's lease by the fence the hook kept, and the session is renewed by the first
+/// call after a third of its TTL, not by every call. A state file of an earlier release (the
+/// session id alone) costs one renewal and one look at the session, then calls are one request
+/// again.
+#[tokio::test]
+async fn a_hook_call_is_one_request_until_its_session_is_due_for_renewal() {
+    let cluster = Cluster::start(1).await;
+    let endpoints = url(&cluster);
+    let world = HookWorld::new();
+    let agent = "iiiiiiii-one-request";
+    let edit = |file: &str| bytes(&world.pre_tool_use(agent, "Edit", file));
+    allowed(
+        &world
+            .hook(&endpoints, &["--ttl", "60s"], &edit("src/one.rs"))
+            .await,
+    );
+    let before = hook_requests(&cluster).await;
+    for file in ["src/two.rs", "src/one.rs", "src/two.rs", "src/one.rs"] {
+        allowed(&world.hook(&endpoints, &["--ttl", "60s"], &edit(file)).await);
+    }
+    let after = hook_requests(&cluster).await;
+    let sent = |from: [u64; 3], to: [u64; 3]| [to[0] - from[0], to[1] - from[1], to[2] - from[2]];
+    assert_eq!(
+        sent(before, after),
+        [4, 0, 0],
+        "acquires, keepalives, session reads"
+    );
+
+    let state = world.state_file(agent);
+    let session = read_state(&state);
+    std::fs::write(&state, format!("{session}\n")).expect("an earlier release's state file");
+    allowed(
+        &world
+            .hook(&endpoints, &["--ttl", "60s"], &edit("src/one.rs"))
+            .await,
+    );
+    let upgraded = hook_requests(&cluster).await;
+    assert_eq!(sent(after, upgraded), [1, 1, 1]);
+    allowed(
+        &world
+            .hook(&endpoints, &["--ttl", "60s"], &edit("src/one.rs"))
+            .await,
+    );
+    assert_eq!(sent(upgraded, hook_requests(&cluster).await), [1, 0, 0]);
+    assert_eq!(read_state(&state), session, "the same session all along");
+
+    // Another Claude session is still refused the files, by the same one request.
+    let other = world.pre_tool_use("jjjjjjjj-other", "Edit", "src/one.rs");
+    let reason = denial(&world.hook(&endpoints, &[], &bytes(&other)).await);
+    assert!(
+        reason.contains("is held by claude-code:iiiiiiii@"),
+        "{reason}"
+    );
 }
 
 #[tokio::test]

@@ -8,9 +8,11 @@
 //! repository's identity and its path in it, links resolved), as an exclusive lease of the
 //! Claude session's Baton session. That session is created by the first claim (holder
 //! `claude-code:<first 8 of session_id>@host` unless `--holder`/`BATON_HOLDER` names one) and
-//! renewed (`--ttl`, default 15m) by every later call; its id lives in a 0600 file under
+//! renewed (`--ttl`, default 15m) by the first call after a third of its TTL; its id, when it
+//! was last renewed and the fence of each file it was granted live in a 0600 file under
 //! `$XDG_STATE_HOME/baton/claude-code/` (`~/.local/state` when unset), one per Claude
-//! session. `Stop` (the end of the agent's turn) and `SessionEnd` end the Baton session,
+//! session. So most calls are one request, the acquire: a refusal by this session's own
+//! lease is told from another's by its fence. `Stop` (the end of the agent's turn) and `SessionEnd` end the Baton session,
 //! releasing every file (`--keep-claims`: only `SessionEnd`). Anything else: exit 0, no
 //! output. `baton hook claude-code release PATH` releases one file an agent of this user
 //! claimed.
@@ -25,7 +27,7 @@
 //! A hook keeps no memory but that file: when the Baton session was lost (it expired between
 //! two edits, or someone ended it), the next call creates a new one; the leases of the lost
 //! one are gone, and another agent may have edited those files meanwhile. A missing or corrupt
-//! file (anything but a session id) is replaced the same way.
+//! file (its first line anything but a session id) is replaced the same way.
 //!
 //! What must never live here: lease rules; the server decides, the hook only asks.
 
@@ -76,8 +78,8 @@ pub struct ClaudeCodeArgs {
     /// of its `origin` remote: the first part of every name it claims.
     #[arg(long, global = true)]
     pub repo: Option<String>,
-    /// TTL of the Claude session's Baton session; every hook call renews it. A bad value
-    /// denies every edit, saying so.
+    /// TTL of the Claude session's Baton session; the first hook call after a third of it
+    /// renews it. A bad value denies every edit, saying so.
     #[arg(long, default_value = "15m")]
     pub ttl: String,
     /// Allow the edit when Baton is unreachable (default: deny it, saying so). Never covers
@@ -257,7 +259,11 @@ fn naming(args: &ClaudeCodeArgs) -> FileNaming {
 }
 
 /// Claims `resource` for the Claude session's Baton session, creating that session when
-/// there is none (or it is gone), and renewing it.
+/// there is none (or it is gone), and renewing it once a third of its TTL has passed since the
+/// last renewal. Most calls are one request: the acquire. A refusal by a lease of this
+/// session's own holder name is this session's lease when its fence is the one this session
+/// was granted for the file (fences are never granted twice); only a file granted before the
+/// state file kept fences needs a look at the session.
 async fn claim(
     client: &Client,
     args: &ClaudeCodeArgs,
@@ -279,43 +285,87 @@ async fn claim(
         reason: Some("editing with Claude Code".to_owned()),
         wait_ms: None,
     };
-    if let Some(session_id) = state.read() {
-        let with_session = request(Some(session_id.clone()));
-        let (renewed, acquired) = tokio::join!(
-            client.keepalive(&session_id),
-            client.acquire_raw(&with_session)
+    let now_ms = wall_ms();
+    if let Some(mut kept) = state.read() {
+        let with_session = request(Some(kept.session_id.clone()));
+        let (renewed, acquired) = if kept.renewal_due(now_ms, ttl) {
+            let (renewed, acquired) = tokio::join!(
+                client.keepalive(&kept.session_id),
+                client.acquire_raw(&with_session)
+            );
+            (Some(renewed), acquired)
+        } else {
+            (None, client.acquire_raw(&with_session).await)
+        };
+        let gone = matches!(
+            renewed,
+            Some(Err(Error::Lost { .. } | Error::NotFound { .. }))
         );
-        let gone = matches!(renewed, Err(Error::Lost { .. } | Error::NotFound { .. }));
-        match acquired {
-            Ok(_) => return Decision::Allow,
+        if matches!(renewed, Some(Ok(_))) {
+            kept.renewed_at_ms = Some(now_ms);
+        }
+        let decision = match acquired {
+            Ok(answer) => {
+                kept.granted(resource, answer.value.fence);
+                Some(Decision::Allow)
+            }
             Err(Error::Held { held_by, message }) if !gone => {
-                if held_by.holder == client.holder() && holds(client, &session_id, resource).await {
-                    return Decision::Allow;
+                let ours = held_by.holder == client.holder()
+                    && (kept.fence_of(resource) == Some(held_by.fence)
+                        || holds(client, &kept.session_id, resource).await);
+                if ours {
+                    kept.granted(resource, held_by.fence);
+                    Some(Decision::Allow)
+                } else {
+                    Some(Decision::Deny(message))
                 }
-                return Decision::Deny(message);
             }
             // The session is gone: the acquire below makes a new one.
-            Err(Error::Lost { .. } | Error::NotFound { .. } | Error::Held { .. }) => {}
-            Err(error) => return refused(args, resource, &error),
+            Err(Error::Lost { .. } | Error::NotFound { .. } | Error::Held { .. }) => None,
+            Err(error) => Some(refused(args, resource, &error)),
+        };
+        if let Some(decision) = decision {
+            // What it keeps besides the session id only saves requests later: a state file
+            // that cannot be rewritten costs a renewal or a look at the session, not the edit.
+            if let Err(error) = state.write(&kept) {
+                note!(
+                    "baton hook: cannot update {} ({error}); the next call renews the session",
+                    state.path.display()
+                );
+            }
+            return decision;
         }
     }
     // No session yet, or it is gone: the acquire creates one in the same write.
     match client.acquire_raw(&request(None)).await {
-        Ok(answer) => match state.write(&answer.value.session_id) {
-            Ok(()) => Decision::Allow,
-            Err(error) => {
-                // A session nobody remembers would hold the file against its own agent.
-                let _ = client.end_session(&answer.value.session_id).await;
-                Decision::Deny(format!(
-                    "{resource} cannot be claimed: the hook cannot keep its session in {} \
-                     ({error}); make that directory writable or set XDG_STATE_HOME",
-                    state.path.display()
-                ))
+        Ok(answer) => {
+            let mut kept = Kept::new(answer.value.session_id.clone(), now_ms);
+            kept.granted(resource, answer.value.fence);
+            match state.write(&kept) {
+                Ok(()) => Decision::Allow,
+                Err(error) => {
+                    // A session nobody remembers would hold the file against its own agent.
+                    let _ = client.end_session(&answer.value.session_id).await;
+                    Decision::Deny(format!(
+                        "{resource} cannot be claimed: the hook cannot keep its session in {} \
+                         ({error}); make that directory writable or set XDG_STATE_HOME",
+                        state.path.display()
+                    ))
+                }
             }
-        },
+        }
         Err(Error::Held { message, .. }) => Decision::Deny(message),
         Err(error) => refused(args, resource, &error),
     }
+}
+
+/// Milliseconds since the Unix epoch by this machine's clock (0 before it).
+fn wall_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        })
 }
 
 /// True when `session_id` holds the lease on `resource` (a refused re-acquire of one's own
@@ -385,7 +435,7 @@ fn refused(args: &ClaudeCodeArgs, resource: &str, error: &Error) -> Decision {
 async fn end_claims(global: &Global, event: &HookEvent) {
     let state = StateFile::new(&event.session_id);
     let _serialized = state.lock();
-    let Some(session_id) = state.read() else {
+    let Some(Kept { session_id, .. }) = state.read() else {
         state.remove();
         return;
     };
@@ -506,11 +556,10 @@ impl StateFile {
         }
     }
 
-    /// The session id kept, or `None` when there is none or the file holds anything but a
+    /// What the file keeps, or `None` when there is none or its first line is anything but a
     /// session id (32 lowercase hex digits): a corrupt file is replaced by a new session.
-    fn read(&self) -> Option<SessionId> {
-        let text = std::fs::read_to_string(&self.path).ok()?;
-        session_id_of(&text)
+    fn read(&self) -> Option<Kept> {
+        Kept::parse(&std::fs::read_to_string(&self.path).ok()?)
     }
 
     /// The session ids kept for every Claude session of this user.
@@ -521,7 +570,8 @@ impl StateFile {
         entries
             .filter_map(Result::ok)
             .filter(|entry| entry.path().extension().is_none())
-            .filter_map(|entry| session_id_of(&std::fs::read_to_string(entry.path()).ok()?))
+            .filter_map(|entry| Kept::parse(&std::fs::read_to_string(entry.path()).ok()?))
+            .map(|kept| kept.session_id)
             .collect()
     }
 
@@ -553,8 +603,8 @@ impl StateFile {
             .create(self.directory())
     }
 
-    /// Replaces the file (0600, in a 0700 directory) with `session_id`.
-    fn write(&self, session_id: &SessionId) -> std::io::Result<()> {
+    /// Replaces the file (0600, in a 0700 directory) with `kept`.
+    fn write(&self, kept: &Kept) -> std::io::Result<()> {
         self.create_directory()?;
         let temporary = self
             .path
@@ -565,8 +615,7 @@ impl StateFile {
             .truncate(true)
             .mode(0o600)
             .open(&temporary)?;
-        file.write_all(session_id.as_str().as_bytes())?;
-        file.write_all(b"\n")?;
+        file.write_all(kept.to_string().as_bytes())?;
         drop(file);
         std::fs::rename(&temporary, &self.path)
     }
@@ -583,9 +632,96 @@ impl StateFile {
     }
 }
 
-/// The session id a state file's text holds, if it holds exactly one.
-fn session_id_of(text: &str) -> Option<SessionId> {
-    let id = text.trim();
+/// What a state file keeps of a Claude session's Baton session, one item a line: the session
+/// id, then `renewed MS` (when the hook last renewed it, by this machine's clock), then
+/// `granted FENCE RESOURCE` for each file it was granted, oldest first (the newest
+/// `KEPT_GRANTS_MAX`). A file of the session id alone (what earlier releases wrote) is read as
+/// due for renewal with no fence known; a line that does not parse is dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Kept {
+    session_id: SessionId,
+    renewed_at_ms: Option<u64>,
+    grants: Vec<(String, u64)>,
+}
+
+/// How many files' fences a state file keeps.
+const KEPT_GRANTS_MAX: usize = 1_000;
+
+impl Kept {
+    fn new(session_id: SessionId, renewed_at_ms: u64) -> Kept {
+        Kept {
+            session_id,
+            renewed_at_ms: Some(renewed_at_ms),
+            grants: Vec::new(),
+        }
+    }
+
+    fn parse(text: &str) -> Option<Kept> {
+        let mut lines = text.lines();
+        let mut kept = Kept {
+            session_id: session_id_of(lines.next()?)?,
+            renewed_at_ms: None,
+            grants: Vec::new(),
+        };
+        for line in lines {
+            if let Some(at) = line.strip_prefix("renewed ") {
+                kept.renewed_at_ms = at.parse().ok();
+            } else if let Some(grant) = line.strip_prefix("granted ") {
+                if let Some((fence, resource)) = grant.split_once(' ') {
+                    if let Ok(fence) = fence.parse() {
+                        kept.granted(resource, fence);
+                    }
+                }
+            }
+        }
+        Some(kept)
+    }
+
+    /// True once a third of `ttl` has passed since the last renewal (or the clock went back,
+    /// or none is known): the session has at least two thirds of its TTL left otherwise.
+    fn renewal_due(&self, now_ms: u64, ttl: Duration) -> bool {
+        let third = u64::try_from(ttl.as_millis() / 3).unwrap_or(u64::MAX);
+        self.renewed_at_ms
+            .is_none_or(|at| now_ms < at || now_ms - at >= third)
+    }
+
+    /// Records that this session was granted `resource` with `fence`.
+    fn granted(&mut self, resource: &str, fence: u64) {
+        if resource.contains(['\n', '\r']) {
+            return;
+        }
+        self.grants.retain(|(kept, _)| kept != resource);
+        self.grants.push((resource.to_owned(), fence));
+        if self.grants.len() > KEPT_GRANTS_MAX {
+            self.grants.remove(0);
+        }
+    }
+
+    /// The fence this session was granted `resource` with, if it is kept.
+    fn fence_of(&self, resource: &str) -> Option<u64> {
+        self.grants
+            .iter()
+            .find(|(kept, _)| kept == resource)
+            .map(|(_, fence)| *fence)
+    }
+}
+
+impl std::fmt::Display for Kept {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "{}", self.session_id.as_str())?;
+        if let Some(at) = self.renewed_at_ms {
+            writeln!(f, "renewed {at}")?;
+        }
+        for (resource, fence) in &self.grants {
+            writeln!(f, "granted {fence} {resource}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The session id a line holds, if it holds exactly one.
+fn session_id_of(line: &str) -> Option<SessionId> {
+    let id = line.trim();
     let well_formed = id.len() == 32
         && id
             .bytes()
@@ -609,6 +745,51 @@ mod tests {
         ] {
             assert_eq!(session_id_of(corrupt), None, "{corrupt:?}");
         }
+    }
+
+    #[test]
+    fn a_state_file_keeps_the_renewal_and_the_fences_and_reads_an_earlier_ones() {
+        let id = "0123456789abcdef0123456789abcdef";
+        let earlier = Kept::parse(&format!("{id}\n")).expect("a session id alone");
+        assert_eq!(earlier.renewed_at_ms, None);
+        assert!(earlier.renewal_due(5, Duration::from_secs(900)));
+        assert_eq!(earlier.fence_of("repo/src/a.rs"), None);
+
+        let mut kept = Kept::new(SessionId::new(id), 1_000);
+        kept.granted("repo/src/a.rs", 7);
+        kept.granted("repo/a file with spaces", 9);
+        kept.granted("repo/src/a.rs", 12);
+        kept.granted("not\nkept", 13);
+        let text = kept.to_string();
+        assert_eq!(
+            text,
+            format!(
+                "{id}\nrenewed 1000\ngranted 9 repo/a file with spaces\ngranted 12 repo/src/a.rs\n"
+            )
+        );
+        let read = Kept::parse(&text).expect("reads back");
+        assert_eq!(read, kept);
+        assert_eq!(read.fence_of("repo/src/a.rs"), Some(12));
+        assert_eq!(read.fence_of("repo/a file with spaces"), Some(9));
+
+        let ttl = Duration::from_secs(900);
+        assert!(!read.renewal_due(1_000 + 299_999, ttl));
+        assert!(read.renewal_due(1_000 + 300_000, ttl));
+        assert!(read.renewal_due(999, ttl), "the clock went back");
+
+        // Lines that do not parse are dropped; a first line that is no session id is no file.
+        let damaged =
+            Kept::parse(&format!("{id}\nrenewed soon\ngranted x y\ngranted 3\n")).unwrap();
+        assert_eq!((damaged.renewed_at_ms, damaged.grants.len()), (None, 0));
+        assert_eq!(Kept::parse(&format!("garbage\n{id}\n")), None);
+
+        let mut many = Kept::new(SessionId::new(id), 0);
+        for index in 0..KEPT_GRANTS_MAX + 5 {
+            many.granted(&format!("repo/{index}"), index as u64);
+        }
+        assert_eq!(many.grants.len(), KEPT_GRANTS_MAX);
+        assert_eq!(many.fence_of("repo/4"), None, "the oldest go first");
+        assert_eq!(many.fence_of("repo/5"), Some(5));
     }
 
     #[test]
