@@ -11,7 +11,7 @@ use baton_api::{
     Member as WireMember, BACKUP_CONTENT_TYPE, HEADER_CLUSTER_TIME,
 };
 use baton_raft_store::machine::{Namespace, Role};
-use baton_raft_store::store::{Member, TypeConfig};
+use baton_raft_store::store::{encode_machine_to, Member, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, RaftError};
 use openraft::ChangeMembers;
@@ -398,7 +398,7 @@ pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError>
     // so applies go on meanwhile.
     let (copy, header) = tokio::task::spawn_blocking(move || {
         let mut counted = ByteCount(0);
-        copy.machine.encode_snapshot_to(&mut counted)?;
+        encode_machine_to(&copy.machine, &mut counted)?;
         let machine = &copy.machine;
         let (sessions, leases) = machine.counts();
         let header = BackupHeader {
@@ -435,9 +435,7 @@ pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError>
         };
         let written = BackupWriter::new(&mut out, &header, header.state_bytes)
             .and_then(|mut file| {
-                copy.machine
-                    .encode_snapshot_to(&mut file)
-                    .map_err(std::io::Error::other)?;
+                encode_machine_to(&copy.machine, &mut file).map_err(std::io::Error::other)?;
                 file.finish()
             })
             .and_then(|out| out.send_chunk());

@@ -3,8 +3,9 @@
 //! version; a batch is a versioned enum. Decoding garbage, a truncated input or an unknown
 //! version is an error, never a panic, and decoding is bounded by a size limit.
 
+use bincode::de::read::Reader;
+use bincode::enc::write::Writer;
 use std::collections::BTreeMap;
-use std::io::{self, Read};
 
 use imbl::OrdMap;
 
@@ -46,10 +47,6 @@ pub enum CodecError {
     Decode(#[from] bincode::error::DecodeError),
     #[error("encoding failed: {0}")]
     Encode(#[from] bincode::error::EncodeError),
-    #[error("writing the encoding failed: {0}")]
-    Write(io::Error),
-    #[error("reading the encoding failed: {0}")]
-    Read(io::Error),
     #[error("{0} trailing bytes after the encoded value")]
     TrailingBytes(usize),
     #[error("the decoded snapshot is inconsistent: {0}")]
@@ -202,7 +199,7 @@ pub fn decode_value<T: serde::de::DeserializeOwned>(
 /// `decode_value` of the next `len` bytes of `input`, read as they are decoded: the same limit,
 /// and the value must take exactly `len` bytes. Reads nothing past them.
 pub fn decode_value_from<T: serde::de::DeserializeOwned>(
-    input: &mut impl Read,
+    input: &mut impl Reader,
     len: u64,
     bytes_max: usize,
 ) -> Result<T, CodecError> {
@@ -212,46 +209,58 @@ pub fn decode_value_from<T: serde::de::DeserializeOwned>(
         return Err(too_large());
     }
     let claim = size.max(64).saturating_mul(CLAIM_FACTOR);
-    let mut input = Counted {
-        input: input.take(len),
-        read: 0,
-    };
+    let mut input = Bounded { input, left: len };
     let value = decode_with_limit!(claim, |limited| {
-        bincode::serde::decode_from_std_read::<T, _, _>(&mut input, limited)
+        bincode::serde::decode_from_reader::<T, _, _>(&mut input, limited)
     });
-    if input.read != len {
+    if input.left != 0 {
         return Err(CodecError::TrailingBytes(
-            usize::try_from(len - input.read).unwrap_or(usize::MAX),
+            usize::try_from(input.left).unwrap_or(usize::MAX),
         ));
     }
     Ok(value)
 }
 
-/// A reader that counts the bytes read through it.
-struct Counted<R> {
-    input: R,
-    read: u64,
+/// A writer into a `Vec` (bincode's own is not public).
+struct Grown(Vec<u8>);
+
+impl Writer for Grown {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
 }
 
-impl<R: Read> Read for Counted<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let read = self.input.read(buf)?;
-        self.read += read as u64;
-        Ok(read)
+/// A reader of at most `left` more bytes of `input`.
+struct Bounded<R> {
+    input: R,
+    left: u64,
+}
+
+impl<R: Reader> Reader for Bounded<R> {
+    fn read(&mut self, bytes: &mut [u8]) -> Result<(), bincode::error::DecodeError> {
+        let wanted = bytes.len() as u64;
+        if wanted > self.left {
+            return Err(bincode::error::DecodeError::UnexpectedEnd {
+                additional: usize::try_from(wanted - self.left).unwrap_or(usize::MAX),
+            });
+        }
+        self.input.read(bytes)?;
+        self.left -= wanted;
+        Ok(())
     }
 }
 
 impl Machine {
     /// The whole state as bytes. Two machines with equal state encode to equal bytes.
     pub fn encode_snapshot(&self) -> Result<Vec<u8>, CodecError> {
-        let mut bytes = Vec::with_capacity(64);
+        let mut bytes = Grown(Vec::with_capacity(64));
         self.encode_snapshot_to(&mut bytes)?;
-        Ok(bytes)
+        Ok(bytes.0)
     }
 
-    /// Writes `encode_snapshot`'s bytes to `out` as they are encoded, never holding them whole
-    /// (wrap a file in a `BufWriter`).
-    pub fn encode_snapshot_to(&self, out: &mut impl io::Write) -> Result<(), CodecError> {
+    /// Writes `encode_snapshot`'s bytes to `out` as they are encoded, never holding them whole.
+    pub fn encode_snapshot_to(&self, mut out: impl Writer) -> Result<(), CodecError> {
         let body = SnapshotRef {
             limits: &self.limits,
             time_ms: self.time_ms,
@@ -261,24 +270,24 @@ impl Machine {
             events: &self.events,
             auth: &self.auth,
         };
-        out.write_all(SNAPSHOT_MAGIC).map_err(CodecError::Write)?;
-        out.write_all(&SNAPSHOT_VERSION.to_le_bytes())
-            .map_err(CodecError::Write)?;
-        bincode::serde::encode_into_std_write(&body, out, config())?;
+        out.write(SNAPSHOT_MAGIC)?;
+        out.write(&SNAPSHOT_VERSION.to_le_bytes())?;
+        bincode::serde::encode_into_writer(&body, out, config())?;
         Ok(())
     }
 
     /// Rebuilds a machine from `encode_snapshot` bytes, with its indexes, and checks it.
     pub fn decode_snapshot(bytes: &[u8]) -> Result<Machine, CodecError> {
-        Machine::decode_snapshot_from(bytes, bytes.len() as u64)
+        let input = bincode::de::read::SliceReader::new(bytes);
+        Machine::decode_snapshot_from(input, bytes.len() as u64)
     }
 
-    /// `decode_snapshot` of the `len` bytes `input` holds, read as they are decoded (wrap a
-    /// file in a `BufReader`), never held whole. Fewer bytes than `len`, or more, is an error.
-    pub fn decode_snapshot_from(mut input: impl Read, len: u64) -> Result<Machine, CodecError> {
+    /// `decode_snapshot` of the `len` bytes `input` holds, read as they are decoded, never
+    /// held whole. Fewer bytes than `len`, or more, is an error.
+    pub fn decode_snapshot_from(mut input: impl Reader, len: u64) -> Result<Machine, CodecError> {
         let mut header = [0; SNAPSHOT_HEADER_BYTES];
         if len < SNAPSHOT_HEADER_BYTES as u64
-            || input.read_exact(&mut header).is_err()
+            || input.read(&mut header).is_err()
             || &header[..4] != SNAPSHOT_MAGIC
         {
             return Err(CodecError::BadMagic);
@@ -347,7 +356,7 @@ impl Machine {
             }
             _ => return Err(CodecError::UnsupportedVersion(version)),
         };
-        if input.read(&mut [0]).map_err(CodecError::Read)? != 0 {
+        if input.read(&mut [0]).is_ok() {
             return Err(CodecError::TrailingBytes(1));
         }
         body.events.rebuild_index();

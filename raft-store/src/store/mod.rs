@@ -50,7 +50,9 @@ use self::files::Files;
 pub use self::files::{Disk, DiskReader, RealDisk};
 pub use self::log::LogStore;
 use self::snapshot_file::SnapshotWritten;
-pub use self::snapshot_file::{ReceivingSnapshot, SnapshotData, SnapshotInbox};
+pub use self::snapshot_file::{
+    decode_machine_from, encode_machine_to, ReceivingSnapshot, SnapshotData, SnapshotInbox,
+};
 pub use self::state_machine::{AppliedCopy, MachineHandle, SnapshotBuilder, StateMachineStore};
 
 openraft::declare_raft_types!(

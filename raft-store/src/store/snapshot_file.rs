@@ -16,7 +16,28 @@ use std::sync::Arc;
 
 use super::files::{Files, Sealing, TMP_SUFFIX};
 use super::{decode, encode, Database, SnapshotMeta, StoreError, SNAPSHOT_FILE};
-use crate::machine::Machine;
+use crate::machine::{CodecError, Machine};
+
+/// Writes `machine`'s snapshot bytes (`Machine::encode_snapshot`) to `out` as they are encoded.
+pub fn encode_machine_to(machine: &Machine, out: &mut impl Write) -> Result<(), CodecError> {
+    machine.encode_snapshot_to(ToWrite(out))
+}
+
+/// bincode's writer over an `io::Write` (bincode's own is not public).
+struct ToWrite<'a, W>(&'a mut W);
+
+impl<W: Write> bincode::enc::write::Writer for ToWrite<'_, W> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.0
+            .write_all(bytes)
+            .map_err(|inner| bincode::error::EncodeError::Io { inner, index: 0 })
+    }
+}
+
+/// Decodes a machine from the `len` snapshot bytes `input` holds, read as they are decoded.
+pub fn decode_machine_from(input: impl Read, len: u64) -> Result<Machine, CodecError> {
+    Machine::decode_snapshot_from(BufReader::new(input), len)
+}
 
 /// The longest header (counter and meta) read back: far above a real one, whose membership
 /// names a few members, so a damaged length is refused rather than believed.
@@ -242,7 +263,7 @@ pub(super) fn persist_built(
     }
     let counter = written.counter.saturating_add(1);
     replace(&database.files, counter, meta, |out| {
-        Ok(machine.encode_snapshot_to(out)?)
+        Ok(encode_machine_to(machine, out)?)
     })?;
     *written = SnapshotWritten {
         counter,
@@ -266,8 +287,7 @@ pub(super) fn persist_received(
         .map_err(|_| StoreError::Poisoned)?;
     let len = data.len();
     let machine = replace(&database.files, written.counter, meta, |out| {
-        let copied = BufReader::new(Tee { input: data, out });
-        Ok(Machine::decode_snapshot_from(copied, len)?)
+        Ok(decode_machine_from(Tee { input: data, out }, len)?)
     })?;
     written.last_log_id = meta.last_log_id;
     Ok(machine)

@@ -149,7 +149,7 @@ impl StateMachineStore {
                 };
                 let len = data.len();
                 AppliedState {
-                    machine: Machine::decode_snapshot_from(data, len)?,
+                    machine: snapshot_file::decode_machine_from(data, len)?,
                     last_applied: meta.last_log_id,
                     last_membership: meta.last_membership,
                     consecutive: true,
