@@ -950,21 +950,24 @@ pub fn find_batond(flag: Option<&Path>) -> anyhow::Result<PathBuf> {
 }
 
 /// The binary `name`: `flag` (`--NAME PATH`), else `$env`, else next to this binary, else on
-/// `PATH`; `build` says how to make it when there is none.
+/// `PATH`; `build` says how to make it when there is none. Always an absolute path: the harness
+/// starts processes in directories of their own.
 pub fn find_binary(
     name: &str,
     flag: Option<&Path>,
     env: &str,
     build: &str,
 ) -> anyhow::Result<PathBuf> {
+    let absolute =
+        |path: &Path| std::path::absolute(path).with_context(|| format!("{}", path.display()));
     if let Some(path) = flag {
         if path.is_file() {
-            return Ok(path.to_path_buf());
+            return absolute(path);
         }
         bail!("--{name} {} is not a file", path.display());
     }
     if let Some(path) = std::env::var_os(env) {
-        return Ok(PathBuf::from(path));
+        return absolute(Path::new(&path));
     }
     if let Some(sibling) = std::env::current_exe()
         .ok()
@@ -991,6 +994,16 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Found with `bench --workload hooks --baton target/release/baton`: every hook failed,
+    /// since each agent spawns it from a working directory of its own.
+    #[test]
+    fn a_binary_named_by_a_relative_path_is_found_from_any_directory() {
+        let found =
+            find_binary("x", Some(Path::new("Cargo.toml")), "X_BIN", "build it").expect("a file");
+        assert!(found.is_absolute(), "{}", found.display());
+        assert!(found.ends_with("jepsen/Cargo.toml"), "{}", found.display());
+    }
 
     #[test]
     fn a_node_failure_says_whose_fault_it_is_and_quotes_the_log() {
