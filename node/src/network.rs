@@ -147,7 +147,7 @@ pub const PEER_MESSAGE_BYTES_MAX: usize = 64 << 20;
 pub const SNAPSHOT_CHUNK_BYTES_MAX: usize = 16 << 20;
 
 /// The largest snapshot a node gathers from its chunks: a bound on the disk one transfer takes
-/// (a million leases encode to about 130 MB; the snapshot file holds at most 4 GiB).
+/// (a million leases encode to about 45 MB; the snapshot file holds at most 4 GiB).
 pub const SNAPSHOT_BYTES_MAX: u64 = 2 << 30;
 
 /// How long opening a TCP connection to a peer may take before the peer counts as unreachable.
