@@ -736,6 +736,11 @@ async fn a_received_snapshot_is_gathered_in_a_file_installed_from_it_and_removed
         .read(|machine, _| machine.encode_snapshot().unwrap())
         .unwrap();
     assert_eq!(installed, bytes);
+    let counted = state_machine
+        .handle()
+        .read(|machine, _| store::encoded_len(machine).unwrap())
+        .unwrap();
+    assert_eq!(counted, bytes.len() as u64, "the count a backup announces");
     let current = state_machine.get_current_snapshot().await.unwrap().unwrap();
     assert_eq!(current.meta, meta);
     assert_eq!(current.snapshot.into_bytes().unwrap(), bytes);

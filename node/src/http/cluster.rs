@@ -11,7 +11,7 @@ use baton_api::{
     Member as WireMember, BACKUP_CONTENT_TYPE, HEADER_CLUSTER_TIME,
 };
 use baton_raft_store::machine::{Namespace, Role};
-use baton_raft_store::store::{encode_machine_to, Member, TypeConfig};
+use baton_raft_store::store::{encode_machine_to, encoded_len, Member, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::{ClientWriteError, RaftError};
 use openraft::ChangeMembers;
@@ -397,8 +397,7 @@ pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError>
     // off the async workers, and off the state's lock (the copy is the state at its log index),
     // so applies go on meanwhile.
     let (copy, header) = tokio::task::spawn_blocking(move || {
-        let mut counted = ByteCount(0);
-        encode_machine_to(&copy.machine, &mut counted)?;
+        let state_bytes = encoded_len(&copy.machine)?;
         let machine = &copy.machine;
         let (sessions, leases) = machine.counts();
         let header = BackupHeader {
@@ -416,7 +415,7 @@ pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError>
             saved_at: baton_api::rfc3339(saved_at_ms),
             sessions: sessions as u64,
             leases: leases as u64,
-            state_bytes: counted.0,
+            state_bytes,
         };
         Ok::<_, baton_raft_store::machine::CodecError>((copy, header))
     })
@@ -470,20 +469,6 @@ pub async fn snapshot(State(app): State<AppState>) -> Result<Response, ApiError>
 const BACKUP_CHUNK_BYTES: usize = 256 << 10;
 /// ...with at most this many encoded ahead of the client: what one backup holds in memory.
 const BACKUP_CHUNKS_IN_FLIGHT: usize = 4;
-
-/// Counts the bytes written to it.
-struct ByteCount(u64);
-
-impl std::io::Write for ByteCount {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0 += bytes.len() as u64;
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Gathers what is written to it into chunks and sends each, full, to the response body,
 /// waiting while the client is `BACKUP_CHUNKS_IN_FLIGHT` chunks behind. A client gone is an

@@ -51,7 +51,8 @@ pub use self::files::{Disk, DiskReader, RealDisk};
 pub use self::log::LogStore;
 use self::snapshot_file::SnapshotWritten;
 pub use self::snapshot_file::{
-    decode_machine_from, encode_machine_to, ReceivingSnapshot, SnapshotData, SnapshotInbox,
+    decode_machine_from, encode_machine_to, encoded_len, ReceivingSnapshot, SnapshotData,
+    SnapshotInbox,
 };
 pub use self::state_machine::{AppliedCopy, MachineHandle, SnapshotBuilder, StateMachineStore};
 

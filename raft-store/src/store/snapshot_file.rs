@@ -23,6 +23,14 @@ pub fn encode_machine_to(machine: &Machine, out: &mut impl Write) -> Result<(), 
     machine.encode_snapshot_to(ToWrite(out))
 }
 
+/// How many bytes `Machine::encode_snapshot` gives for `machine`, counted by encoding it
+/// without keeping a byte.
+pub fn encoded_len(machine: &Machine) -> Result<u64, CodecError> {
+    let mut counted = bincode::enc::write::SizeWriter::default();
+    machine.encode_snapshot_to(&mut counted)?;
+    Ok(counted.bytes_written as u64)
+}
+
 /// bincode's writer over an `io::Write` (bincode's own is not public).
 struct ToWrite<'a, W>(&'a mut W);
 
