@@ -8,9 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton_raft_store::store::{self, ClusterId, Raft};
+use baton_raft_store::store::{self, ClusterId, Raft, RaftTiming};
 use openraft::async_runtime::WatchReceiver;
-use openraft::SnapshotPolicy;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
@@ -51,37 +50,15 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let (log_store, state_machine) = store::open(&config.data_dir)
         .with_context(|| format!("opening the store in {}", config.data_dir.display()))?;
     let machine = state_machine.handle();
-    let raft_config = openraft::Config {
-        cluster_name: "baton".to_owned(),
-        heartbeat_interval: tuning.heartbeat_ms,
-        election_timeout_min: tuning.election_timeout_ms,
-        // openraft also takes the maximum as the leader's lease: a follower that stops hearing
-        // the leader waits out the lease and then a random timeout between the two. At 1.5x
-        // (not 2x) a dead leader is replaced after 0.375-0.45 s of silence with the defaults,
-        // not 0.45-0.6 s, and the random spread (75 ms) still dwarfs a vote's round trip.
-        election_timeout_max: tuning.election_timeout_ms + tuning.election_timeout_ms / 2,
-        snapshot_policy: SnapshotPolicy::LogsSinceLast(snapshot_interval(
-            config.id,
-            tuning.snapshot_log_entries,
-        )),
-        max_in_snapshot_log_to_keep: tuning.snapshot_log_entries.min(1_000),
-        // Each chunk of a snapshot gets this long (network.rs sends one message a chunk).
-        install_snapshot_timeout: 10_000,
-        snapshot_max_chunk_size: crate::network::SNAPSHOT_CHUNK_BYTES_MAX as u64,
-        // A member coming back from a partition, or one removed that keeps running, asks first
-        // whether it could win, and disturbs no healthy leader (docs/guarantees.md).
-        enable_pre_vote: Some(true),
-        // The log store writes an append and returns, flushing it on a thread of its own: so
-        // the followers get the entries while the leader flushes them (docs/performance.md).
-        broadcast_submitted_on_append: Some(true),
-        // So a leader's followers may hold, synced, entries the leader had not synced when its
-        // power went: a leader restored in its old term after such a cut would write other
-        // entries at those indexes, and the replicas would part. A restarted leader stands for
-        // election like any node instead; one whose log lacks committed entries cannot win.
-        enable_leader_restore: Some(false),
-        ..Default::default()
-    }
-    .validate()
+    let raft_config = store::raft_config(
+        config.id,
+        &RaftTiming {
+            heartbeat_ms: tuning.heartbeat_ms,
+            election_timeout_ms: tuning.election_timeout_ms,
+            snapshot_log_entries: tuning.snapshot_log_entries,
+            snapshot_chunk_bytes: crate::network::SNAPSHOT_CHUNK_BYTES_MAX as u64,
+        },
+    )
     .context("raft configuration")?;
     let identity = Identity::of(config.id, state_machine.cluster_file())?;
     let snapshot_inbox = state_machine.snapshot_inbox();
@@ -242,15 +219,6 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     outcome
 }
 
-/// Entries between this node's snapshots: `--snapshot-log-entries`, stretched by up to a
-/// quarter by node id, so that the nodes of a cluster do not all build and persist a
-/// snapshot at the same entry. When they did, every node's appends stalled at once behind the
-/// snapshot's write and flush, and the cluster's writes waited (tail latency of 10,000
-/// renewing sessions, and at a million leases an election).
-fn snapshot_interval(node_id: u64, snapshot_log_entries: u64) -> u64 {
-    snapshot_log_entries + snapshot_log_entries * (node_id % 4) / 12
-}
-
 /// A leader about to stop hands leadership to its most up-to-date voter and waits, at most
 /// `within`, until that one leads: the cluster's writes then pause for the hand-over, not for
 /// an election timeout. Anything else stops at once; a hand-over that does not complete in time
@@ -309,20 +277,5 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = interrupt => {}
         _ = terminate.recv() => {}
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::snapshot_interval;
-
-    #[test]
-    fn the_nodes_of_a_cluster_snapshot_at_different_entries() {
-        let intervals: Vec<u64> = (1..=3).map(|id| snapshot_interval(id, 10_000)).collect();
-        assert_eq!(intervals, [10_833, 11_666, 12_500]);
-        for id in 1..=100 {
-            let interval = snapshot_interval(id, 20);
-            assert!((20..=25).contains(&interval), "node {id}: {interval}");
-        }
     }
 }

@@ -21,8 +21,8 @@ use openraft::{OptionalSend, RaftLogReader};
 
 use super::segments::{index_span, Flush, SegmentLog};
 use super::{
-    decode, encode, io_error, run_blocking, Database, Entry, LogId, StorageResult, StoreError,
-    TypeConfig, Vote, COMMITTED_FILE, PURGED_FILE, VOTE_FILE,
+    decode, encode, io_error, Database, Entry, Io, LogId, StorageResult, StoreError, TypeConfig,
+    Vote, COMMITTED_FILE, PURGED_FILE, VOTE_FILE,
 };
 
 /// A segment file that has reached this size gets no more entries. A purge removes whole
@@ -209,7 +209,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote) -> StorageResult<()> {
         let files = self.database.files.clone();
         let vote = *vote;
-        run_blocking(move || files.replace(VOTE_FILE, &vote))
+        self.database
+            .run_blocking(move || files.replace(VOTE_FILE, &vote))
             .await
             .map_err(io_error)?;
         // The harness's `votes` checker reads these lines: one node never votes for two
@@ -289,7 +290,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let from = last_log_id.map_or(0, |log_id| log_id.index + 1);
         self.recent().map_err(io_error)?.truncate(from);
         let segments = self.segments.clone();
-        run_blocking(move || segments.truncate(from))
+        self.database
+            .run_blocking(move || segments.truncate(from))
             .await
             .map_err(io_error)
     }
@@ -307,7 +309,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 return Ok(());
             }
             let files = self.database.files.clone();
-            run_blocking(move || files.replace(PURGED_FILE, &log_id)).await?;
+            self.database
+                .run_blocking(move || files.replace(PURGED_FILE, &log_id))
+                .await?;
             let Some(durable) = self.database.durable_snapshot()? else {
                 return Ok(());
             };
@@ -316,7 +320,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // follower to call an election in the memory bench).
             let segments = self.segments.clone();
             let upto = durable.index.min(log_id.index);
-            run_blocking(move || segments.remove_through(upto)).await
+            self.database
+                .run_blocking(move || segments.remove_through(upto))
+                .await
         };
         result.await.map_err(io_error)
     }
@@ -331,8 +337,8 @@ impl LogStore {
     pub(super) fn open(database: Database, dir: &Path) -> Result<LogStore, StoreError> {
         let segments = Arc::new(SegmentLog::open(dir, SEGMENT_BYTES_TARGET)?);
         let store = LogStore {
+            flusher: Arc::new(Flusher::start(segments.clone(), database.io)?),
             database,
-            flusher: Arc::new(Flusher::spawn(segments.clone())?),
             segments,
             recent: Arc::default(),
         };
@@ -466,67 +472,101 @@ impl LogStore {
     }
 }
 
-/// A queue of appends' flushes, and the thread that completes them in order, answers their
-/// callbacks, and then writes zeros ahead of the log. After a failed flush it answers every
-/// later callback with the error (the node is stopping). Dropping the last handle waits for the
-/// thread, so nothing of a closed store is still written when the dir is opened again.
+/// Completes each append's flush in order, answers its callback, and then writes zeros ahead
+/// of the log. After a failed flush it answers every later callback with the error (the node
+/// is stopping).
+///
+/// With `Io::Threads` a thread of its own does it, fed by a queue; dropping the last handle
+/// waits for the thread, so nothing of a closed store is still written when the dir is opened
+/// again. With `Io::Inline` the append does it before it returns.
 #[derive(Debug)]
-struct Flusher {
-    queue: Option<std::sync::mpsc::Sender<(Flush, IOFlushed<TypeConfig>)>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+enum Flusher {
+    Thread {
+        queue: Option<std::sync::mpsc::Sender<(Flush, IOFlushed<TypeConfig>)>>,
+        thread: Option<std::thread::JoinHandle<()>>,
+    },
+    Inline {
+        segments: Arc<SegmentLog>,
+        failed: Mutex<Option<String>>,
+    },
 }
 
 impl Flusher {
-    fn spawn(segments: Arc<SegmentLog>) -> Result<Flusher, StoreError> {
+    fn start(segments: Arc<SegmentLog>, io: Io) -> Result<Flusher, StoreError> {
+        if io == Io::Inline {
+            return Ok(Flusher::Inline {
+                segments,
+                failed: Mutex::new(None),
+            });
+        }
         let (queue, pending) = std::sync::mpsc::channel::<(Flush, IOFlushed<TypeConfig>)>();
         let thread = std::thread::Builder::new()
             .name("baton-log-flush".to_owned())
             .spawn(move || {
                 let mut failed: Option<String> = None;
                 for (flush, callback) in pending {
-                    let flushed = match &failed {
-                        Some(error) => Err(error.clone()),
-                        None => flush.complete().map_err(|error| error.to_string()),
-                    };
-                    match flushed {
-                        Ok(()) => {
-                            callback.io_completed(Ok(()));
-                            // Only a saving: an append past the zeros grows the file instead,
-                            // and a disk that refuses writes fails the next append, which
-                            // stops the node.
-                            if let Err(error) = segments.preallocate() {
-                                tracing::warn!(%error, "writing zeros ahead of the log failed");
-                            }
-                        }
-                        Err(error) => {
-                            failed = Some(error.clone());
-                            callback.io_completed(Err(io::Error::other(error)));
-                        }
-                    }
+                    complete(flush, callback, &segments, &mut failed);
                 }
             })
             .map_err(|error| {
                 StoreError::Io(format!("starting the log's flusher thread: {error}"))
             })?;
-        Ok(Flusher {
+        Ok(Flusher::Thread {
             queue: Some(queue),
             thread: Some(thread),
         })
     }
 
     fn send(&self, flush: Flush, callback: IOFlushed<TypeConfig>) -> Result<(), StoreError> {
-        self.queue
-            .as_ref()
-            .and_then(|queue| queue.send((flush, callback)).ok())
-            .ok_or_else(|| StoreError::Io("the log's flusher thread is gone".to_owned()))
+        match self {
+            Flusher::Thread { queue, .. } => queue
+                .as_ref()
+                .and_then(|queue| queue.send((flush, callback)).ok())
+                .ok_or_else(|| StoreError::Io("the log's flusher thread is gone".to_owned())),
+            Flusher::Inline { segments, failed } => {
+                let mut failed = failed.lock().map_err(|_| StoreError::Poisoned)?;
+                complete(flush, callback, segments, &mut failed);
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Completes `flush` (unless an earlier one `failed`), answers `callback`, and writes zeros
+/// ahead of the log.
+fn complete(
+    flush: Flush,
+    callback: IOFlushed<TypeConfig>,
+    segments: &SegmentLog,
+    failed: &mut Option<String>,
+) {
+    let flushed = match failed {
+        Some(error) => Err(error.clone()),
+        None => flush.complete().map_err(|error| error.to_string()),
+    };
+    match flushed {
+        Ok(()) => {
+            callback.io_completed(Ok(()));
+            // Only a saving: an append past the zeros grows the file instead, and a disk that
+            // refuses writes fails the next append, which stops the node.
+            if let Err(error) = segments.preallocate() {
+                tracing::warn!(%error, "writing zeros ahead of the log failed");
+            }
+        }
+        Err(error) => {
+            *failed = Some(error.clone());
+            callback.io_completed(Err(io::Error::other(error)));
+        }
     }
 }
 
 impl Drop for Flusher {
     fn drop(&mut self) {
-        drop(self.queue.take());
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
+        if let Flusher::Thread { queue, thread } = self {
+            drop(queue.take());
+            if let Some(thread) = thread.take() {
+                let _ = thread.join();
+            }
         }
     }
 }

@@ -29,6 +29,8 @@ mod legacy;
 mod log;
 #[cfg(test)]
 mod power_tests;
+mod raft_config;
+mod runtime;
 mod segments;
 mod snapshot_file;
 mod state_machine;
@@ -49,6 +51,8 @@ pub use self::change_watch::{ChangeWatch, Watching};
 use self::files::Files;
 pub use self::files::{Disk, DiskReader, RealDisk};
 pub use self::log::LogStore;
+pub use self::raft_config::{raft_config, RaftTiming};
+pub use self::runtime::{seed_thread, Runtime};
 use self::snapshot_file::SnapshotWritten;
 pub use self::snapshot_file::{
     decode_machine_from, encode_machine_to, encoded_len, ReceivingSnapshot, SnapshotData,
@@ -59,12 +63,14 @@ pub use self::state_machine::{AppliedCopy, MachineHandle, SnapshotBuilder, State
 openraft::declare_raft_types!(
     /// The openraft type configuration of a Baton cluster: log entries carry `Batch`es, apply
     /// answers `Applied`, members are numbered by `--id` and reached at a `Member`'s addresses.
-    /// The rest are openraft's defaults (leader ids of term and node, tokio).
+    /// The rest are openraft's defaults (leader ids of term and node), and tokio through
+    /// `Runtime`, whose randomness a simulation seeds.
     pub TypeConfig:
         D = Batch,
         R = Applied,
         NodeId = u64,
         Node = Member,
+        AsyncRuntime = Runtime,
 );
 
 /// A Baton node's Raft handle.
@@ -156,11 +162,33 @@ pub enum StoreError {
 /// `open` drops a recorded purge point past that snapshot and removes the entries the durable
 /// snapshot covers, so the log starts right after the purge point with no hole.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_on(dir, Arc::new(RealDisk))
+    open_with(dir, Io::Threads)
 }
 
-/// `open`, with the small files on `disk` (the log's segments are always real files).
-fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineStore), StoreError> {
+/// `open`, with the store's blocking work done as `io` says.
+pub fn open_with(dir: &Path, io: Io) -> Result<(LogStore, StateMachineStore), StoreError> {
+    open_on(dir, Arc::new(RealDisk), io)
+}
+
+/// Where the store does its blocking work: file writes and syncs, and encoding and decoding
+/// snapshots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Io {
+    /// On tokio's blocking pool, and each append's `fdatasync` on a flusher thread of the
+    /// log's own: what `batond` does, so that no async worker waits for the disk.
+    Threads,
+    /// On the task that asks, before it returns. The simulator runs a whole cluster on one
+    /// thread under tokio's paused clock; work finished on another thread would come back at a
+    /// moment no seed decides.
+    Inline,
+}
+
+/// `open_with`, with the small files on `disk` (the log's segments are always real files).
+fn open_on(
+    dir: &Path,
+    disk: Arc<dyn Disk>,
+    io: Io,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
     if !dir.exists() {
         fs::create_dir_all(dir)
             .and_then(|()| match dir.parent() {
@@ -193,6 +221,7 @@ fn open_on(dir: &Path, disk: Arc<dyn Disk>) -> Result<(LogStore, StateMachineSto
         files,
         snapshot_write: Arc::default(),
         lock: Arc::new(lock),
+        io,
     };
     // The state machine first: it finds the durable snapshot, which bounds what the log may
     // have purged.
@@ -413,6 +442,7 @@ struct Database {
     snapshot_write: Arc<Mutex<SnapshotWritten>>,
     /// Held while either half of the store lives (and by a `Replayed`).
     lock: Arc<DirLock>,
+    io: Io,
 }
 
 impl Database {
@@ -425,17 +455,20 @@ impl Database {
             .map_err(|_| StoreError::Poisoned)?
             .last_log_id)
     }
-}
 
-/// Runs blocking store work (fsync, large files) on tokio's blocking pool.
-async fn run_blocking<T, F>(work: F) -> Result<T, StoreError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, StoreError> + Send + 'static,
-{
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|join_error| StoreError::Blocking(join_error.to_string()))?
+    /// Runs blocking store work (fsync, large files) where `io` says.
+    async fn run_blocking<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce() -> Result<T, StoreError> + Send + 'static,
+    {
+        match self.io {
+            Io::Threads => tokio::task::spawn_blocking(work)
+                .await
+                .map_err(|join_error| StoreError::Blocking(join_error.to_string()))?,
+            Io::Inline => work(),
+        }
+    }
 }
 
 fn encode<T: Serialize>(value: &T, what: &str) -> Result<Vec<u8>, StoreError> {

@@ -12,7 +12,7 @@ use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
 use super::files::sim::SimDisk;
-use super::{open_on, Entry, LogId, Vote};
+use super::{open_on, Entry, Io, LogId, Vote};
 
 /// What the store acknowledged before the cut.
 #[derive(Debug, Default, Clone, Copy)]
@@ -52,7 +52,7 @@ impl Random {
 /// Votes, appends, commits, snapshots and purges, in rounds; records each acknowledgement.
 /// Stops at the first error (the cut).
 async fn workload(dir: &std::path::Path, disk: &Arc<SimDisk>, acked: &mut Acknowledged) {
-    let Ok((mut log, mut machine)) = open_on(dir, disk.clone()) else {
+    let Ok((mut log, mut machine)) = open_on(dir, disk.clone(), Io::Threads) else {
         return;
     };
     let mut index = 0;
@@ -121,7 +121,7 @@ async fn power_cut_at_every_step_keeps_every_acknowledged_write() {
                 _ => coins.coin(),
             });
             let context = format!("cut after {cut_at} of {steps} steps, {keep} unsynced kept (seed {seed}), acknowledged {acked:?}");
-            let (mut log, mut machine) = open_on(dir.path(), disk.clone())
+            let (mut log, mut machine) = open_on(dir.path(), disk.clone(), Io::Threads)
                 .unwrap_or_else(|error| panic!("does not reopen: {error}; {context}"));
             let vote = log.read_vote().await.unwrap();
             assert!(

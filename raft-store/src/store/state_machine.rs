@@ -20,9 +20,9 @@ use openraft::{EntryPayload, OptionalSend, RaftSnapshotBuilder};
 
 use super::snapshot_file::{self, SnapshotFile, SnapshotInbox, SnapshotWritten};
 use super::{
-    io_error, run_blocking, Applied, AppliedState, ChangeWatch, Database, DirLock, Entry, LogId,
-    SharedState, Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoreError, StoredMembership,
-    TypeConfig, Watching,
+    io_error, Applied, AppliedState, ChangeWatch, Database, DirLock, Entry, LogId, SharedState,
+    Snapshot, SnapshotData, SnapshotMeta, StorageResult, StoreError, StoredMembership, TypeConfig,
+    Watching,
 };
 use crate::machine::{Command, Machine, Name, Namespace, ResourcePath};
 
@@ -295,7 +295,9 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
     /// The last persisted snapshot (built here or installed), streamed from disk.
     async fn get_current_snapshot(&mut self) -> StorageResult<Option<Snapshot>> {
         let database = self.database.clone();
-        let persisted = run_blocking(move || snapshot_file::open(&database.files))
+        let persisted = self
+            .database
+            .run_blocking(move || snapshot_file::open(&database.files))
             .await
             .map_err(io_error)?;
         Ok(persisted.map(|file| Snapshot {
@@ -310,11 +312,13 @@ impl StateMachineStore {
         // Decoding a large snapshot is seconds of CPU: off the async workers, like building one.
         let database = self.database.clone();
         let persisted_meta = meta.clone();
-        let machine = run_blocking(move || {
-            snapshot_file::persist_received(&database, &persisted_meta, snapshot)
-        })
-        .await
-        .map_err(io_error)?;
+        let machine = self
+            .database
+            .run_blocking(move || {
+                snapshot_file::persist_received(&database, &persisted_meta, snapshot)
+            })
+            .await
+            .map_err(io_error)?;
         tracing::info!(snapshot = %meta, "snapshot installed");
         let mut state = self.state.write().map_err(|_| poisoned())?;
         *state = AppliedState {
@@ -340,32 +344,34 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
 
     async fn build_snapshot(&mut self) -> StorageResult<Snapshot> {
         let (handle, database) = (self.handle.clone(), self.database.clone());
-        let snapshot = run_blocking(move || {
-            let copy = handle.copy()?;
-            tracing::info!(last_applied = ?copy.last_applied, "building a snapshot of a copy");
-            let meta = SnapshotMeta {
-                last_log_id: copy.last_applied,
-                last_membership: copy.last_membership,
-            };
-            let written = snapshot_file::persist_built(&database, &meta, &copy.machine)?;
-            let read_back = if written {
-                snapshot_file::open(&database.files)?.filter(|file| file.meta == meta)
-            } else {
-                None
-            };
-            let data = match read_back {
-                Some(file) => file.data,
-                // Superseded (or superseded since): openraft reads only a built snapshot's
-                // meta, and the bytes are for the rare caller that reads them.
-                None => SnapshotData::from_bytes(copy.machine.encode_snapshot()?),
-            };
-            Ok(Snapshot {
-                meta,
-                snapshot: data,
+        let snapshot = self
+            .database
+            .run_blocking(move || {
+                let copy = handle.copy()?;
+                tracing::info!(last_applied = ?copy.last_applied, "building a snapshot of a copy");
+                let meta = SnapshotMeta {
+                    last_log_id: copy.last_applied,
+                    last_membership: copy.last_membership,
+                };
+                let written = snapshot_file::persist_built(&database, &meta, &copy.machine)?;
+                let read_back = if written {
+                    snapshot_file::open(&database.files)?.filter(|file| file.meta == meta)
+                } else {
+                    None
+                };
+                let data = match read_back {
+                    Some(file) => file.data,
+                    // Superseded (or superseded since): openraft reads only a built snapshot's
+                    // meta, and the bytes are for the rare caller that reads them.
+                    None => SnapshotData::from_bytes(copy.machine.encode_snapshot()?),
+                };
+                Ok(Snapshot {
+                    meta,
+                    snapshot: data,
+                })
             })
-        })
-        .await
-        .map_err(io_error)?;
+            .await
+            .map_err(io_error)?;
         tracing::info!(snapshot = %snapshot.meta, bytes = snapshot.snapshot.len(), "snapshot built");
         Ok(snapshot)
     }
