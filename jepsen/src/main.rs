@@ -17,6 +17,7 @@ mod nemesis;
 mod net;
 mod report;
 mod runner;
+mod sim;
 mod upgrade;
 mod workloads;
 
@@ -41,11 +42,28 @@ enum Command {
     Test(runner::TestArgs),
     /// Judge a stored history again (and time the checkers).
     Check(runner::CheckArgs),
+    /// The deterministic simulator: the whole cluster in this process, one seed a run.
+    Sim(sim::SimArgs),
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    match Cli::parse().command {
+fn main() -> std::process::ExitCode {
+    let command = Cli::parse().command;
+    // The simulator runs a runtime of its own per seed, on this thread.
+    if let Command::Sim(args) = command {
+        return std::process::ExitCode::from(sim::run(args));
+    }
+    match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime.block_on(serve(command)),
+        Err(error) => {
+            eprintln!("baton-jepsen: starting the async runtime: {error}");
+            std::process::ExitCode::from(2)
+        }
+    }
+}
+
+async fn serve(command: Command) -> std::process::ExitCode {
+    match command {
+        Command::Sim(_) => unreachable!("the simulator runs without the shared runtime"),
         Command::Bench(args) => match bench::run(args).await {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(error) => {

@@ -1,0 +1,243 @@
+//! The simulated cluster: real Baton nodes (openraft, the store on its data dir, the machine)
+//! in one process, on the simulator's network, started, crashed and restarted by the fault
+//! schedule; and the invariants checked while it runs.
+
+use std::collections::BTreeMap;
+use std::hash::{DefaultHasher, Hasher};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use anyhow::Context;
+use baton_raft_store::store::{
+    self, Io, LogId, MachineHandle, Member, Raft, RaftTiming, StoreError,
+};
+use openraft::async_runtime::WatchReceiver;
+
+use super::net::{Endpoint, SimNet, SimNode};
+
+/// A node that is up: its Raft handle and its applied state.
+#[derive(Clone)]
+pub struct Running {
+    pub raft: Raft,
+    pub machine: MachineHandle,
+}
+
+/// The nodes, up or down, shared by the fault schedule, the clients and the invariant watch.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Mutex<Inner>>,
+    net: SimNet,
+    dir: PathBuf,
+    timing: RaftTiming,
+    ids: Vec<u64>,
+}
+
+struct Inner {
+    up: BTreeMap<u64, Running>,
+    /// What the invariants have seen: the leader of each term, and at each applied index the
+    /// entry's log id, the applied state's digest, and the node that first applied it.
+    leaders: BTreeMap<u64, u64>,
+    applied: BTreeMap<u64, (LogId, u64, u64)>,
+    violations: Vec<String>,
+}
+
+impl Cluster {
+    /// A cluster of nodes `ids`, none started, with data dirs under `dir`.
+    pub fn new(net: SimNet, dir: PathBuf, timing: RaftTiming, ids: Vec<u64>) -> Cluster {
+        Cluster {
+            inner: Arc::new(Mutex::new(Inner {
+                up: BTreeMap::new(),
+                leaders: BTreeMap::new(),
+                applied: BTreeMap::new(),
+                violations: Vec::new(),
+            })),
+            net,
+            dir,
+            timing,
+            ids,
+        }
+    }
+
+    fn inner(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The network the nodes are on.
+    pub fn net(&self) -> &SimNet {
+        &self.net
+    }
+
+    /// Every member's id.
+    pub fn ids(&self) -> &[u64] {
+        &self.ids
+    }
+
+    /// Node `id`, if it is up.
+    pub fn node(&self, id: u64) -> Option<Running> {
+        self.inner().up.get(&id).cloned()
+    }
+
+    /// Starts node `id` on its data dir (as it was left, or empty). A crashed node's store may
+    /// still be held by its last tasks for a moment: the open is tried again until it is free.
+    pub async fn start(&self, id: u64) -> anyhow::Result<()> {
+        let dir = self.dir.join(format!("n{id}"));
+        let mut attempts = 0;
+        let (log, state_machine) = loop {
+            match store::open_with(&dir, Io::Inline) {
+                Ok(opened) => break opened,
+                Err(StoreError::InUse(_)) if attempts < 100 => {
+                    attempts += 1;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err(error) => {
+                    return Err(error).with_context(|| format!("opening node {id}'s store"))
+                }
+            }
+        };
+        let inbox = state_machine.snapshot_inbox();
+        let machine = state_machine.handle();
+        let config = store::raft_config(id, &self.timing).context("raft configuration")?;
+        let network = SimNode {
+            net: self.net.clone(),
+            id,
+        };
+        let raft = Raft::new(id, Arc::new(config), network, log, state_machine)
+            .await
+            .with_context(|| format!("starting node {id}"))?;
+        self.net.attach(
+            id,
+            Endpoint {
+                raft: raft.clone(),
+                inbox,
+            },
+        );
+        self.inner().up.insert(id, Running { raft, machine });
+        Ok(())
+    }
+
+    /// Makes node 1 initialize the cluster of every member.
+    pub async fn initialize(&self) -> anyhow::Result<()> {
+        let members: BTreeMap<u64, Member> =
+            self.ids.iter().map(|id| (*id, Member::default())).collect();
+        let first = self.node(self.ids[0]).context("the first node is not up")?;
+        first
+            .raft
+            .initialize(members)
+            .await
+            .context("initializing the cluster")
+    }
+
+    /// Stops node `id` as a SIGKILL would: its messages are lost from now on, its tasks end,
+    /// and what it wrote stays in its data dir (unsynced writes included: a crash, not a power
+    /// cut).
+    pub async fn crash(&self, id: u64) {
+        self.net.detach(id);
+        let running = self.inner().up.remove(&id);
+        if let Some(running) = running {
+            let _ = running.raft.shutdown().await;
+        }
+    }
+
+    /// The leader, as the nodes that are up see it: one that is up and calls itself leader.
+    pub fn leader(&self) -> Option<u64> {
+        let up = self.inner().up.clone();
+        up.iter()
+            .find(|(id, running)| {
+                running.raft.metrics().borrow_watched().current_leader == Some(**id)
+            })
+            .map(|(id, _)| *id)
+    }
+
+    /// Checks the invariants on every node that is up:
+    /// - one leader per term;
+    /// - an applied index is the same entry on every node, forever (committed entries never
+    ///   change);
+    /// - the applied state at an index is the same on every node (its encoding's hash).
+    pub fn check_invariants(&self) {
+        let up = self.inner().up.clone();
+        for (id, running) in up {
+            let (term, leads) = {
+                let metrics = running.raft.metrics();
+                let metrics = metrics.borrow_watched();
+                (
+                    metrics.current_term,
+                    metrics.state.is_leader() && metrics.current_leader == Some(id),
+                )
+            };
+            let seen = running.machine.read(|machine, last_applied| {
+                last_applied.map(|log_id| {
+                    (
+                        log_id,
+                        machine.encode_snapshot().map(|bytes| digest(&bytes)),
+                    )
+                })
+            });
+            let mut inner = self.inner();
+            if leads {
+                let leader = *inner.leaders.entry(term).or_insert(id);
+                if leader != id {
+                    inner.violations.push(format!(
+                        "two leaders in term {term}: node {leader} and node {id}"
+                    ));
+                }
+            }
+            match seen {
+                Ok(Some((log_id, Ok(hash)))) => {
+                    let (first_log_id, first_hash, first_node) = *inner
+                        .applied
+                        .entry(log_id.index)
+                        .or_insert((log_id, hash, id));
+                    if first_log_id != log_id {
+                        inner.violations.push(format!(
+                            "index {} applied as {first_log_id} on node {first_node} and as {log_id} on node {id}",
+                            log_id.index
+                        ));
+                    } else if first_hash != hash {
+                        inner.violations.push(format!(
+                            "the state applied through {log_id} differs between node {first_node} and node {id}"
+                        ));
+                    }
+                }
+                Ok(None) => {}
+                Ok(Some((_, Err(error)))) => inner
+                    .violations
+                    .push(format!("node {id}'s state could not be encoded: {error}")),
+                Err(error) => inner
+                    .violations
+                    .push(format!("node {id}'s state could not be read: {error}")),
+            }
+        }
+    }
+
+    /// The invariants broken so far.
+    pub fn violations(&self) -> Vec<String> {
+        self.inner().violations.clone()
+    }
+
+    /// Every node that is up applied the same last index (and the cluster has a leader).
+    pub fn converged(&self) -> bool {
+        let up = self.inner().up.clone();
+        let applied: Vec<Option<u64>> = up
+            .values()
+            .map(|running| {
+                running
+                    .raft
+                    .metrics()
+                    .borrow_watched()
+                    .last_applied
+                    .map(|log_id| log_id.index)
+            })
+            .collect();
+        self.leader().is_some() && applied.windows(2).all(|pair| pair[0] == pair[1])
+    }
+}
+
+/// A hash of an applied state's encoding (SipHash with fixed keys: the same in every run).
+fn digest(bytes: &[u8]) -> u64 {
+    let mut hasher = DefaultHasher::new();
+    hasher.write(bytes);
+    hasher.finish()
+}
