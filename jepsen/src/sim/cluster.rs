@@ -2,7 +2,7 @@
 //! in one process, on the simulator's network, started, crashed and restarted by the fault
 //! schedule; and the invariants checked while it runs.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hasher};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -13,8 +13,16 @@ use baton_raft_store::store::{
     self, Io, LogId, MachineHandle, Member, Raft, RaftTiming, StoreError,
 };
 use openraft::async_runtime::WatchReceiver;
+use openraft::ChangeMembers;
 
 use super::net::{Endpoint, SimNet, SimNode};
+
+/// A change of the voters.
+#[derive(Debug, Clone, Copy)]
+pub enum Change {
+    Add(u64),
+    Remove(u64),
+}
 
 /// A node that is up: its Raft handle and its applied state.
 #[derive(Clone)]
@@ -141,14 +149,70 @@ impl Cluster {
         }
     }
 
-    /// The leader, as the nodes that are up see it: one that is up and calls itself leader.
+    /// The leader, as the nodes that are up see it: one that is up and leads. (A leader that
+    /// removed itself and stepped down still names itself as the leader it last knew.)
     pub fn leader(&self) -> Option<u64> {
         let up = self.inner().up.clone();
         up.iter()
             .find(|(id, running)| {
-                running.raft.metrics().borrow_watched().current_leader == Some(**id)
+                let metrics = running.raft.metrics();
+                let metrics = metrics.borrow_watched();
+                metrics.state.is_leader() && metrics.current_leader == Some(**id)
             })
             .map(|(id, _)| *id)
+    }
+
+    /// The voters of the leader's membership, if there is a leader.
+    pub fn voters(&self) -> Option<BTreeSet<u64>> {
+        let leader = self.node(self.leader()?)?;
+        let metrics = leader.raft.metrics();
+        let voters = metrics
+            .borrow_watched()
+            .membership_config
+            .membership()
+            .voter_ids()
+            .collect();
+        Some(voters)
+    }
+
+    /// Removes voter `id` (`Change::Remove`) or makes it a voter again (`Change::Add`: first a
+    /// learner that has caught up), through whichever node leads, trying again for up to
+    /// `within`.
+    pub async fn change_voters(&self, change: Change, within: Duration) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + within;
+        let mut last_error = "no leader".to_owned();
+        while tokio::time::Instant::now() < deadline {
+            if let Some(leader) = self.leader().and_then(|id| self.node(id)) {
+                let changed = match change {
+                    Change::Remove(id) => leader
+                        .raft
+                        .change_membership(ChangeMembers::RemoveVoters(BTreeSet::from([id])), false)
+                        .await
+                        .map(drop)
+                        .map_err(|error| error.to_string()),
+                    Change::Add(id) => {
+                        match leader.raft.add_learner(id, Member::default(), true).await {
+                            Ok(_) => leader
+                                .raft
+                                .change_membership(
+                                    ChangeMembers::AddVoterIds(BTreeSet::from([id])),
+                                    false,
+                                )
+                                .await
+                                .map(drop)
+                                .map_err(|error| error.to_string()),
+                            Err(error) => Err(error.to_string()),
+                        }
+                    }
+                };
+                match changed {
+                    Ok(()) => return Ok(()),
+                    Err(error) => last_error = error,
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Err(last_error)
     }
 
     /// Checks the invariants on every node that is up:

@@ -27,11 +27,14 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
-use self::cluster::Cluster;
+use self::cluster::{Change, Cluster};
 use self::net::SimNet;
-use self::workload::Recorder;
+use self::workload::{Fault, Recorder};
 use crate::checkers::{self, CheckResult, Verdict};
 use crate::history::{History, Op};
+
+/// The members of every simulated cluster.
+const NODES: [u64; 3] = [1, 2, 3];
 
 /// Whether tokio's randomness is seeded too (see .cargo/config.toml).
 const REPLAYABLE: bool = cfg!(tokio_unstable);
@@ -54,7 +57,17 @@ pub struct SimArgs {
     /// A line for every seed, not only the failing ones.
     #[arg(long)]
     verbose: bool,
+    /// Run these faults instead of the seed's own (the shrunk schedule a failure prints):
+    /// `PAUSE:KIND:TARGET[:TO]:HOLD` joined by commas.
+    #[arg(long)]
+    schedule: Option<String>,
+    /// Do not shrink a failing seed's fault schedule.
+    #[arg(long)]
+    no_shrink: bool,
 }
+
+/// How many runs a shrink may take.
+const SHRINK_RUNS_MAX: usize = 80;
 
 /// What one seed's run came to.
 #[derive(Debug)]
@@ -81,6 +94,16 @@ pub fn run(args: SimArgs) -> u8 {
     }
     let from = args.from.unwrap_or_else(rand::random);
     let seconds = Duration::from_secs(args.seconds);
+    let given: Option<Vec<Fault>> = match &args.schedule {
+        Some(text) => match text.split(',').map(str::parse).collect() {
+            Ok(faults) => Some(faults),
+            Err(error) => {
+                eprintln!("sim: --schedule: {error}");
+                return 2;
+            }
+        },
+        None => None,
+    };
     println!(
         "sim: seeds {from} to {} ({} simulated s each)",
         from.saturating_add(args.seeds.saturating_sub(1)),
@@ -88,7 +111,10 @@ pub fn run(args: SimArgs) -> u8 {
     );
     let started = Instant::now();
     for seed in from..from.saturating_add(args.seeds) {
-        let run = match run_seed(seed, seconds) {
+        let faults = given
+            .clone()
+            .unwrap_or_else(|| seed_schedule(seed, seconds));
+        let run = match run_seed(seed, seconds, faults.clone()) {
             Ok(run) => run,
             Err(error) => {
                 eprintln!("sim: seed {seed}: the simulator failed: {error:#}");
@@ -100,6 +126,8 @@ pub fn run(args: SimArgs) -> u8 {
             println!("{}", summary(seed, &run));
         }
         if verdict != Verdict::Valid {
+            let mut faults = faults;
+            faults.truncate(run.faults);
             for (name, result) in run
                 .checks
                 .iter()
@@ -113,9 +141,22 @@ pub fn run(args: SimArgs) -> u8 {
                 Ok(()) => println!("  history: {}", path.display()),
                 Err(error) => println!("  the history could not be written: {error:#}"),
             }
+            let faults = if args.no_shrink {
+                faults
+            } else {
+                let shrunk = shrink(seed, seconds, faults.clone());
+                println!(
+                    "  the schedule shrank from {} faults to {} that still fail",
+                    faults.len(),
+                    shrunk.len()
+                );
+                shrunk
+            };
+            let schedule: Vec<String> = faults.iter().map(Fault::to_string).collect();
             println!(
-                "  replay: baton-jepsen sim --from {seed} --seeds 1 --seconds {} --verbose",
-                args.seconds
+                "  replay: baton-jepsen sim --from {seed} --seeds 1 --seconds {} --verbose --no-shrink --schedule '{}'",
+                args.seconds,
+                schedule.join(",")
             );
             return 1;
         }
@@ -144,8 +185,38 @@ fn summary(seed: u64, run: &SeedRun) -> String {
     )
 }
 
-/// Runs the cluster of seed `seed` for `seconds` of simulated time and judges it.
-pub fn run_seed(seed: u64, seconds: Duration) -> anyhow::Result<SeedRun> {
+/// The fault schedule seed `seed` draws.
+fn seed_schedule(seed: u64, seconds: Duration) -> Vec<Fault> {
+    workload::schedule(seed ^ 0x5eed_fa17, &NODES, seconds)
+}
+
+/// The shortest schedule found, by taking faults out of `faults`, on which seed `seed` still
+/// fails: halves first, then smaller pieces, at most `SHRINK_RUNS_MAX` runs.
+fn shrink(seed: u64, seconds: Duration, mut faults: Vec<Fault>) -> Vec<Fault> {
+    let mut runs = 0;
+    let mut piece = faults.len().div_ceil(2);
+    while piece >= 1 && runs < SHRINK_RUNS_MAX {
+        let mut start = 0;
+        while start < faults.len() && runs < SHRINK_RUNS_MAX {
+            let mut fewer = faults.clone();
+            fewer.drain(start..(start + piece).min(faults.len()));
+            runs += 1;
+            let fails = run_seed(seed, seconds, fewer.clone())
+                .is_ok_and(|run| run.verdict() == Verdict::Invalid);
+            if fails {
+                faults = fewer;
+            } else {
+                start += piece;
+            }
+        }
+        piece /= 2;
+    }
+    faults
+}
+
+/// Runs the cluster of seed `seed` for `seconds` of simulated time under `faults` and judges
+/// it.
+pub fn run_seed(seed: u64, seconds: Duration, faults: Vec<Fault>) -> anyhow::Result<SeedRun> {
     let dir = tempfile::Builder::new()
         .prefix("baton-sim-")
         .tempdir_in(scratch_dir())
@@ -158,7 +229,7 @@ pub fn run_seed(seed: u64, seconds: Duration) -> anyhow::Result<SeedRun> {
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
     let runtime = builder.build().context("the simulation's runtime")?;
     store::seed_thread(Some(seed));
-    let simulated = runtime.block_on(simulate(seed, seconds, dir.path().to_owned()));
+    let simulated = runtime.block_on(simulate(seed, seconds, faults, dir.path().to_owned()));
     store::seed_thread(None);
     // Dropping the runtime ends every node's tasks, which close their stores.
     drop(runtime);
@@ -175,7 +246,12 @@ fn scratch_dir() -> PathBuf {
     }
 }
 
-async fn simulate(seed: u64, seconds: Duration, dir: PathBuf) -> anyhow::Result<SeedRun> {
+async fn simulate(
+    seed: u64,
+    seconds: Duration,
+    faults: Vec<Fault>,
+    dir: PathBuf,
+) -> anyhow::Result<SeedRun> {
     let mut random = StdRng::seed_from_u64(seed);
     // Half the seeds snapshot every few entries, so installs and purges run all the time.
     let snapshot_log_entries = if random.random_bool(0.5) { 20 } else { 10_000 };
@@ -186,7 +262,7 @@ async fn simulate(seed: u64, seconds: Duration, dir: PathBuf) -> anyhow::Result<
         snapshot_chunk_bytes: 64 << 10,
     };
     let net = SimNet::new(random.random(), (1, 10));
-    let cluster = Cluster::new(net, dir, timing, vec![1, 2, 3]);
+    let cluster = Cluster::new(net, dir, timing, NODES.to_vec());
     for id in cluster.ids().to_vec() {
         cluster.start(id).await?;
     }
@@ -214,7 +290,7 @@ async fn simulate(seed: u64, seconds: Duration, dir: PathBuf) -> anyhow::Result<
             ))
         })
         .collect();
-    let faults = workload::nemesis(cluster.clone(), recorder.clone(), random.random(), until).await;
+    let faults = workload::nemesis(cluster.clone(), recorder.clone(), faults, until).await;
     for client in clients {
         client.await.context("a client task")?;
     }
@@ -224,6 +300,20 @@ async fn simulate(seed: u64, seconds: Duration, dir: PathBuf) -> anyhow::Result<
     for id in cluster.ids().to_vec() {
         if cluster.node(id).is_none() {
             cluster.start(id).await?;
+        }
+    }
+    // A member the schedule removed and could not add back within its fault is added now.
+    let mut membership = Ok(());
+    for id in cluster.ids().to_vec() {
+        let settle_until = tokio::time::Instant::now() + Duration::from_secs(10);
+        while cluster.voters().is_none() && tokio::time::Instant::now() < settle_until {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if cluster.voters().is_some_and(|voters| !voters.contains(&id)) {
+            membership = cluster
+                .change_voters(Change::Add(id), Duration::from_secs(10))
+                .await
+                .map_err(|error| format!("node {id} could not be made a voter again: {error}"));
         }
     }
     let settle_until = tokio::time::Instant::now() + Duration::from_secs(10);
@@ -239,6 +329,9 @@ async fn simulate(seed: u64, seconds: Duration, dir: PathBuf) -> anyhow::Result<
     let mut violations = cluster.violations();
     if !converged {
         violations.push("the healed cluster did not converge within 10 s".to_owned());
+    }
+    if let Err(error) = membership {
+        violations.push(error);
     }
     violations.extend(
         history
@@ -267,6 +360,8 @@ async fn simulate(seed: u64, seconds: Duration, dir: PathBuf) -> anyhow::Result<
 
 #[cfg(test)]
 mod tests {
+    use baton_raft_store::store::mutation::Mutation;
+
     use super::*;
 
     /// One JSON line per event.
@@ -285,8 +380,9 @@ mod tests {
             REPLAYABLE,
             "built without --cfg tokio_unstable (see .cargo/config.toml)"
         );
-        let first = run_seed(11, Duration::from_secs(4)).expect("the first run");
-        let second = run_seed(11, Duration::from_secs(4)).expect("the second run");
+        let seconds = Duration::from_secs(4);
+        let first = run_seed(11, seconds, seed_schedule(11, seconds)).expect("the first run");
+        let second = run_seed(11, seconds, seed_schedule(11, seconds)).expect("the second run");
         assert!(first.history.len() > 50, "{} events", first.history.len());
         let (first_lines, second_lines) = (lines(&first), lines(&second));
         if let Some(at) = (0..first_lines.len().max(second_lines.len()))
@@ -303,7 +399,89 @@ mod tests {
             );
         }
         assert_eq!(first.verdict(), Verdict::Valid, "{}", summary(11, &first));
-        let other = run_seed(12, Duration::from_secs(4)).expect("another seed");
+        let other = run_seed(12, seconds, seed_schedule(12, seconds)).expect("another seed");
         assert_ne!(first_lines, lines(&other));
+    }
+
+    #[test]
+    fn a_removed_member_is_added_back_and_a_killed_one_restarts() {
+        let faults: Vec<Fault> = "200:remove:leader:800,200:remove:2:600,200:kill:leader:500"
+            .split(',')
+            .map(|fault| fault.parse().expect("a fault"))
+            .collect();
+        let run = run_seed(3, Duration::from_secs(5), faults).expect("the run");
+        assert_eq!(run.faults, 3);
+        let nemesis: Vec<(String, Value)> = run
+            .history
+            .iter()
+            .filter(|op| op.is_named(crate::history::NEMESIS))
+            .map(|op| (op.f.clone(), op.value["ok"].clone()))
+            .collect();
+        let ok = Value::Bool(true);
+        let expected: Vec<(String, Value)> = ["remove", "add", "remove", "add", "kill", "start"]
+            .iter()
+            .map(|f| {
+                (
+                    f.to_string(),
+                    if *f == "kill" {
+                        Value::Null
+                    } else {
+                        ok.clone()
+                    },
+                )
+            })
+            .collect();
+        assert_eq!(nemesis, expected);
+        assert_eq!(run.verdict(), Verdict::Valid, "{}", summary(3, &run));
+    }
+
+    /// The first seed (from 1) on which the simulator catches `mutation`, with the schedule
+    /// it injected; `None` if `seeds_max` seeds do not.
+    fn catch(mutation: Mutation, seconds: Duration, seeds_max: u64) -> Option<(u64, Vec<Fault>)> {
+        store::mutation::set(Some(mutation));
+        let caught = (1..=seeds_max).find_map(|seed| {
+            let mut faults = seed_schedule(seed, seconds);
+            let run = run_seed(seed, seconds, faults.clone()).expect("the simulator runs");
+            faults.truncate(run.faults);
+            (run.verdict() == Verdict::Invalid).then(|| {
+                println!("{mutation:?}: {}", summary(seed, &run));
+                (seed, faults)
+            })
+        });
+        store::mutation::set(None);
+        caught
+    }
+
+    #[test]
+    fn a_follower_that_keeps_a_deposed_leaders_entries_is_caught() {
+        let caught = catch(Mutation::TruncateNothing, Duration::from_secs(5), 20);
+        assert!(caught.is_some(), "20 seeds did not catch it");
+    }
+
+    /// The mutation table of docs/harness.md:
+    /// `cargo test --release -p baton-jepsen sim::tests::mutation_table -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "minutes; run by hand for the table"]
+    fn mutation_table() {
+        let seconds = Duration::from_secs(20);
+        println!("| mutation | seeds until caught | faults | shrunk to |");
+        println!("|---|---|---|---|");
+        for mutation in Mutation::ALL {
+            match catch(mutation, seconds, 300) {
+                Some((seed, faults)) => {
+                    store::mutation::set(Some(mutation));
+                    let shrunk = shrink(seed, seconds, faults.clone());
+                    store::mutation::set(None);
+                    let schedule: Vec<String> = shrunk.iter().map(Fault::to_string).collect();
+                    println!(
+                        "| {mutation:?} | {seed} | {} | {}: `{}` |",
+                        faults.len(),
+                        shrunk.len(),
+                        schedule.join(",")
+                    )
+                }
+                None => println!("| {mutation:?} | not in 300 | | |"),
+            }
+        }
     }
 }

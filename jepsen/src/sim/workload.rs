@@ -15,6 +15,7 @@ use baton_raft_store::machine::{
     Batch, Command, LeaseMode, Namespace, NewSession, Op as MachineOp, Owner, Reply, ResourcePath,
     SessionId,
 };
+use baton_raft_store::store::mutation::{self, Mutation};
 use baton_raft_store::store::Raft;
 use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
 use openraft::ReadPolicy;
@@ -23,13 +24,15 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::cluster::Cluster;
+use super::cluster::{Change, Cluster};
 use crate::history::{Op, OpType, Process, FINAL, NEMESIS};
 
 /// Registers and lease paths the clients share.
 const KEYS: u64 = 3;
 /// How long a client waits for an answer before it records the outcome as unknown.
 const OP_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a membership change is tried for.
+pub const MEMBERSHIP_WAIT: Duration = Duration::from_secs(3);
 /// The TTL of every client's lease.
 const LEASE_TTL_MS: u64 = 1_000;
 
@@ -211,6 +214,11 @@ async fn write(cluster: &Cluster, node: u64, recorder: &Recorder, op: MachineOp)
                     _ => return Outcome::Fail("NO_LEADER".to_owned()),
                 }
             }
+            Err(RaftError::APIError(refused))
+                if mutation::active(Mutation::DiscardedIsNotLeader) =>
+            {
+                return Outcome::Fail(format!("NO_LEADER: {refused}"))
+            }
             Err(error) => return Outcome::Unknown(error.to_string()),
         }
     }
@@ -283,26 +291,141 @@ pub async fn final_reads(cluster: &Cluster, recorder: &Recorder) {
     }
 }
 
-/// The fault schedule: one fault at a time, each held for a while and then undone, until
-/// `until`. Returns how many faults it injected.
-pub async fn nemesis(cluster: Cluster, recorder: Recorder, seed: u64, until: Instant) -> usize {
+/// Which node a fault strikes: the leader when the fault starts (node 1 if there is none), or
+/// a given node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    Leader,
+    Node(u64),
+}
+
+/// What a fault does while it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The target is cut off from every other node, both ways.
+    Partition(Target),
+    /// Messages from the target to one node are lost; the other way works.
+    OneWay(Target, u64),
+    /// The target crashes, and starts again on its data dir when the fault ends.
+    Kill(Target),
+    /// The target is removed from the voters while it runs, and added back when the fault
+    /// ends.
+    Remove(Target),
+}
+
+/// One fault of a schedule: after `pause_ms` (from the end of the previous one) it starts, and
+/// it is undone `hold_ms` later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fault {
+    pub pause_ms: u64,
+    pub kind: FaultKind,
+    pub hold_ms: u64,
+}
+
+/// The faults of seed `seed`, back to back, enough to fill `length`.
+pub fn schedule(seed: u64, nodes: &[u64], length: Duration) -> Vec<Fault> {
     let mut random = StdRng::seed_from_u64(seed);
-    let mut faults = 0;
-    let nemesis = || Process::Named(NEMESIS.to_owned());
-    loop {
-        tokio::time::sleep(Duration::from_millis(random.random_range(100..1_000))).await;
-        if Instant::now() >= until {
-            return faults;
-        }
-        faults += 1;
-        let ids = cluster.ids().to_vec();
-        let victim = match random.random_range(0..3) {
-            0 => cluster.leader().unwrap_or(ids[0]),
-            _ => ids[random.random_range(0..ids.len())],
+    let mut faults = Vec::new();
+    let mut elapsed = 0;
+    while elapsed < length.as_millis() as u64 {
+        let target = match random.random_range(0..3) {
+            0 => Target::Leader,
+            _ => Target::Node(nodes[random.random_range(0..nodes.len())]),
         };
-        let hold = Duration::from_millis(random.random_range(200..2_000));
-        match random.random_range(0..3) {
-            0 => {
+        let kind = match random.random_range(0..7) {
+            0 | 1 => FaultKind::Partition(target),
+            2 => FaultKind::OneWay(target, nodes[random.random_range(0..nodes.len())]),
+            3 => FaultKind::Remove(target),
+            _ => FaultKind::Kill(target),
+        };
+        let fault = Fault {
+            pause_ms: random.random_range(100..1_000),
+            kind,
+            hold_ms: random.random_range(200..2_000),
+        };
+        elapsed += fault.pause_ms + fault.hold_ms;
+        faults.push(fault);
+    }
+    faults
+}
+
+/// `PAUSE:KIND:TARGET[:TO]:HOLD`, e.g. `420:kill:leader:1300` or `300:one-way:2:3:800`; a
+/// schedule is its faults joined by commas.
+impl std::fmt::Display for Fault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let target = |target: Target| match target {
+            Target::Leader => "leader".to_owned(),
+            Target::Node(id) => id.to_string(),
+        };
+        let kind = match self.kind {
+            FaultKind::Partition(on) => format!("partition:{}", target(on)),
+            FaultKind::OneWay(from, to) => format!("one-way:{}:{to}", target(from)),
+            FaultKind::Kill(on) => format!("kill:{}", target(on)),
+            FaultKind::Remove(on) => format!("remove:{}", target(on)),
+        };
+        write!(f, "{}:{kind}:{}", self.pause_ms, self.hold_ms)
+    }
+}
+
+impl std::str::FromStr for Fault {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Fault, String> {
+        let bad = || {
+            format!(
+                "{text:?} is not a fault: PAUSE:KIND:TARGET[:TO]:HOLD, KIND one of partition, \
+                 one-way (with TO), kill, remove; TARGET leader or a node id; e.g. 420:kill:leader:1300"
+            )
+        };
+        let parts: Vec<&str> = text.trim().split(':').collect();
+        let number = |part: &str| part.parse::<u64>().map_err(|_| bad());
+        let target = |part: &str| match part {
+            "leader" => Ok(Target::Leader),
+            id => number(id).map(Target::Node),
+        };
+        let (pause, hold) = match (parts.first(), parts.last()) {
+            (Some(pause), Some(hold)) if parts.len() >= 4 => (number(pause)?, number(hold)?),
+            _ => return Err(bad()),
+        };
+        let kind = match (parts[1], parts.len()) {
+            ("partition", 4) => FaultKind::Partition(target(parts[2])?),
+            ("kill", 4) => FaultKind::Kill(target(parts[2])?),
+            ("remove", 4) => FaultKind::Remove(target(parts[2])?),
+            ("one-way", 5) => FaultKind::OneWay(target(parts[2])?, number(parts[3])?),
+            _ => return Err(bad()),
+        };
+        Ok(Fault {
+            pause_ms: pause,
+            kind,
+            hold_ms: hold,
+        })
+    }
+}
+
+/// Injects `faults` one after another, each undone before the next, stopping at `until`.
+/// Returns how many it injected.
+pub async fn nemesis(
+    cluster: Cluster,
+    recorder: Recorder,
+    faults: Vec<Fault>,
+    until: Instant,
+) -> usize {
+    let nemesis = || Process::Named(NEMESIS.to_owned());
+    let mut injected = 0;
+    for fault in faults {
+        tokio::time::sleep(Duration::from_millis(fault.pause_ms)).await;
+        if Instant::now() >= until {
+            break;
+        }
+        injected += 1;
+        let resolve = |target: Target| match target {
+            Target::Leader => cluster.leader().unwrap_or(cluster.ids()[0]),
+            Target::Node(id) => id,
+        };
+        let hold = Duration::from_millis(fault.hold_ms);
+        match fault.kind {
+            FaultKind::Partition(target) => {
+                let victim = resolve(target);
                 recorder.record(
                     nemesis(),
                     OpType::Info,
@@ -310,7 +433,7 @@ pub async fn nemesis(cluster: Cluster, recorder: Recorder, seed: u64, until: Ins
                     "",
                     json!({ "isolated": victim }),
                 );
-                for other in ids.iter().filter(|id| **id != victim) {
+                for other in cluster.ids().iter().filter(|id| **id != victim) {
                     cluster.net().cut(victim, *other);
                     cluster.net().cut(*other, victim);
                 }
@@ -318,21 +441,46 @@ pub async fn nemesis(cluster: Cluster, recorder: Recorder, seed: u64, until: Ins
                 cluster.net().heal();
                 recorder.record(nemesis(), OpType::Info, "heal", "", Value::Null);
             }
-            1 => {
-                let other = ids[random.random_range(0..ids.len())];
+            FaultKind::OneWay(from, to) => {
+                let from = resolve(from);
                 recorder.record(
                     nemesis(),
                     OpType::Info,
                     "cut-one-way",
                     "",
-                    json!({ "from": victim, "to": other }),
+                    json!({ "from": from, "to": to }),
                 );
-                cluster.net().cut(victim, other);
+                cluster.net().cut(from, to);
                 tokio::time::sleep(hold).await;
                 cluster.net().heal();
                 recorder.record(nemesis(), OpType::Info, "heal", "", Value::Null);
             }
-            _ => {
+            FaultKind::Remove(target) => {
+                let victim = resolve(target);
+                let removed = cluster
+                    .change_voters(Change::Remove(victim), MEMBERSHIP_WAIT)
+                    .await;
+                recorder.record(
+                    nemesis(),
+                    OpType::Info,
+                    "remove",
+                    "",
+                    json!({ "node": victim, "ok": removed.is_ok(), "error": removed.err() }),
+                );
+                tokio::time::sleep(hold).await;
+                let added = cluster
+                    .change_voters(Change::Add(victim), MEMBERSHIP_WAIT)
+                    .await;
+                recorder.record(
+                    nemesis(),
+                    OpType::Info,
+                    "add",
+                    "",
+                    json!({ "node": victim, "ok": added.is_ok(), "error": added.err() }),
+                );
+            }
+            FaultKind::Kill(target) => {
+                let victim = resolve(target);
                 recorder.record(
                     nemesis(),
                     OpType::Info,
@@ -351,6 +499,31 @@ pub async fn nemesis(cluster: Cluster, recorder: Recorder, seed: u64, until: Ins
                     json!({ "node": victim, "ok": started.is_ok(), "error": started.err().map(|error| format!("{error:#}")) }),
                 );
             }
+        }
+    }
+    injected
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_schedule_reads_back_from_its_text_and_bad_text_is_refused() {
+        let faults = schedule(5, &[1, 2, 3], Duration::from_secs(20));
+        assert!(faults.len() > 5);
+        for fault in &faults {
+            assert_eq!(fault.to_string().parse::<Fault>(), Ok(*fault));
+        }
+        for bad in [
+            "",
+            "1:kill:leader",
+            "x:kill:leader:3",
+            "1:crash:2:3",
+            "1:one-way:2:3",
+        ] {
+            let refused = bad.parse::<Fault>().expect_err(bad);
+            assert!(refused.contains("PAUSE:KIND:TARGET"), "{refused}");
         }
     }
 }

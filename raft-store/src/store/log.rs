@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
 use openraft::{OptionalSend, RaftLogReader};
 
+use super::mutation::{self, Mutation};
 use super::segments::{index_span, Flush, SegmentLog};
 use super::{
     decode, encode, io_error, Database, Entry, Io, LogId, StorageResult, StoreError, TypeConfig,
@@ -207,6 +208,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// Durable before returning: the vote file is replaced and synced with its directory.
     async fn save_vote(&mut self, vote: &Vote) -> StorageResult<()> {
+        if mutation::active(Mutation::VoteNotSaved) {
+            return Ok(());
+        }
         let files = self.database.files.clone();
         let vote = *vote;
         self.database
@@ -287,6 +291,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     /// Keeps the entries up to `last_log_id` (none when `None`) and removes the rest, durably.
     async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> StorageResult<()> {
+        if mutation::active(Mutation::TruncateNothing) {
+            return Ok(());
+        }
         let from = last_log_id.map_or(0, |log_id| log_id.index + 1);
         self.recent().map_err(io_error)?.truncate(from);
         let segments = self.segments.clone();

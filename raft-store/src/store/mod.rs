@@ -27,6 +27,7 @@ mod change_watch;
 mod files;
 mod legacy;
 mod log;
+pub mod mutation;
 #[cfg(test)]
 mod power_tests;
 mod raft_config;

@@ -1,0 +1,50 @@
+//! Bugs put back on purpose, so that the simulator (`baton-jepsen sim`) can show that it finds
+//! them. A mutation is switched on for the calling thread only, and only in a build with the
+//! `mutations` feature, which only baton-jepsen's tests turn on: `batond` is never built with
+//! it, and without it `active` is always false.
+
+/// A bug the simulator must find.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutation {
+    /// `save_vote` answers without writing the vote: a node that restarts forgets whom it voted
+    /// for, and may vote again in the same term (two leaders of one term).
+    VoteNotSaved,
+    /// `truncate_after` keeps the entries it should remove: a follower keeps a deposed
+    /// leader's uncommitted entries where the new leader's belong.
+    TruncateNothing,
+    /// Not in the store: the simulator's client takes every write openraft did not confirm for
+    /// surely not applied, as the node's proposer once did with an entry a deposed leader
+    /// dropped from its log (which a new leader may have committed).
+    DiscardedIsNotLeader,
+}
+
+impl Mutation {
+    /// Every mutation.
+    pub const ALL: [Mutation; 3] = [
+        Mutation::VoteNotSaved,
+        Mutation::TruncateNothing,
+        Mutation::DiscardedIsNotLeader,
+    ];
+}
+
+#[cfg(feature = "mutations")]
+thread_local! {
+    static ACTIVE: std::cell::Cell<Option<Mutation>> = const { std::cell::Cell::new(None) };
+}
+
+/// Switches `mutation` on for this thread (`None`: none).
+#[cfg(feature = "mutations")]
+pub fn set(mutation: Option<Mutation>) {
+    ACTIVE.with(|active| active.set(mutation));
+}
+
+/// Whether `mutation` is on for this thread.
+pub fn active(mutation: Mutation) -> bool {
+    #[cfg(feature = "mutations")]
+    return ACTIVE.with(|active| active.get()) == Some(mutation);
+    #[cfg(not(feature = "mutations"))]
+    {
+        let _ = mutation;
+        false
+    }
+}
