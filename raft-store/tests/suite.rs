@@ -1038,3 +1038,32 @@ async fn a_replayed_dir_stays_locked_until_the_replay_is_dropped() {
     drop(replayed);
     store::open(dir.path()).expect("the dir opens once the replay is dropped");
 }
+
+/// openraft reads only the meta of a snapshot it built, so the bytes are read back only when
+/// read: as the file was written, or, if a newer snapshot replaced the file first, an error
+/// that says so (never the newer snapshot's bytes under the older meta).
+#[tokio::test]
+async fn a_built_snapshot_reads_its_own_bytes_or_says_it_was_replaced() {
+    let dir = TempDir::new().unwrap();
+    let (_log, mut state_machine) = open(dir.path()).await.unwrap();
+    state_machine
+        .apply_entries(vec![
+            membership_entry(1, 1),
+            normal_entry(1, 2, create_session_batch(1_000, 1)),
+        ])
+        .unwrap();
+    let mut builder = state_machine.get_snapshot_builder().await;
+    let first = builder.build_snapshot().await.unwrap();
+    state_machine
+        .apply_entries(vec![normal_entry(1, 3, create_session_batch(2_000, 2))])
+        .unwrap();
+    let newer = builder.build_snapshot().await.unwrap();
+    assert!(newer.meta.last_log_id > first.meta.last_log_id);
+    let newer_len = newer.snapshot.len();
+    let newer_bytes = newer.snapshot.into_bytes().unwrap();
+    assert_eq!(newer_bytes.len() as u64, newer_len);
+    let current = state_machine.get_current_snapshot().await.unwrap().unwrap();
+    assert_eq!(current.snapshot.into_bytes().unwrap(), newer_bytes);
+    let error = first.snapshot.into_bytes().unwrap_err().to_string();
+    assert!(error.contains("replaced before it was read"), "{error}");
+}

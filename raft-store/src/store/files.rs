@@ -465,6 +465,11 @@ pub(super) struct Sealing<'a> {
 }
 
 impl Sealing<'_> {
+    /// How many payload bytes have been written so far.
+    pub(super) fn len(&self) -> u64 {
+        self.length
+    }
+
     fn flush_buffer(&mut self) -> io::Result<()> {
         if !self.created {
             self.files

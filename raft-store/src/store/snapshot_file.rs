@@ -56,18 +56,39 @@ const RECEIVED_PREFIX: &str = "snapshot-received-";
 /// A snapshot's bytes (the machine's encoding), read as they are needed: from the `snapshot`
 /// file past its header, from a snapshot received from the leader, or from memory.
 pub struct SnapshotData {
-    reader: Box<dyn Read + Send>,
+    source: Source,
     len: u64,
     /// A received snapshot's file, removed once the snapshot is dropped.
     _received: Option<ReceivedFile>,
 }
+
+/// Where a snapshot's bytes come from: a reader, or one opened at the first read.
+enum Source {
+    Reader(Box<dyn Read + Send>),
+    Later(Option<OpenLater>),
+}
+
+type OpenLater = Box<dyn FnOnce() -> io::Result<SnapshotData> + Send>;
 
 impl SnapshotData {
     /// A snapshot of bytes in memory.
     pub fn from_bytes(bytes: Vec<u8>) -> SnapshotData {
         SnapshotData {
             len: bytes.len() as u64,
-            reader: Box::new(io::Cursor::new(bytes)),
+            source: Source::Reader(Box::new(io::Cursor::new(bytes))),
+            _received: None,
+        }
+    }
+
+    /// A snapshot of `len` bytes that `open` opens at its first read, and never if it is not
+    /// read: a snapshot just built here, of which openraft reads only the meta.
+    fn later(
+        len: u64,
+        open: impl FnOnce() -> io::Result<SnapshotData> + Send + 'static,
+    ) -> SnapshotData {
+        SnapshotData {
+            len,
+            source: Source::Later(Some(Box::new(open))),
             _received: None,
         }
     }
@@ -92,7 +113,23 @@ impl SnapshotData {
 
 impl Read for SnapshotData {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        self.reader.read(buf)
+        if let Source::Later(open) = &mut self.source {
+            let open = open
+                .take()
+                .ok_or_else(|| io::Error::other("a snapshot failed to open before"))?;
+            let opened = open()?;
+            if opened.len != self.len {
+                return Err(io::Error::other(format!(
+                    "the snapshot holds {} bytes, not the {} it was built with",
+                    opened.len, self.len
+                )));
+            }
+            *self = opened;
+        }
+        match &mut self.source {
+            Source::Reader(reader) => reader.read(buf),
+            Source::Later(_) => unreachable!("opened above"),
+        }
     }
 }
 
@@ -170,7 +207,7 @@ impl ReceivingSnapshot {
     pub fn finish(self) -> Result<SnapshotData, StoreError> {
         let reader = self.file.files.open_plain(&self.file.name)?;
         Ok(SnapshotData {
-            reader: Box::new(BufReader::new(reader).take(self.len)),
+            source: Source::Reader(Box::new(BufReader::new(reader).take(self.len))),
             len: self.len,
             _received: Some(self.file),
         })
@@ -221,7 +258,7 @@ pub(super) fn open(files: &Files) -> Result<Option<SnapshotFile>, StoreError> {
         counter,
         meta,
         data: SnapshotData {
-            reader: Box::new(reader.take(data_len)),
+            source: Source::Reader(Box::new(reader.take(data_len))),
             len: data_len,
             _received: None,
         },
@@ -250,9 +287,10 @@ pub(super) fn replace<T>(
 }
 
 /// Replaces the snapshot file with a snapshot of `machine` at `meta`, built here, durably,
-/// under the snapshot-write lock; counts it. Returns false, and writes nothing, when a snapshot
-/// covering more of the log was persisted meanwhile (a slow build racing an install).
-/// Blocking.
+/// under the snapshot-write lock; counts it. Returns the snapshot, which opens the file only
+/// if it is read; or, when a snapshot covering more of the log was persisted meanwhile (a slow
+/// build racing an install), writes nothing and returns one that encodes `machine` only if it
+/// is read. Blocking.
 ///
 /// The file's header keeps a counter of the snapshots built here beside the meta: earlier
 /// builds made snapshot ids of it, and read the header as (counter, meta), so a data dir stays
@@ -260,24 +298,39 @@ pub(super) fn replace<T>(
 pub(super) fn persist_built(
     database: &Database,
     meta: &SnapshotMeta,
-    machine: &Machine,
-) -> Result<bool, StoreError> {
+    machine: Machine,
+) -> Result<SnapshotData, StoreError> {
     let mut written = database
         .snapshot_write
         .lock()
         .map_err(|_| StoreError::Poisoned)?;
     if written.last_log_id > meta.last_log_id {
-        return Ok(false);
+        let len = encoded_len(&machine)?;
+        return Ok(SnapshotData::later(len, move || {
+            Ok(SnapshotData::from_bytes(
+                machine.encode_snapshot().map_err(io::Error::other)?,
+            ))
+        }));
     }
     let counter = written.counter.saturating_add(1);
-    replace(&database.files, counter, meta, |out| {
-        Ok(encode_machine_to(machine, out)?)
+    let len = replace(&database.files, counter, meta, |out| {
+        let start = out.len();
+        encode_machine_to(&machine, out)?;
+        Ok(out.len() - start)
     })?;
     *written = SnapshotWritten {
         counter,
         last_log_id: meta.last_log_id,
     };
-    Ok(true)
+    let (files, meta) = (database.files.clone(), meta.clone());
+    Ok(SnapshotData::later(len, move || {
+        match open(&files).map_err(io::Error::other)? {
+            Some(file) if file.meta == meta => Ok(file.data),
+            _ => Err(io::Error::other(format!(
+                "the snapshot built at {meta} was replaced before it was read"
+            ))),
+        }
+    }))
 }
 
 /// Replaces the snapshot file with `data`, a snapshot received from the leader, at `meta`,

@@ -333,8 +333,8 @@ impl StateMachineStore {
 
 /// Takes a copy of the machine with its log id under the read lock (O(1): the bytes match that
 /// log id exactly), then encodes the copy into the snapshot file with no lock on the state held,
-/// so applies go on meanwhile, and syncs it before returning. The snapshot returned reads the
-/// file back.
+/// so applies go on meanwhile, and syncs it before returning. The snapshot returned opens the
+/// file only when it is read, which openraft never does with one it built (it keeps the meta).
 ///
 /// All of it runs on a blocking thread: encoding a million leases takes a large fraction of a
 /// second of CPU, and on an async worker it starved the node's heartbeats and appends long
@@ -353,18 +353,9 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
                     last_log_id: copy.last_applied,
                     last_membership: copy.last_membership,
                 };
-                let written = snapshot_file::persist_built(&database, &meta, &copy.machine)?;
-                let read_back = if written {
-                    snapshot_file::open(&database.files)?.filter(|file| file.meta == meta)
-                } else {
-                    None
-                };
-                let data = match read_back {
-                    Some(file) => file.data,
-                    // Superseded (or superseded since): openraft reads only a built snapshot's
-                    // meta, and the bytes are for the rare caller that reads them.
-                    None => SnapshotData::from_bytes(copy.machine.encode_snapshot()?),
-                };
+                // openraft reads only a built snapshot's meta: the bytes are read back (or,
+                // when an install superseded the build, encoded) only if someone reads them.
+                let data = snapshot_file::persist_built(&database, &meta, copy.machine)?;
                 Ok(Snapshot {
                     meta,
                     snapshot: data,
