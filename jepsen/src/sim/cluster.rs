@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use baton_raft_store::store::{
-    self, Io, LogId, MachineHandle, Member, Raft, RaftTiming, StoreError,
+    self, Io, LogId, MachineHandle, Member, Raft, RaftTiming, StoreError, Vote,
 };
 use openraft::async_runtime::WatchReceiver;
 use openraft::ChangeMembers;
@@ -43,9 +43,10 @@ pub struct Cluster {
 
 struct Inner {
     up: BTreeMap<u64, Running>,
-    /// What the invariants have seen: the leader of each term, and at each applied index the
-    /// entry's log id, the applied state's digest, and the node that first applied it.
-    leaders: BTreeMap<u64, u64>,
+    /// What the invariants have seen: each node's greatest vote, across its restarts, and at
+    /// each applied index the entry's log id, the applied state's digest, and the node that
+    /// first applied it.
+    votes: BTreeMap<u64, Vote>,
     applied: BTreeMap<u64, (LogId, u64, u64)>,
     violations: Vec<String>,
 }
@@ -56,7 +57,7 @@ impl Cluster {
         Cluster {
             inner: Arc::new(Mutex::new(Inner {
                 up: BTreeMap::new(),
-                leaders: BTreeMap::new(),
+                votes: BTreeMap::new(),
                 applied: BTreeMap::new(),
                 violations: Vec::new(),
             })),
@@ -216,21 +217,17 @@ impl Cluster {
     }
 
     /// Checks the invariants on every node that is up:
-    /// - one leader per term;
+    /// - a node's vote never goes back, across restarts: openraft grants only a vote greater
+    ///   than the one it holds, and holds it durably. (Two leaders in one term are no fault:
+    ///   openraft's leader ids are (term, candidate) pairs, and a node may grant the greater of
+    ///   two in one term.)
     /// - an applied index is the same entry on every node, forever (committed entries never
     ///   change);
     /// - the applied state at an index is the same on every node (its encoding's hash).
     pub fn check_invariants(&self) {
         let up = self.inner().up.clone();
         for (id, running) in up {
-            let (term, leads) = {
-                let metrics = running.raft.metrics();
-                let metrics = metrics.borrow_watched();
-                (
-                    metrics.current_term,
-                    metrics.state.is_leader() && metrics.current_leader == Some(id),
-                )
-            };
+            let vote = running.raft.metrics().borrow_watched().vote;
             let seen = running.machine.read(|machine, last_applied| {
                 last_applied.map(|log_id| {
                     (
@@ -240,12 +237,16 @@ impl Cluster {
                 })
             });
             let mut inner = self.inner();
-            if leads {
-                let leader = *inner.leaders.entry(term).or_insert(id);
-                if leader != id {
-                    inner.violations.push(format!(
-                        "two leaders in term {term}: node {leader} and node {id}"
-                    ));
+            // A node just started shows the vote of term 0 until openraft reports the one it
+            // read from its store.
+            if vote.leader_id.term > 0 {
+                match inner.votes.get(&id).copied() {
+                    Some(greatest) if vote < greatest => inner.violations.push(format!(
+                        "node {id}'s vote went back from {greatest} to {vote}"
+                    )),
+                    _ => {
+                        inner.votes.insert(id, vote);
+                    }
                 }
             }
             match seen {
