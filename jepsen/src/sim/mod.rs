@@ -66,6 +66,9 @@ pub struct SimArgs {
     no_shrink: bool,
 }
 
+/// The real time one seed's run may take (about half a second is usual).
+const WALL_CLOCK_LIMIT: Duration = Duration::from_secs(30);
+
 /// How many runs a shrink may take.
 const SHRINK_RUNS_MAX: usize = 80;
 
@@ -228,12 +231,45 @@ pub fn run_seed(seed: u64, seconds: Duration, faults: Vec<Fault>) -> anyhow::Res
     #[cfg(tokio_unstable)]
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
     let runtime = builder.build().context("the simulation's runtime")?;
+    // A watchdog in real time: simulated time stands still while tasks keep each other busy
+    // without waiting (a livelock), and such a run would never end.
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let (expire, expired) = tokio::sync::oneshot::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if finished.recv_timeout(WALL_CLOCK_LIMIT).is_err() {
+            let _ = expire.send(());
+        }
+    });
     store::seed_thread(Some(seed));
-    let simulated = runtime.block_on(simulate(seed, seconds, faults, dir.path().to_owned()));
+    let simulated = runtime.block_on(async {
+        tokio::select! {
+            biased;
+            simulated = simulate(seed, seconds, faults, dir.path().to_owned()) => Some(simulated),
+            _ = expired => None,
+        }
+    });
     store::seed_thread(None);
+    let _ = done.send(());
+    let _ = watchdog.join();
     // Dropping the runtime ends every node's tasks, which close their stores.
     drop(runtime);
-    simulated
+    simulated.unwrap_or_else(|| {
+        Ok(SeedRun {
+            history: Vec::new(),
+            faults: 0,
+            checks: vec![(
+                "liveness",
+                CheckResult::from_violations(
+                    "the run ended",
+                    vec![Value::from(format!(
+                        "the run did not end within {} s of real time: the simulated cluster \
+                         kept itself busy without time passing (a livelock)",
+                        WALL_CLOCK_LIMIT.as_secs()
+                    ))],
+                ),
+            )],
+        })
+    })
 }
 
 /// tmpfs when there is one: the stores fsync as they do for real, which costs nothing there.
@@ -432,7 +468,13 @@ mod tests {
             })
             .collect();
         assert_eq!(nemesis, expected);
-        assert_eq!(run.verdict(), Verdict::Valid, "{}: {:?}", summary(3, &run), run.checks);
+        assert_eq!(
+            run.verdict(),
+            Verdict::Valid,
+            "{}: {:?}",
+            summary(3, &run),
+            run.checks
+        );
     }
 
     /// Seed 73 of the first 10,000-seed run: two leaders of one term, nodes 1 and 2, which the
