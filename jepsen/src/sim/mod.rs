@@ -10,9 +10,9 @@
 //! waits, so a run of 20 simulated seconds takes a fraction of that. The same seed gives the
 //! same history, byte for byte (a test checks it), so a failing seed is its own replay.
 //!
-//! Not yet simulated: power cuts (the data dirs are real files on tmpfs, so a crash keeps
-//! unsynced writes, as a SIGKILL does), clock jumps, membership changes, and the node's HTTP
-//! layer, proposer and relay.
+//! Not yet simulated: power cuts and disk faults (the data dirs are real files on tmpfs, so a
+//! crash keeps unsynced writes, as a SIGKILL does), clock jumps, and the node's HTTP layer,
+//! proposer, relay and peer network.
 
 mod cluster;
 mod net;
