@@ -503,35 +503,14 @@ mod tests {
         assert_eq!(run.verdict(), Verdict::Valid, "{}", summary(73, &run));
     }
 
-    /// A seed that caught a mutation: the schedule it injected and the checks that failed.
-    struct Caught {
-        seed: u64,
-        faults: Vec<Fault>,
-        failed: Vec<&'static str>,
-    }
-
-    /// The first seed (from 1) on which the simulator catches `mutation`; `None` if
-    /// `seeds_max` seeds do not.
-    fn catch(mutation: Mutation, seconds: Duration, seeds_max: u64) -> Option<Caught> {
+    /// The first seed (from 1) of `seconds` simulated seconds on which the simulator catches
+    /// `mutation`; `None` if `seeds_max` seeds do not.
+    fn catch(mutation: Mutation, seconds: Duration, seeds_max: u64) -> Option<u64> {
         store::mutation::set(Some(mutation));
-        let caught = (1..=seeds_max).find_map(|seed| {
-            let mut faults = seed_schedule(seed, seconds);
-            let run = run_seed(seed, seconds, faults.clone()).expect("the simulator runs");
-            faults.truncate(run.faults);
-            (run.verdict() == Verdict::Invalid).then(|| {
-                println!("{mutation:?}: {}", summary(seed, &run));
-                let failed = run
-                    .checks
-                    .iter()
-                    .filter(|(_, result)| result.verdict == Verdict::Invalid)
-                    .map(|(name, _)| *name)
-                    .collect();
-                Caught {
-                    seed,
-                    faults,
-                    failed,
-                }
-            })
+        let caught = (1..=seeds_max).find(|seed| {
+            let run = run_seed(*seed, seconds, seed_schedule(*seed, seconds))
+                .expect("the simulator runs");
+            run.verdict() == Verdict::Invalid
         });
         store::mutation::set(None);
         caught
@@ -540,37 +519,57 @@ mod tests {
     #[test]
     fn a_follower_that_keeps_a_deposed_leaders_entries_is_caught() {
         let caught = catch(Mutation::TruncateNothing, Duration::from_secs(5), 20);
-        assert!(caught.is_some(), "20 seeds did not catch it");
+        assert_eq!(caught, Some(1), "today seed 1 catches it");
     }
 
-    /// The mutation table of docs/harness.md:
-    /// `cargo test --release -p baton-jepsen sim::tests::mutation_table -- --ignored --nocapture`.
+    /// The checks that fail when seed `seed` runs `schedule` with `mutation` on.
+    fn failed_checks(mutation: Option<Mutation>, seed: u64, schedule: &str) -> Vec<&'static str> {
+        let faults: Vec<Fault> = schedule
+            .split(',')
+            .map(|fault| fault.parse().expect("a fault"))
+            .collect();
+        store::mutation::set(mutation);
+        let run = run_seed(seed, Duration::from_secs(20), faults).expect("the simulator runs");
+        store::mutation::set(None);
+        run.checks
+            .iter()
+            .filter(|(_, result)| result.verdict != Verdict::Valid)
+            .map(|(name, _)| *name)
+            .collect()
+    }
+
+    /// The rows of docs/harness.md's mutation table, replayed: each seed with its shrunk
+    /// schedule fails the check the table names with the mutation on, and is valid without it.
+    ///
+    /// FIXME: this asserts today's finds only. The search that found them (seeds from 1 until
+    /// caught, 20 simulated s each, then the shrink) takes minutes and is not run by any test:
+    /// a change that makes a mutation harder to find shows up here only if these seeds stop
+    /// catching it.
     #[test]
-    #[ignore = "minutes; run by hand for the table"]
-    fn mutation_table() {
-        let seconds = Duration::from_secs(20);
-        println!("| mutation | seeds until caught | checks that failed | faults | shrunk to |");
-        println!("|---|---|---|---|---|");
-        for mutation in Mutation::ALL {
-            let Some(caught) = catch(mutation, seconds, 300) else {
-                println!("| {mutation:?} | not in 300 | | | |");
-                continue;
-            };
-            // A livelock costs the watchdog's 30 s a run: not shrunk.
-            let shrunk = if caught.failed.contains(&"liveness") {
-                "not shrunk (a livelock)".to_owned()
-            } else {
-                store::mutation::set(Some(mutation));
-                let shrunk = shrink(caught.seed, seconds, caught.faults.clone());
-                store::mutation::set(None);
-                let schedule: Vec<String> = shrunk.iter().map(Fault::to_string).collect();
-                format!("{}: `{}`", shrunk.len(), schedule.join(","))
-            };
-            println!(
-                "| {mutation:?} | {} | {} | {} | {shrunk} |",
-                caught.seed,
-                caught.failed.join(", "),
-                caught.faults.len(),
+    fn the_mutation_tables_finds_still_fail_and_pass_without_the_mutation() {
+        let rows = [
+            (
+                Mutation::VoteNotSaved,
+                69,
+                "827:kill:leader:219",
+                "invariants",
+            ),
+            (
+                Mutation::DiscardedIsNotLeader,
+                67,
+                "821:remove:1:1833,510:partition:1:737,711:kill:leader:927,409:remove:leader:875",
+                "linearizable",
+            ),
+        ];
+        for (mutation, seed, schedule, check) in rows {
+            assert_eq!(
+                failed_checks(Some(mutation), seed, schedule),
+                [check],
+                "{mutation:?}, seed {seed}"
+            );
+            assert!(
+                failed_checks(None, seed, schedule).is_empty(),
+                "seed {seed} without {mutation:?}"
             );
         }
     }

@@ -18,15 +18,6 @@ pub enum Mutation {
     DiscardedIsNotLeader,
 }
 
-impl Mutation {
-    /// Every mutation.
-    pub const ALL: [Mutation; 3] = [
-        Mutation::VoteNotSaved,
-        Mutation::TruncateNothing,
-        Mutation::DiscardedIsNotLeader,
-    ];
-}
-
 #[cfg(feature = "mutations")]
 thread_local! {
     static ACTIVE: std::cell::Cell<Option<Mutation>> = const { std::cell::Cell::new(None) };
