@@ -7,7 +7,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
-use std::io::Read;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -244,7 +243,8 @@ impl RaftNetworkV2<TypeConfig> for SimClient {
     ) -> Result<SnapshotResponse<TypeConfig>, StreamingError<TypeConfig>> {
         let to_id = self.to;
         let Snapshot { meta, snapshot } = snapshot;
-        let bytes = read_all(snapshot)
+        let bytes = snapshot
+            .into_bytes()
             .map_err(|error| StreamingError::from(RPCError::Network(NetworkError::new(&error))))?;
         let sent = self.net.deliver(
             self.from,
@@ -281,10 +281,4 @@ impl RaftNetworkV2<TypeConfig> for SimClient {
             sent = sent => sent.map_err(StreamingError::from),
         }
     }
-}
-
-fn read_all(mut snapshot: SnapshotData) -> std::io::Result<Vec<u8>> {
-    let mut bytes = Vec::new();
-    snapshot.read_to_end(&mut bytes)?;
-    Ok(bytes)
 }
