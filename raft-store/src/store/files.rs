@@ -11,9 +11,10 @@
 //! synced (losing it only means re-applying less at startup, see `LogStore::save_committed`),
 //! so a torn or missing one reads as absent.
 //!
-//! Every file operation goes through [`Disk`], so that a test can record them and cut power
-//! between any two (`tests::power_cut_at_every_step_keeps_every_acknowledged_write`). The log's
-//! segment files do not go through it yet (`segments.rs`).
+//! Every file operation of the store goes through [`Disk`], these files' and the log segments'
+//! (`segments.rs`) alike, so that a test or the simulator can put the store on a [`SimDisk`],
+//! cut power between any two operations, and reopen the store on what survived
+//! (`power_tests::power_cut_at_every_step_keeps_every_acknowledged_write`).
 
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -24,7 +25,8 @@ use std::sync::Arc;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use super::{decode, encode, StoreError};
+use super::mutation::{self, Mutation};
+use super::{decode, encode, StoreError, SNAPSHOT_FILE};
 
 /// What every file of ours starts with.
 const MAGIC: &[u8; 4] = b"BTNF";
@@ -69,6 +71,50 @@ pub trait Disk: fmt::Debug + Send + Sync + 'static {
     fn sync_dir(&self, dir: &Path) -> io::Result<()>;
     /// The names of the entries of `dir`.
     fn list(&self, dir: &Path) -> io::Result<Vec<String>>;
+    /// Creates `dir` (and its parents) unless it exists; says whether it did. Durable once
+    /// its parent is synced.
+    fn create_dir(&self, dir: &Path) -> io::Result<bool>;
+    /// Creates `path` empty (truncating it if it exists) for positioned reads and writes.
+    fn create_file(&self, path: &Path) -> io::Result<Arc<dyn DiskFile>>;
+    /// `path` opened for positioned reads and writes, or `None` if there is no such file.
+    fn open_file(&self, path: &Path) -> io::Result<Option<Arc<dyn DiskFile>>>;
+}
+
+/// A file open for positioned reads and writes (a log segment). It stays the file it opened
+/// when its name is removed or another is renamed over it.
+pub trait DiskFile: fmt::Debug + Send + Sync {
+    /// Writes all of `bytes` at `offset`, growing the file if need be. Not durable.
+    fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()>;
+    /// Fills `buf` from `offset`; past the end of the file is an error.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
+    /// Cuts the file to `len` bytes, or extends it with zeros. Not durable.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Makes the file's content durable (`fdatasync`).
+    fn sync_data(&self) -> io::Result<()>;
+    /// Makes the file's content and metadata durable (`fsync`).
+    fn sync_all(&self) -> io::Result<()>;
+}
+
+impl DiskFile for File {
+    fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::write_all_at(self, bytes, offset)
+    }
+
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        std::os::unix::fs::FileExt::read_exact_at(self, buf, offset)
+    }
+
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        File::set_len(self, len)
+    }
+
+    fn sync_data(&self) -> io::Result<()> {
+        File::sync_data(self)
+    }
+
+    fn sync_all(&self) -> io::Result<()> {
+        File::sync_all(self)
+    }
 }
 
 /// The real file system.
@@ -142,6 +188,32 @@ impl Disk for RealDisk {
             .map(|entry| Ok(entry?.file_name().to_string_lossy().into_owned()))
             .collect()
     }
+
+    fn create_dir(&self, dir: &Path) -> io::Result<bool> {
+        if dir.exists() {
+            return Ok(false);
+        }
+        fs::create_dir_all(dir)?;
+        Ok(true)
+    }
+
+    fn create_file(&self, path: &Path) -> io::Result<Arc<dyn DiskFile>> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)?;
+        Ok(Arc::new(file))
+    }
+
+    fn open_file(&self, path: &Path) -> io::Result<Option<Arc<dyn DiskFile>>> {
+        match OpenOptions::new().read(true).write(true).open(path) {
+            Ok(file) => Ok(Some(Arc::new(file))),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(error) => Err(error),
+        }
+    }
 }
 
 /// The store's small files in one data dir.
@@ -170,6 +242,11 @@ impl Files {
     }
 
     /// The names in the data dir.
+    /// The disk the files are on.
+    pub(super) fn disk(&self) -> Arc<dyn Disk> {
+        self.disk.clone()
+    }
+
     pub(super) fn list(&self) -> Result<Vec<String>, StoreError> {
         self.disk
             .list(&self.dir)
@@ -311,13 +388,18 @@ impl Files {
                 return Err(error);
             }
         };
-        self.disk
-            .sync(&sealing.tmp)
-            .map_err(|error| self.io("fdatasync", &tmp, error))?;
+        let synced = !(name == SNAPSHOT_FILE && mutation::active(Mutation::SnapshotNotSynced));
+        if synced {
+            self.disk
+                .sync(&sealing.tmp)
+                .map_err(|error| self.io("fdatasync", &tmp, error))?;
+        }
         self.disk
             .rename(&sealing.tmp, &self.path(name))
             .map_err(|error| self.io("rename into place", name, error))?;
-        self.sync_dir()?;
+        if synced {
+            self.sync_dir()?;
+        }
         Ok(value)
     }
 
@@ -517,9 +599,10 @@ impl Write for Sealing<'_> {
     }
 }
 
-#[cfg(test)]
-pub(crate) mod sim {
-    //! A disk that keeps what is durable apart from what is only written, and can cut power.
+pub mod sim {
+    //! A disk in memory that keeps what is durable apart from what is only written, and can
+    //! crash or cut power: the store's disk in the power-cut tests and in the simulator
+    //! (`baton-jepsen sim`).
 
     use std::collections::BTreeMap;
     use std::sync::Mutex;
@@ -533,6 +616,12 @@ pub(crate) mod sim {
         current: Vec<u8>,
     }
 
+    impl Inode {
+        fn unsynced(&self) -> bool {
+            self.durable.as_ref() != Some(&self.current)
+        }
+    }
+
     #[derive(Debug, Clone, Default)]
     struct State {
         inodes: Vec<Inode>,
@@ -541,15 +630,11 @@ pub(crate) mod sim {
         durable_names: BTreeMap<PathBuf, usize>,
         /// Operations done so far.
         steps: usize,
-    }
-
-    /// A simulated disk: files are durable only once synced, and names only once their
-    /// directory is synced (the rules of a lazy file system). Directories always exist.
-    #[derive(Debug, Default)]
-    pub struct SimDisk {
-        state: Mutex<State>,
-        /// Fail every operation after this many (a power cut in the middle of a store call).
-        fail_after: Mutex<Option<usize>>,
+        /// Every operation after this many fails (power is being cut).
+        fail_after: Option<usize>,
+        /// The disk was crashed or its power cut: every operation fails. What survived is on
+        /// the disk that `crash` or `power_cut` returned.
+        gone: bool,
     }
 
     impl State {
@@ -562,67 +647,173 @@ pub(crate) mod sim {
             self.names.insert(path.to_owned(), self.inodes.len() - 1);
             self.inodes.len() - 1
         }
+
+        fn inode(&mut self, inode: usize) -> &mut Inode {
+            &mut self.inodes[inode]
+        }
+    }
+
+    /// A simulated disk: files are durable only once synced, and names only once their
+    /// directory is synced (the rules of a lazy file system). Directories always exist.
+    /// Clones share the disk.
+    #[derive(Debug, Clone, Default)]
+    pub struct SimDisk {
+        state: Arc<Mutex<State>>,
     }
 
     impl SimDisk {
         /// How many operations were done.
         pub fn steps(&self) -> usize {
-            self.state.lock().unwrap().steps
+            self.lock().steps
         }
 
-        /// From now on, every operation after the first `steps` fails, as if power was cut.
+        /// From now on, every operation after the first `steps` fails, as if power was being
+        /// cut in the middle of a store call.
         pub fn fail_after(&self, steps: usize) {
-            *self.fail_after.lock().unwrap() = Some(steps);
+            self.lock().fail_after = Some(steps);
         }
 
-        /// Cuts power: what was not synced is lost, except that `keep` says, per unsynced
-        /// file and per unsynced name, in order, whether it happened to reach the disk anyway.
-        pub fn cut(&self, mut keep: impl FnMut() -> bool) {
-            let mut state = self.state.lock().unwrap();
+        /// The process using the disk is killed: everything it wrote stays as it was, synced
+        /// or not (in the page cache). Returns the disk a restarted process finds; this one
+        /// fails every operation from now on, so that nothing the dead process left running
+        /// writes into its successor's files.
+        pub fn crash(&self) -> SimDisk {
+            let mut state = self.lock();
+            let mut after = state.clone();
+            state.gone = true;
+            after.fail_after = None;
+            SimDisk {
+                state: Arc::new(Mutex::new(after)),
+            }
+        }
+
+        /// Power is cut: what was synced survives; of what was not, `survive(n)` decides, one
+        /// change at a time, how much reached the disk anyway, from 0 (none of it) to `n` (all
+        /// of it). A file's unsynced bytes are a change of `n` steps: in between, its new bytes
+        /// reached the disk up to some point and its old ones are left after it (a torn
+        /// write). An unsynced name (created, renamed or removed) is a change of 1 step.
+        /// Returns the disk the machine finds when it comes back; this one fails every
+        /// operation from now on.
+        pub fn power_cut(&self, mut survive: impl FnMut(u64) -> u64) -> SimDisk {
+            let mut state = self.lock();
+            let mut after = state.clone();
+            state.gone = true;
+            after.fail_after = None;
+            for inode in after.inodes.iter_mut().filter(|inode| inode.unsynced()) {
+                let old = inode.durable.clone().unwrap_or_default();
+                let new = &inode.current;
+                let same = old.iter().zip(new).take_while(|(a, b)| a == b).count();
+                let steps = (new.len() - same) as u64 + 1;
+                let kept = survive(steps).min(steps);
+                let bytes = if kept == 0 {
+                    inode.durable.clone()
+                } else if kept == steps {
+                    Some(new.clone())
+                } else {
+                    let reached = same + kept as usize;
+                    let mut bytes = new[..reached].to_vec();
+                    if old.len() > reached {
+                        bytes.extend_from_slice(&old[reached..]);
+                    }
+                    Some(bytes)
+                };
+                inode.current = bytes.clone().unwrap_or_default();
+                inode.durable = bytes;
+            }
             let State {
-                inodes,
                 names,
                 durable_names,
                 ..
-            } = &mut *state;
-            for inode in inodes.iter_mut() {
-                if inode.durable.as_ref() != Some(&inode.current) && keep() {
-                    inode.durable = Some(inode.current.clone());
-                }
-                inode.current = inode.durable.clone().unwrap_or_default();
-            }
-            let mut after = durable_names.clone();
+            } = &mut after;
             let changed: Vec<PathBuf> = names
                 .keys()
                 .chain(durable_names.keys())
                 .filter(|path| names.get(*path) != durable_names.get(*path))
                 .cloned()
                 .collect();
+            let mut surviving = durable_names.clone();
             for path in changed {
-                if keep() {
+                if survive(1) == 1 {
                     match names.get(&path) {
-                        Some(inode) => after.insert(path, *inode),
-                        None => after.remove(&path),
+                        Some(inode) => surviving.insert(path, *inode),
+                        None => surviving.remove(&path),
                     };
                 }
             }
-            *names = after.clone();
-            *durable_names = after;
-            *self.fail_after.lock().unwrap() = None;
+            *names = surviving.clone();
+            *durable_names = surviving;
+            SimDisk {
+                state: Arc::new(Mutex::new(after)),
+            }
         }
 
-        fn step(&self) -> io::Result<std::sync::MutexGuard<'_, State>> {
-            let mut state = self.state.lock().unwrap();
-            if self
-                .fail_after
+        fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+            self.state
                 .lock()
-                .unwrap()
-                .is_some_and(|after| state.steps >= after)
-            {
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+        }
+
+        /// Counts an operation, or fails it if power is off.
+        fn step(&self) -> io::Result<std::sync::MutexGuard<'_, State>> {
+            let mut state = self.lock();
+            if state.gone {
+                return Err(io::Error::other(
+                    "the disk is gone (a crash or a power cut)",
+                ));
+            }
+            if state.fail_after.is_some_and(|after| state.steps >= after) {
                 return Err(io::Error::other("power cut"));
             }
             state.steps += 1;
             Ok(state)
+        }
+    }
+
+    /// A file of a [`SimDisk`], open.
+    #[derive(Debug)]
+    struct SimFile {
+        disk: SimDisk,
+        inode: usize,
+    }
+
+    impl DiskFile for SimFile {
+        fn write_at(&self, bytes: &[u8], offset: u64) -> io::Result<()> {
+            let mut state = self.disk.step()?;
+            let current = &mut state.inode(self.inode).current;
+            let end = offset as usize + bytes.len();
+            if current.len() < end {
+                current.resize(end, 0);
+            }
+            current[offset as usize..end].copy_from_slice(bytes);
+            Ok(())
+        }
+
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+            let mut state = self.disk.step()?;
+            let current = &state.inode(self.inode).current;
+            let bytes = usize::try_from(offset)
+                .ok()
+                .and_then(|start| current.get(start..start.checked_add(buf.len())?))
+                .ok_or(io::ErrorKind::UnexpectedEof)?;
+            buf.copy_from_slice(bytes);
+            Ok(())
+        }
+
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            let mut state = self.disk.step()?;
+            state.inode(self.inode).current.resize(len as usize, 0);
+            Ok(())
+        }
+
+        fn sync_data(&self) -> io::Result<()> {
+            let mut state = self.disk.step()?;
+            let inode = state.inode(self.inode);
+            inode.durable = Some(inode.current.clone());
+            Ok(())
+        }
+
+        fn sync_all(&self) -> io::Result<()> {
+            self.sync_data()
         }
     }
 
@@ -638,14 +829,14 @@ pub(crate) mod sim {
         fn write(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
             let mut state = self.step()?;
             let inode = state.inode_for(path);
-            state.inodes[inode].current = parts.concat();
+            state.inode(inode).current = parts.concat();
             Ok(())
         }
 
         fn append(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
             let mut state = self.step()?;
             let inode = *state.names.get(path).ok_or(io::ErrorKind::NotFound)?;
-            state.inodes[inode].current.extend_from_slice(bytes);
+            state.inode(inode).current.extend_from_slice(bytes);
             Ok(())
         }
 
@@ -660,7 +851,7 @@ pub(crate) mod sim {
         fn overwrite(&self, path: &Path, bytes: &[u8]) -> io::Result<()> {
             let mut state = self.step()?;
             let inode = state.inode_for(path);
-            let current = &mut state.inodes[inode].current;
+            let current = &mut state.inode(inode).current;
             if current.len() < bytes.len() {
                 current.resize(bytes.len(), 0);
             }
@@ -671,7 +862,7 @@ pub(crate) mod sim {
         fn sync(&self, path: &Path) -> io::Result<()> {
             let mut state = self.step()?;
             let inode = *state.names.get(path).ok_or(io::ErrorKind::NotFound)?;
-            let inode = &mut state.inodes[inode];
+            let inode = state.inode(inode);
             inode.durable = Some(inode.current.clone());
             Ok(())
         }
@@ -714,6 +905,31 @@ pub(crate) mod sim {
                 .map(|name| name.to_string_lossy().into_owned())
                 .collect())
         }
+
+        fn create_dir(&self, _dir: &Path) -> io::Result<bool> {
+            drop(self.step()?);
+            Ok(false)
+        }
+
+        fn create_file(&self, path: &Path) -> io::Result<Arc<dyn DiskFile>> {
+            let mut state = self.step()?;
+            let inode = state.inode_for(path);
+            state.inode(inode).current.clear();
+            Ok(Arc::new(SimFile {
+                disk: self.clone(),
+                inode,
+            }))
+        }
+
+        fn open_file(&self, path: &Path) -> io::Result<Option<Arc<dyn DiskFile>>> {
+            let state = self.step()?;
+            Ok(state.names.get(path).map(|inode| {
+                Arc::new(SimFile {
+                    disk: self.clone(),
+                    inode: *inode,
+                }) as Arc<dyn DiskFile>
+            }))
+        }
     }
 }
 
@@ -722,28 +938,28 @@ mod tests {
     use super::sim::SimDisk;
     use super::*;
 
-    fn files(disk: &Arc<SimDisk>) -> Files {
-        Files::open(Path::new("/data"), disk.clone()).unwrap()
+    fn files(disk: &SimDisk) -> Files {
+        Files::open(Path::new("/data"), Arc::new(disk.clone())).unwrap()
     }
 
     #[test]
     fn a_replaced_file_reads_back_and_survives_a_power_cut() {
-        let disk = Arc::new(SimDisk::default());
+        let disk = SimDisk::default();
         files(&disk).replace("vote", &7_u64).unwrap();
         assert_eq!(files(&disk).read::<u64>("vote").unwrap(), Some(7));
-        disk.cut(|| false);
+        let disk = disk.power_cut(|_| 0);
         assert_eq!(files(&disk).read::<u64>("vote").unwrap(), Some(7));
     }
 
     #[test]
     fn an_unsynced_file_may_be_lost_or_torn_and_reads_as_absent() {
-        let disk = Arc::new(SimDisk::default());
+        let disk = SimDisk::default();
         files(&disk).write_unsynced("committed", &3_u64).unwrap();
         assert_eq!(
             files(&disk).read_unsynced::<u64>("committed").unwrap(),
             Some(3)
         );
-        disk.cut(|| false);
+        let disk = disk.power_cut(|_| 0);
         assert_eq!(
             files(&disk).read_unsynced::<u64>("committed").unwrap(),
             None
@@ -844,11 +1060,24 @@ mod tests {
         assert_eq!(on_disk.list().unwrap(), ["snapshot"]);
     }
 
+    /// How much of each unsynced change survives a power cut: none, half (torn), all.
+    fn none(_steps: u64) -> u64 {
+        0
+    }
+
+    fn half(steps: u64) -> u64 {
+        steps / 2
+    }
+
+    fn all(steps: u64) -> u64 {
+        steps
+    }
+
     #[test]
     fn a_power_cut_in_a_streamed_replace_leaves_the_old_file_or_the_new_one() {
         let payload = big_payload();
         let steps = {
-            let disk = Arc::new(SimDisk::default());
+            let disk = SimDisk::default();
             let files = files(&disk);
             let before = disk.steps();
             replace_big(&files, &payload).unwrap();
@@ -856,13 +1085,13 @@ mod tests {
         };
         assert!(steps >= 6, "{steps} steps: the payload is written in parts");
         for cut_at in 0..=steps {
-            for keep_all in [false, true] {
-                let disk = Arc::new(SimDisk::default());
+            for survive in [none, half, all] {
+                let disk = SimDisk::default();
                 let before = files(&disk);
                 before.replace_parts("snapshot", &[b"old"]).unwrap();
                 disk.fail_after(disk.steps() + cut_at);
                 let finished = replace_big(&before, &payload).is_ok();
-                disk.cut(|| keep_all);
+                let disk = disk.power_cut(survive);
                 let read = read_payload(&files(&disk), "snapshot").unwrap();
                 if finished {
                     assert!(read == payload, "acknowledged, then lost (cut at {cut_at})");
@@ -880,20 +1109,20 @@ mod tests {
     #[test]
     fn a_power_cut_in_a_replace_leaves_the_old_file_or_the_new_one() {
         let steps = {
-            let disk = Arc::new(SimDisk::default());
+            let disk = SimDisk::default();
             let files = files(&disk);
             let before = disk.steps();
             files.replace("vote", &2_u64).unwrap();
             disk.steps() - before
         };
         for cut_at in 0..=steps {
-            for keep_all in [false, true] {
-                let disk = Arc::new(SimDisk::default());
+            for survive in [none, half, all] {
+                let disk = SimDisk::default();
                 let before = files(&disk);
                 before.replace("vote", &1_u64).unwrap();
                 disk.fail_after(disk.steps() + cut_at);
                 let finished = before.replace("vote", &2_u64).is_ok();
-                disk.cut(|| keep_all);
+                let disk = disk.power_cut(survive);
                 let after = files(&disk);
                 let read = after.read::<u64>("vote").unwrap();
                 if finished {

@@ -26,9 +26,10 @@ use super::{
     Vote, COMMITTED_FILE, PURGED_FILE, VOTE_FILE,
 };
 
-/// A segment file that has reached this size gets no more entries. A purge removes whole
-/// segments, so this is also about how much a purged prefix may keep on disk.
-const SEGMENT_BYTES_TARGET: u64 = 64 << 20;
+/// A segment file that has reached this size gets no more entries (unless the store is opened
+/// with other `Options`). A purge removes whole segments, so this is also about how much a
+/// purged prefix may keep on disk.
+pub const SEGMENT_BYTES_TARGET: u64 = 64 << 20;
 /// Entries per write when an earlier build's sled log is copied into segments.
 const IMPORT_BATCH_MAX: usize = 1_024;
 /// The most recently appended entries kept decoded, at most this many...
@@ -341,8 +342,12 @@ impl LogStore {
     /// the durable snapshot never removed anything the snapshot does not cover (see `purge`),
     /// so it is forgotten and the entries after the snapshot are the log again; a purge that a
     /// crash interrupted is finished.
-    pub(super) fn open(database: Database, dir: &Path) -> Result<LogStore, StoreError> {
-        let segments = Arc::new(SegmentLog::open(dir, SEGMENT_BYTES_TARGET)?);
+    pub(super) fn open(
+        database: Database,
+        dir: &Path,
+        segment_bytes: u64,
+    ) -> Result<LogStore, StoreError> {
+        let segments = Arc::new(SegmentLog::open(database.files.disk(), dir, segment_bytes)?);
         let store = LogStore {
             flusher: Arc::new(Flusher::start(segments.clone(), database.io)?),
             database,

@@ -49,9 +49,11 @@ use serde::{Deserialize, Serialize};
 use crate::machine::{decode_value, encode_value, Batch, CodecError, Machine, Response};
 
 pub use self::change_watch::{ChangeWatch, Watching};
+pub use self::files::sim::SimDisk;
 use self::files::Files;
-pub use self::files::{Disk, DiskReader, RealDisk};
+pub use self::files::{Disk, DiskFile, DiskReader, RealDisk};
 pub use self::log::LogStore;
+pub use self::log::SEGMENT_BYTES_TARGET;
 pub use self::raft_config::{raft_config, RaftTiming};
 pub use self::runtime::{seed_thread, Runtime};
 use self::snapshot_file::SnapshotWritten;
@@ -163,12 +165,31 @@ pub enum StoreError {
 /// `open` drops a recorded purge point past that snapshot and removes the entries the durable
 /// snapshot covers, so the log starts right after the purge point with no hole.
 pub fn open(dir: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_with(dir, Io::Threads)
+    open_with(dir, &Options::default())
 }
 
-/// `open`, with the store's blocking work done as `io` says.
-pub fn open_with(dir: &Path, io: Io) -> Result<(LogStore, StateMachineStore), StoreError> {
-    open_on(dir, Arc::new(RealDisk), io)
+/// How a store is opened. The default is what `batond` uses; the power-cut tests and the
+/// simulator choose otherwise.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Where the blocking work is done.
+    pub io: Io,
+    /// What the store's files, the log's segments included, are on. The lock file (and an
+    /// earlier format's sled database) are always on the real file system, in `dir`.
+    pub disk: Arc<dyn Disk>,
+    /// A log segment that has reached this many bytes gets no more entries. A purge removes
+    /// whole segments only, so the simulator makes them small.
+    pub segment_bytes: u64,
+}
+
+impl Default for Options {
+    fn default() -> Options {
+        Options {
+            io: Io::Threads,
+            disk: Arc::new(RealDisk),
+            segment_bytes: SEGMENT_BYTES_TARGET,
+        }
+    }
 }
 
 /// Where the store does its blocking work: file writes and syncs, and encoding and decoding
@@ -184,11 +205,10 @@ pub enum Io {
     Inline,
 }
 
-/// `open_with`, with the small files on `disk` (the log's segments are always real files).
-fn open_on(
+/// `open`, as `options` say.
+pub fn open_with(
     dir: &Path,
-    disk: Arc<dyn Disk>,
-    io: Io,
+    options: &Options,
 ) -> Result<(LogStore, StateMachineStore), StoreError> {
     if !dir.exists() {
         fs::create_dir_all(dir)
@@ -199,7 +219,7 @@ fn open_on(
             .map_err(|error| StoreError::Io(format!("create {}: {error}", dir.display())))?;
     }
     let lock = DirLock::take(dir)?;
-    let files = Files::open(dir, disk)?;
+    let files = Files::open(dir, options.disk.clone())?;
     let found_format = files.read::<u32>(FORMAT_FILE)?;
     if let Some(found) = found_format.filter(|found| *found != STORE_FORMAT) {
         return Err(StoreError::UnsupportedFormat { found });
@@ -222,12 +242,12 @@ fn open_on(
         files,
         snapshot_write: Arc::default(),
         lock: Arc::new(lock),
-        io,
+        io: options.io,
     };
     // The state machine first: it finds the durable snapshot, which bounds what the log may
     // have purged.
     let state_machine = StateMachineStore::open(database.clone())?;
-    let log_store = LogStore::open(database.clone(), &dir.join(LOG_DIR))?;
+    let log_store = LogStore::open(database.clone(), &dir.join(LOG_DIR), options.segment_bytes)?;
     if found_format.is_none() {
         if let Some(sled) = sled {
             sled.copy_log(&log_store)?;

@@ -16,6 +16,14 @@ pub enum Mutation {
     /// surely not applied, as the node's proposer once did with an entry a deposed leader
     /// dropped from its log (which a new leader may have committed).
     DiscardedIsNotLeader,
+    /// A log append counts as flushed without its `fdatasync`: a power cut loses entries the
+    /// node acknowledged to the leader (or, on the leader, counted toward a commit).
+    AppendNotSynced,
+    /// The snapshot file is replaced without syncing it or its directory, and still counts as
+    /// durable, so the log is purged up to it (issue 9's first guarantee bug, a purge past a
+    /// snapshot that is not durable): a power cut leaves the log's prefix gone and no snapshot
+    /// that covers it.
+    SnapshotNotSynced,
 }
 
 #[cfg(feature = "mutations")]

@@ -1,10 +1,11 @@
 //! Power cuts at every step of a workload, on the simulated disk of `files::sim`: the store's
-//! small files live on it (durable only once synced, names only once their directory is), the
-//! log's segments on a real temporary dir. For every operation a workload's run does, one run
-//! stops there (every file operation after it fails), power is cut (with none, all, or a
-//! random part of the unsynced writes reaching the disk anyway), and the store reopens. It
+//! small files and the log's segments live on it (durable only once synced, names only once
+//! their directory is). For every operation a workload's run does, one run stops there (every
+//! file operation after it fails), power is cut (with none, all, or a random part of each
+//! unsynced write reaching the disk anyway, torn ones included), and the store reopens. It
 //! must open, and hold every write it acknowledged: the vote (never older than the last one
-//! saved, so a node never votes twice in a term), the purge point and the snapshot.
+//! saved, so a node never votes twice in a term), the log's entries, the purge point and the
+//! snapshot.
 
 use std::sync::Arc;
 
@@ -12,12 +13,14 @@ use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::{EntryPayload, RaftLogReader, RaftSnapshotBuilder};
 
 use super::files::sim::SimDisk;
-use super::{open_on, Entry, Io, LogId, Vote};
+use super::{open_with, Entry, Io, LogId, LogStore, Options, StateMachineStore, StoreError, Vote};
 
 /// What the store acknowledged before the cut.
 #[derive(Debug, Default, Clone, Copy)]
 struct Acknowledged {
     vote: Option<Vote>,
+    /// The last entry appended.
+    appended: Option<u64>,
     purged: Option<LogId>,
     snapshot: Option<LogId>,
 }
@@ -49,10 +52,24 @@ impl Random {
     }
 }
 
+/// The store in `dir` on `disk`, with segments of a few entries each, so that purges remove
+/// some.
+fn open_on(
+    dir: &std::path::Path,
+    disk: &SimDisk,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let options = Options {
+        io: Io::Threads,
+        disk: Arc::new(disk.clone()),
+        segment_bytes: 100,
+    };
+    open_with(dir, &options)
+}
+
 /// Votes, appends, commits, snapshots and purges, in rounds; records each acknowledgement.
 /// Stops at the first error (the cut).
-async fn workload(dir: &std::path::Path, disk: &Arc<SimDisk>, acked: &mut Acknowledged) {
-    let Ok((mut log, mut machine)) = open_on(dir, disk.clone(), Io::Threads) else {
+async fn workload(dir: &std::path::Path, disk: &SimDisk, acked: &mut Acknowledged) {
+    let Ok((mut log, mut machine)) = open_on(dir, disk) else {
         return;
     };
     let mut index = 0;
@@ -67,6 +84,7 @@ async fn workload(dir: &std::path::Path, disk: &Arc<SimDisk>, acked: &mut Acknow
         if log.blocking_append(entries.clone()).await.is_err() {
             return;
         }
+        acked.appended = Some(index);
         if log.save_committed(Some(log_id(term, index))).await.is_err() {
             return;
         }
@@ -98,10 +116,11 @@ async fn workload(dir: &std::path::Path, disk: &Arc<SimDisk>, acked: &mut Acknow
 async fn power_cut_at_every_step_keeps_every_acknowledged_write() {
     let steps = {
         let dir = tempfile::tempdir().unwrap();
-        let disk = Arc::new(SimDisk::default());
+        let disk = SimDisk::default();
         let mut acked = Acknowledged::default();
         workload(dir.path(), &disk, &mut acked).await;
         assert!(acked.vote.is_some() && acked.purged.is_some() && acked.snapshot.is_some());
+        assert_eq!(acked.appended, Some(12));
         disk.steps()
     };
     let mut random = Random(0x5eed_f00d_ba70);
@@ -109,19 +128,20 @@ async fn power_cut_at_every_step_keeps_every_acknowledged_write() {
     for cut_at in 0..=steps {
         for keep in ["none", "all", "some"] {
             let dir = tempfile::tempdir().unwrap();
-            let disk = Arc::new(SimDisk::default());
+            let disk = SimDisk::default();
             disk.fail_after(cut_at);
             let mut acked = Acknowledged::default();
             workload(dir.path(), &disk, &mut acked).await;
             let seed = random.next();
             let mut coins = Random(seed | 1);
-            disk.cut(|| match keep {
-                "none" => false,
-                "all" => true,
-                _ => coins.coin(),
+            let disk = disk.power_cut(|steps| match keep {
+                "none" => 0,
+                "all" => steps,
+                _ if coins.coin() => steps,
+                _ => coins.next() % (steps + 1),
             });
             let context = format!("cut after {cut_at} of {steps} steps, {keep} unsynced kept (seed {seed}), acknowledged {acked:?}");
-            let (mut log, mut machine) = open_on(dir.path(), disk.clone(), Io::Threads)
+            let (mut log, mut machine) = open_on(dir.path(), &disk)
                 .unwrap_or_else(|error| panic!("does not reopen: {error}; {context}"));
             let vote = log.read_vote().await.unwrap();
             assert!(
@@ -129,6 +149,11 @@ async fn power_cut_at_every_step_keeps_every_acknowledged_write() {
                 "the vote went back to {vote:?}; {context}"
             );
             let state = log.get_log_state().await.unwrap();
+            assert!(
+                state.last_log_id.map(|log_id| log_id.index) >= acked.appended,
+                "the log went back to {:?}; {context}",
+                state.last_log_id
+            );
             assert!(
                 state.last_purged_log_id >= acked.purged,
                 "the purge point went back to {:?}; {context}",

@@ -35,13 +35,13 @@
 //! live in `log.rs`).
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::ops::{Bound, RangeBounds};
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
 
+use super::files::{Disk, DiskFile};
+use super::mutation::{self, Mutation};
 use super::StoreError;
 
 /// Bytes before a record's payload: length, CRC and index.
@@ -59,6 +59,7 @@ const SEGMENT_SUFFIX: &str = ".log";
 /// read lock while it reads, so a truncate never shortens a file under it.
 #[derive(Debug)]
 pub(super) struct SegmentLog {
+    disk: Arc<dyn Disk>,
     dir: PathBuf,
     /// A segment that has reached this size gets no more records; the next append starts a new
     /// one.
@@ -85,14 +86,18 @@ enum Unsynced {
 #[derive(Debug)]
 #[must_use = "an append is durable only once its flush completes"]
 pub(super) struct Flush {
-    file: Arc<File>,
+    file: Arc<dyn DiskFile>,
     unsynced: Arc<(Mutex<Unsynced>, Condvar)>,
 }
 
 impl Flush {
     /// `fdatasync`s the append's segment, and lets the next append be written.
     pub(super) fn complete(self) -> Result<(), StoreError> {
-        let synced = self.file.sync_data();
+        let synced = if mutation::active(Mutation::AppendNotSynced) {
+            Ok(())
+        } else {
+            self.file.sync_data()
+        };
         let (unsynced, settled) = &*self.unsynced;
         let mut unsynced = unsynced.lock().map_err(|_| StoreError::Poisoned)?;
         *unsynced = match &synced {
@@ -114,7 +119,7 @@ struct Segments {
 
 #[derive(Debug)]
 struct Segment {
-    file: Arc<File>,
+    file: Arc<dyn DiskFile>,
     path: PathBuf,
     /// Bytes of whole records, where the next record goes.
     len: u64,
@@ -135,33 +140,36 @@ impl SegmentLog {
     /// Opens (creating it if need be) the log in `dir`, reads every segment back, cuts off a
     /// torn last record and fails on anything else that does not read back (see the module
     /// docs).
-    pub(super) fn open(dir: &Path, segment_bytes_target: u64) -> Result<SegmentLog, StoreError> {
-        if !dir.exists() {
-            fs::create_dir_all(dir).map_err(|error| io_error("create the log directory", error))?;
-            if let Some(parent) = dir.parent() {
-                sync_dir(parent)?;
-            }
+    pub(super) fn open(
+        disk: Arc<dyn Disk>,
+        dir: &Path,
+        segment_bytes_target: u64,
+    ) -> Result<SegmentLog, StoreError> {
+        let created = disk
+            .create_dir(dir)
+            .map_err(|error| io_error("create the log directory", error))?;
+        if let (true, Some(parent)) = (created, dir.parent()) {
+            sync_dir(&*disk, parent)?;
         }
-        let mut names = Vec::new();
-        for item in fs::read_dir(dir).map_err(|error| io_error("list the log directory", error))? {
-            let item = item.map_err(|error| io_error("list the log directory", error))?;
-            let name = item.file_name();
-            let Some(first) = name.to_str().and_then(parse_segment_name) else {
-                continue;
-            };
-            names.push((first, item.path()));
-        }
+        let mut names: Vec<(u64, PathBuf)> = disk
+            .list(dir)
+            .map_err(|error| io_error("list the log directory", error))?
+            .into_iter()
+            .filter_map(|name| Some((parse_segment_name(&name)?, dir.join(name))))
+            .collect();
         names.sort();
         let mut segments = Segments::default();
         let mut removed_empty = false;
         let last = names.len().checked_sub(1);
         for (position, (first, path)) in names.into_iter().enumerate() {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(&path)
-                .map_err(|error| io_error("open a log segment", error))?;
-            let bytes = fs::read(&path).map_err(|error| io_error("read a log segment", error))?;
+            let (Some(file), Some(bytes)) = (
+                disk.open_file(&path)
+                    .map_err(|error| io_error("open a log segment", error))?,
+                disk.read(&path)
+                    .map_err(|error| io_error("read a log segment", error))?,
+            ) else {
+                return Err(corrupt(&path, "listed, then gone".to_owned()));
+            };
             let scanned = scan(first, &bytes, &path)?;
             let len = scanned.end;
             if scanned.torn {
@@ -186,7 +194,7 @@ impl SegmentLog {
             }
             if len == 0 {
                 // Created, then a crash before its first record: it holds nothing.
-                fs::remove_file(&path)
+                disk.remove(&path)
                     .map_err(|error| io_error("remove an empty log segment", error))?;
                 removed_empty = true;
                 continue;
@@ -213,7 +221,7 @@ impl SegmentLog {
             segments.files.insert(
                 first,
                 Segment {
-                    file: Arc::new(file),
+                    file,
                     path,
                     len,
                     allocated: len,
@@ -221,9 +229,10 @@ impl SegmentLog {
             );
         }
         if removed_empty {
-            sync_dir(dir)?;
+            sync_dir(&*disk, dir)?;
         }
         Ok(SegmentLog {
+            disk,
             dir: dir.to_owned(),
             segment_bytes_target,
             writer: Mutex::new(()),
@@ -283,7 +292,7 @@ impl SegmentLog {
         }
         let mut unsynced = self.wait_synced()?;
         let (segment, file, offset) = self.segment_for(first_index, gap_allowed)?;
-        file.write_all_at(&bytes, offset)
+        file.write_at(&bytes, offset)
             .map_err(|error| io_error("append to the log", error))?;
         *unsynced = Unsynced::Pending;
         drop(unsynced);
@@ -328,7 +337,8 @@ impl SegmentLog {
     }
 
     /// Makes sure the last segment has at least half of `PREALLOCATE_BYTES` of zeros after its
-    /// records, writing (and fdatasyncing) `PREALLOCATE_BYTES` more when it has not. Called after
+    /// records, writing (and fdatasyncing) `PREALLOCATE_BYTES` more when it has not (or the
+    /// segment's target size, when that is smaller: the simulator's segments are small). Called after
     /// an append's flush, so the next appends find their bytes already there. A segment that is
     /// full gets none: the next append starts a new one.
     ///
@@ -352,7 +362,7 @@ impl SegmentLog {
             };
             if segment.len == 0
                 || segment.len >= self.segment_bytes_target
-                || segment.allocated - segment.len >= PREALLOCATE_BYTES / 2
+                || segment.allocated - segment.len >= self.preallocate_bytes() / 2
             {
                 return Ok(());
             }
@@ -360,13 +370,14 @@ impl SegmentLog {
         };
         // Readers never look past `len`, and the writer lock keeps appends out: the zeros go
         // in without the state lock.
-        let zeros = vec![0u8; PREALLOCATE_BYTES as usize];
-        file.write_all_at(&zeros, from)
+        let more = self.preallocate_bytes();
+        let zeros = vec![0u8; more as usize];
+        file.write_at(&zeros, from)
             .map_err(|error| io_error("preallocate the log", error))?;
         file.sync_data()
             .map_err(|error| io_error("preallocate the log", error))?;
         if let Some(segment) = self.write_state()?.files.get_mut(&first) {
-            segment.allocated = from + PREALLOCATE_BYTES;
+            segment.allocated = from + more;
         }
         Ok(())
     }
@@ -421,12 +432,13 @@ impl SegmentLog {
             .collect();
         for first in &doomed {
             if let Some(segment) = state.files.remove(first) {
-                fs::remove_file(&segment.path)
+                self.disk
+                    .remove(&segment.path)
                     .map_err(|error| io_error("remove a log segment", error))?;
             }
         }
         if !doomed.is_empty() {
-            sync_dir(&self.dir)?;
+            sync_dir(&*self.disk, &self.dir)?;
         }
         if let Some(location) = state.records.get(&index).copied() {
             if let Some(segment) = state.files.get_mut(&location.segment) {
@@ -472,7 +484,8 @@ impl SegmentLog {
                 break;
             }
             if let Some(segment) = state.files.remove(first) {
-                fs::remove_file(&segment.path)
+                self.disk
+                    .remove(&segment.path)
                     .map_err(|error| io_error("remove a log segment", error))?;
                 removed = true;
             }
@@ -481,7 +494,7 @@ impl SegmentLog {
             }
         }
         if removed {
-            sync_dir(&self.dir)?;
+            sync_dir(&*self.disk, &self.dir)?;
         }
         Ok(())
     }
@@ -492,7 +505,7 @@ impl SegmentLog {
         &self,
         index: u64,
         gap_allowed: bool,
-    ) -> Result<(u64, Arc<File>, u64), StoreError> {
+    ) -> Result<(u64, Arc<dyn DiskFile>, u64), StoreError> {
         {
             let state = self.read_state()?;
             let last_index = state.records.keys().next_back().copied();
@@ -528,19 +541,15 @@ impl SegmentLog {
         self.start_segment(index)
     }
 
-    fn start_segment(&self, first: u64) -> Result<(u64, Arc<File>, u64), StoreError> {
+    fn start_segment(&self, first: u64) -> Result<(u64, Arc<dyn DiskFile>, u64), StoreError> {
         let path = self.dir.join(segment_name(first));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
+        let file = self
+            .disk
+            .create_file(&path)
             .map_err(|error| io_error("create a log segment", error))?;
         file.sync_all()
             .map_err(|error| io_error("create a log segment", error))?;
-        sync_dir(&self.dir)?;
-        let file = Arc::new(file);
+        sync_dir(&*self.disk, &self.dir)?;
         let mut state = self.write_state()?;
         // An empty segment left at the end (cut to nothing) is replaced by the new one.
         let empty: Vec<u64> = state
@@ -552,7 +561,8 @@ impl SegmentLog {
             .collect();
         for existing in empty {
             if let Some(segment) = state.files.remove(&existing) {
-                fs::remove_file(&segment.path)
+                self.disk
+                    .remove(&segment.path)
                     .map_err(|error| io_error("remove an empty log segment", error))?;
             }
         }
@@ -566,6 +576,10 @@ impl SegmentLog {
             },
         );
         Ok((first, file, 0))
+    }
+
+    fn preallocate_bytes(&self) -> u64 {
+        PREALLOCATE_BYTES.min(self.segment_bytes_target)
     }
 
     fn lock_writer(&self) -> Result<std::sync::MutexGuard<'_, ()>, StoreError> {
@@ -677,7 +691,7 @@ fn read_run(
     let mut bytes = vec![0; (end - first.offset) as usize];
     segment
         .file
-        .read_exact_at(&mut bytes, first.offset)
+        .read_at(&mut bytes, first.offset)
         .map_err(|error| io_error("read the log", error))?;
     for (index, location) in run {
         let start = (location.offset - first.offset) as usize;
@@ -746,9 +760,8 @@ fn parse_segment_name(name: &str) -> Option<u64> {
 }
 
 /// Makes the directory's entries (segments created or unlinked) durable.
-fn sync_dir(dir: &Path) -> Result<(), StoreError> {
-    File::open(dir)
-        .and_then(|dir| dir.sync_all())
+fn sync_dir(disk: &dyn Disk, dir: &Path) -> Result<(), StoreError> {
+    disk.sync_dir(dir)
         .map_err(|error| io_error("fsync the log directory", error))
 }
 
@@ -765,7 +778,14 @@ fn corrupt(path: &Path, reason: String) -> StoreError {
 
 #[cfg(test)]
 mod tests {
+    use std::fs::{self, File};
+
     use super::*;
+    use crate::store::RealDisk;
+
+    fn open_real(dir: &Path, segment_bytes_target: u64) -> Result<SegmentLog, StoreError> {
+        SegmentLog::open(Arc::new(RealDisk), dir, segment_bytes_target)
+    }
 
     fn payload(index: u64) -> Vec<u8> {
         format!("entry {index}").into_bytes()
@@ -798,7 +818,7 @@ mod tests {
     /// A log of entries 1 to 9 in three full segments, named 1, 4 and 7.
     fn three_full_segments() -> (tempfile::TempDir, SegmentLog) {
         let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         for batch in [1..=3, 4..=6, 7..=9] {
             log.append(&records(batch), false).unwrap();
         }
@@ -818,7 +838,7 @@ mod tests {
             Vec::<u64>::new()
         );
         drop(log);
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         assert_eq!(log.bounds().unwrap(), Some((1, 9)));
         assert_eq!(indexes(&log, ..), (1..=9).collect::<Vec<_>>());
     }
@@ -834,7 +854,7 @@ mod tests {
         let middle = dir.path().join(segment_name(4));
         let kept = fs::read(&middle).unwrap();
         fs::remove_file(&middle).unwrap();
-        let error = SegmentLog::open(dir.path(), SMALL).map(drop).unwrap_err();
+        let error = open_real(dir.path(), SMALL).map(drop).unwrap_err();
         let message = error.to_string();
         assert!(
             matches!(error, StoreError::Corrupt { .. })
@@ -844,7 +864,7 @@ mod tests {
         );
         fs::write(&middle, kept).unwrap();
         fs::remove_file(dir.path().join(segment_name(7))).unwrap();
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         assert_eq!(log.bounds().unwrap(), Some((1, 6)));
     }
 
@@ -853,7 +873,7 @@ mod tests {
     #[test]
     fn a_write_is_readable_at_once_and_the_next_waits_for_its_flush() {
         let dir = tempfile::tempdir().unwrap();
-        let log = Arc::new(SegmentLog::open(dir.path(), SMALL).unwrap());
+        let log = Arc::new(open_real(dir.path(), SMALL).unwrap());
         let flush = log.write(&records(1..=3), false).unwrap().expect("a flush");
         assert_eq!(indexes(&log, ..), vec![1, 2, 3]);
         let next = {
@@ -881,7 +901,7 @@ mod tests {
     #[test]
     fn preallocating_never_waits_for_an_append_that_waits_for_a_flush() {
         let dir = tempfile::tempdir().unwrap();
-        let log = Arc::new(SegmentLog::open(dir.path(), 1 << 20).unwrap());
+        let log = Arc::new(open_real(dir.path(), 1 << 20).unwrap());
         let first = log.write(&records(1..=3), false).unwrap().expect("a flush");
         first.complete().unwrap();
         let second = log.write(&records(4..=6), false).unwrap().expect("a flush");
@@ -925,7 +945,7 @@ mod tests {
         assert_eq!(segment_firsts(dir.path()), vec![1]);
         log.append(&records(4..=6), false).unwrap();
         drop(log);
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         assert_eq!(indexes(&log, ..), (1..=6).collect::<Vec<_>>());
         log.truncate(0).unwrap();
         assert_eq!(log.bounds().unwrap(), None);
@@ -943,14 +963,14 @@ mod tests {
         // After everything went, the log starts again wherever the caller allows.
         log.append(&records(20..=21), true).unwrap();
         drop(log);
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         assert_eq!(indexes(&log, ..), vec![20, 21]);
     }
 
     #[test]
     fn an_append_that_overlaps_or_leaves_a_hole_is_refused() {
         let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         log.append(&records(1..=2), false).unwrap();
         for (batch, gap_allowed) in [(2..=3, false), (2..=3, true), (4..=4, false)] {
             let refused = log.append(&records(batch), gap_allowed);
@@ -972,15 +992,15 @@ mod tests {
     #[test]
     fn a_crash_before_the_first_record_of_a_new_segment_leaves_an_empty_one_that_is_replaced() {
         let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         log.append(&records(1..=3), false).unwrap();
         drop(log);
         File::create(dir.path().join(segment_name(4))).unwrap();
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         log.append(&records(4..=4), false).unwrap();
         drop(log);
         File::create(dir.path().join(segment_name(9))).unwrap();
-        let log = SegmentLog::open(dir.path(), SMALL).unwrap();
+        let log = open_real(dir.path(), SMALL).unwrap();
         log.append(&records(5..=5), false).unwrap();
         assert_eq!(segment_firsts(dir.path()), vec![1, 4]);
         assert_eq!(indexes(&log, ..), (1..=5).collect::<Vec<_>>());
@@ -994,7 +1014,7 @@ mod tests {
     #[test]
     fn appends_go_into_preallocated_zeros_and_open_cuts_the_zeros_off() {
         let dir = tempfile::tempdir().unwrap();
-        let log = SegmentLog::open(dir.path(), 1 << 30).unwrap();
+        let log = open_real(dir.path(), 1 << 30).unwrap();
         log.append(&records(1..=2), false).unwrap();
         let records_end = segment_bytes(dir.path(), 1).len() as u64;
         log.preallocate().unwrap();
@@ -1010,7 +1030,7 @@ mod tests {
         assert_eq!(indexes(&log, ..), vec![1, 2, 3, 4]);
         drop(log);
 
-        let log = SegmentLog::open(dir.path(), 1 << 30).unwrap();
+        let log = open_real(dir.path(), 1 << 30).unwrap();
         assert_eq!(indexes(&log, ..), vec![1, 2, 3, 4]);
         let cut = segment_bytes(dir.path(), 1);
         assert!(cut.len() < bytes.len() && !cut.ends_with(&[0; 8]));
@@ -1019,7 +1039,7 @@ mod tests {
         log.truncate(3).unwrap();
         log.append(&records(3..=3), false).unwrap();
         drop(log);
-        let log = SegmentLog::open(dir.path(), 1 << 30).unwrap();
+        let log = open_real(dir.path(), 1 << 30).unwrap();
         assert_eq!(indexes(&log, ..), vec![1, 2, 3]);
     }
 
@@ -1034,7 +1054,7 @@ mod tests {
             ("bytes after", true),
         ] {
             let dir = tempfile::tempdir().unwrap();
-            let log = SegmentLog::open(dir.path(), 1 << 30).unwrap();
+            let log = open_real(dir.path(), 1 << 30).unwrap();
             log.append(&records(1..=3), false).unwrap();
             let third_at = log.read_state().unwrap().records[&3].offset as usize;
             let third_end = third_at + HEADER_BYTES + payload(3).len();
@@ -1050,7 +1070,7 @@ mod tests {
                 }
             }
             fs::write(dir.path().join(segment_name(1)), &bytes).unwrap();
-            let opened = SegmentLog::open(dir.path(), 1 << 30);
+            let opened = open_real(dir.path(), 1 << 30);
             if corrupt {
                 assert!(matches!(opened, Err(StoreError::Corrupt { .. })), "{tear}");
                 continue;
