@@ -1,6 +1,7 @@
-//! The simulated cluster: real Baton nodes (openraft, the store on its data dir, the machine)
-//! in one process, on the simulator's network, started, crashed and restarted by the fault
-//! schedule; and the invariants checked while it runs.
+//! The simulated cluster: real Baton nodes (openraft, the store, the machine) in one process,
+//! each with its own simulated disk (`store::SimDisk`), on the simulator's network; started,
+//! crashed, cut off from power and restarted by the fault schedule; and the invariants checked
+//! while it runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hasher};
@@ -10,10 +11,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use baton_raft_store::store::{
-    self, Io, LogId, MachineHandle, Member, Raft, RaftTiming, StoreError, Vote,
+    self, Io, LogId, MachineHandle, Member, Options, Raft, RaftTiming, SimDisk, StoreError, Vote,
 };
 use openraft::async_runtime::WatchReceiver;
 use openraft::ChangeMembers;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
 use super::net::{Endpoint, SimNet, SimNode};
 
@@ -41,8 +44,16 @@ pub struct Cluster {
     ids: Vec<u64>,
 }
 
+/// A log segment of the simulated stores gets no more entries past this many bytes: small, so
+/// that purges remove segments.
+const SEGMENT_BYTES: u64 = 4 << 10;
+
 struct Inner {
     up: BTreeMap<u64, Running>,
+    /// Every node's disk, as the node finds it when it starts.
+    disks: BTreeMap<u64, SimDisk>,
+    /// Decides how much of each unsynced write a power cut keeps.
+    power: StdRng,
     /// What the invariants have seen: each node's greatest vote, across its restarts, and at
     /// each applied index the entry's log id, the applied state's digest, and the node that
     /// first applied it.
@@ -52,11 +63,14 @@ struct Inner {
 }
 
 impl Cluster {
-    /// A cluster of nodes `ids`, none started, with data dirs under `dir`.
-    pub fn new(net: SimNet, dir: PathBuf, timing: RaftTiming, ids: Vec<u64>) -> Cluster {
+    /// A cluster of nodes `ids`, none started, each with an empty disk (and a real data dir
+    /// under `dir` for its lock file); `seed` decides what power cuts keep.
+    pub fn new(net: SimNet, dir: PathBuf, timing: RaftTiming, ids: Vec<u64>, seed: u64) -> Cluster {
         Cluster {
             inner: Arc::new(Mutex::new(Inner {
                 up: BTreeMap::new(),
+                disks: ids.iter().map(|id| (*id, SimDisk::default())).collect(),
+                power: StdRng::seed_from_u64(seed),
                 votes: BTreeMap::new(),
                 applied: BTreeMap::new(),
                 violations: Vec::new(),
@@ -89,13 +103,18 @@ impl Cluster {
         self.inner().up.get(&id).cloned()
     }
 
-    /// Starts node `id` on its data dir (as it was left, or empty). A crashed node's store may
+    /// Starts node `id` on its disk (as it was left, or empty). A crashed node's store may
     /// still be held by its last tasks for a moment: the open is tried again until it is free.
     pub async fn start(&self, id: u64) -> anyhow::Result<()> {
         let dir = self.dir.join(format!("n{id}"));
+        let options = Options {
+            io: Io::Inline,
+            disk: Arc::new(self.inner().disks.entry(id).or_default().clone()),
+            segment_bytes: SEGMENT_BYTES,
+        };
         let mut attempts = 0;
         let (log, state_machine) = loop {
-            match store::open_with(&dir, Io::Inline) {
+            match store::open_with(&dir, &options) {
                 Ok(opened) => break opened,
                 Err(StoreError::InUse(_)) if attempts < 100 => {
                     attempts += 1;
@@ -140,9 +159,33 @@ impl Cluster {
     }
 
     /// Stops node `id` as a SIGKILL would: its messages are lost from now on, its tasks end,
-    /// and what it wrote stays in its data dir (unsynced writes included: a crash, not a power
-    /// cut).
+    /// and what it wrote stays on its disk (unsynced writes included: a crash, not a power cut).
     pub async fn crash(&self, id: u64) {
+        self.stop(id).await;
+        let mut inner = self.inner();
+        if let Some(disk) = inner.disks.get_mut(&id) {
+            *disk = disk.crash();
+        }
+    }
+
+    /// Stops node `id` as a power cut would: as `crash`, and then what its disk had not synced
+    /// is lost, kept, or torn (new bytes up to some point, the old ones after it), one change
+    /// at a time as the seed decides.
+    pub async fn power_cut(&self, id: u64) {
+        self.stop(id).await;
+        let mut inner = self.inner();
+        let Inner { disks, power, .. } = &mut *inner;
+        if let Some(disk) = disks.get_mut(&id) {
+            *disk = disk.power_cut(|steps| match power.random_range(0..3) {
+                0 => 0,
+                1 => steps,
+                _ => power.random_range(0..=steps),
+            });
+        }
+    }
+
+    /// Takes node `id` off the network and ends its tasks.
+    async fn stop(&self, id: u64) {
         self.net.detach(id);
         let running = self.inner().up.remove(&id);
         if let Some(running) = running {

@@ -306,8 +306,13 @@ pub enum FaultKind {
     Partition(Target),
     /// Messages from the target to one node are lost; the other way works.
     OneWay(Target, u64),
-    /// The target crashes, and starts again on its data dir when the fault ends.
+    /// The target crashes, and starts again on its disk when the fault ends.
     Kill(Target),
+    /// The target loses power: it stops, its disk loses or tears what it had not synced, and
+    /// it starts again when the fault ends.
+    Power(Target),
+    /// Every node loses power at once, and all start again when the fault ends.
+    Blackout,
     /// The target is removed from the voters while it runs, and added back when the fault
     /// ends.
     Remove(Target),
@@ -332,11 +337,13 @@ pub fn schedule(seed: u64, nodes: &[u64], length: Duration) -> Vec<Fault> {
             0 => Target::Leader,
             _ => Target::Node(nodes[random.random_range(0..nodes.len())]),
         };
-        let kind = match random.random_range(0..7) {
+        let kind = match random.random_range(0..10) {
             0 | 1 => FaultKind::Partition(target),
             2 => FaultKind::OneWay(target, nodes[random.random_range(0..nodes.len())]),
             3 => FaultKind::Remove(target),
-            _ => FaultKind::Kill(target),
+            4 | 5 => FaultKind::Kill(target),
+            6 | 7 => FaultKind::Power(target),
+            _ => FaultKind::Blackout,
         };
         let fault = Fault {
             pause_ms: random.random_range(100..1_000),
@@ -349,8 +356,8 @@ pub fn schedule(seed: u64, nodes: &[u64], length: Duration) -> Vec<Fault> {
     faults
 }
 
-/// `PAUSE:KIND:TARGET[:TO]:HOLD`, e.g. `420:kill:leader:1300` or `300:one-way:2:3:800`; a
-/// schedule is its faults joined by commas.
+/// `PAUSE:KIND[:TARGET[:TO]]:HOLD`, e.g. `420:kill:leader:1300`, `300:one-way:2:3:800` or
+/// `500:blackout:900`; a schedule is its faults joined by commas.
 impl std::fmt::Display for Fault {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let target = |target: Target| match target {
@@ -361,6 +368,8 @@ impl std::fmt::Display for Fault {
             FaultKind::Partition(on) => format!("partition:{}", target(on)),
             FaultKind::OneWay(from, to) => format!("one-way:{}:{to}", target(from)),
             FaultKind::Kill(on) => format!("kill:{}", target(on)),
+            FaultKind::Power(on) => format!("power:{}", target(on)),
+            FaultKind::Blackout => "blackout".to_owned(),
             FaultKind::Remove(on) => format!("remove:{}", target(on)),
         };
         write!(f, "{}:{kind}:{}", self.pause_ms, self.hold_ms)
@@ -373,8 +382,9 @@ impl std::str::FromStr for Fault {
     fn from_str(text: &str) -> Result<Fault, String> {
         let bad = || {
             format!(
-                "{text:?} is not a fault: PAUSE:KIND:TARGET[:TO]:HOLD, KIND one of partition, \
-                 one-way (with TO), kill, remove; TARGET leader or a node id; e.g. 420:kill:leader:1300"
+                "{text:?} is not a fault: PAUSE:KIND[:TARGET[:TO]]:HOLD, KIND one of partition, \
+                 one-way (with TO), kill, power, remove, or blackout (without TARGET); TARGET \
+                 leader or a node id; e.g. 420:kill:leader:1300"
             )
         };
         let parts: Vec<&str> = text.trim().split(':').collect();
@@ -384,12 +394,14 @@ impl std::str::FromStr for Fault {
             id => number(id).map(Target::Node),
         };
         let (pause, hold) = match (parts.first(), parts.last()) {
-            (Some(pause), Some(hold)) if parts.len() >= 4 => (number(pause)?, number(hold)?),
+            (Some(pause), Some(hold)) if parts.len() >= 3 => (number(pause)?, number(hold)?),
             _ => return Err(bad()),
         };
         let kind = match (parts[1], parts.len()) {
             ("partition", 4) => FaultKind::Partition(target(parts[2])?),
             ("kill", 4) => FaultKind::Kill(target(parts[2])?),
+            ("power", 4) => FaultKind::Power(target(parts[2])?),
+            ("blackout", 3) => FaultKind::Blackout,
             ("remove", 4) => FaultKind::Remove(target(parts[2])?),
             ("one-way", 5) => FaultKind::OneWay(target(parts[2])?, number(parts[3])?),
             _ => return Err(bad()),
@@ -479,29 +491,44 @@ pub async fn nemesis(
                     json!({ "node": victim, "ok": added.is_ok(), "error": added.err() }),
                 );
             }
-            FaultKind::Kill(target) => {
+            FaultKind::Kill(target) | FaultKind::Power(target) => {
                 let victim = resolve(target);
-                recorder.record(
-                    nemesis(),
-                    OpType::Info,
-                    "kill",
-                    "",
-                    json!({ "node": victim }),
-                );
-                cluster.crash(victim).await;
+                let power = matches!(fault.kind, FaultKind::Power(_));
+                let f = if power { "power-cut" } else { "kill" };
+                recorder.record(nemesis(), OpType::Info, f, "", json!({ "node": victim }));
+                if power {
+                    cluster.power_cut(victim).await;
+                } else {
+                    cluster.crash(victim).await;
+                }
                 tokio::time::sleep(hold).await;
-                let started = cluster.start(victim).await;
-                recorder.record(
-                    nemesis(),
-                    OpType::Info,
-                    "start",
-                    "",
-                    json!({ "node": victim, "ok": started.is_ok(), "error": started.err().map(|error| format!("{error:#}")) }),
-                );
+                start(&cluster, &recorder, victim).await;
+            }
+            FaultKind::Blackout => {
+                recorder.record(nemesis(), OpType::Info, "blackout", "", Value::Null);
+                for id in cluster.ids().to_vec() {
+                    cluster.power_cut(id).await;
+                }
+                tokio::time::sleep(hold).await;
+                for id in cluster.ids().to_vec() {
+                    start(&cluster, &recorder, id).await;
+                }
             }
         }
     }
     injected
+}
+
+/// Starts node `id` again and records whether it could.
+pub async fn start(cluster: &Cluster, recorder: &Recorder, id: u64) {
+    let started = cluster.start(id).await;
+    recorder.record(
+        Process::Named(NEMESIS.to_owned()),
+        OpType::Info,
+        "start",
+        "",
+        json!({ "node": id, "ok": started.is_ok(), "error": started.err().map(|error| format!("{error:#}")) }),
+    );
 }
 
 #[cfg(test)]
@@ -521,9 +548,11 @@ mod tests {
             "x:kill:leader:3",
             "1:crash:2:3",
             "1:one-way:2:3",
+            "1:blackout:2:3",
+            "1:power:3",
         ] {
             let refused = bad.parse::<Fault>().expect_err(bad);
-            assert!(refused.contains("PAUSE:KIND:TARGET"), "{refused}");
+            assert!(refused.contains("PAUSE:KIND[:TARGET"), "{refused}");
         }
     }
 }
