@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use baton_raft_store::store::{self, ClusterId, Raft, RaftTiming};
+use baton_raft_store::store::{self, ClusterId, Raft, RaftTiming, SnapshotInbox};
 use openraft::async_runtime::WatchReceiver;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -25,7 +25,8 @@ use crate::service::{Relay, Service};
 use crate::tls;
 
 /// Runs the node until it is told to stop. An error means the node could not start, or
-/// openraft stopped on a fatal error (a storage error stops the node: docs/guarantees.md G5, STYLE rule 4).
+/// openraft stopped on a fatal error, or a snapshot sent by a peer could not be stored (a storage
+/// error stops the node: docs/guarantees.md G5, STYLE rule 4).
 pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     let tuning = &config.tuning;
     // Certificates are read before anything starts: a bad file stops the node at once.
@@ -172,7 +173,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         peer_tls.map(TlsAcceptor::from),
         peer_router(
             raft.clone(),
-            snapshot_inbox,
+            snapshot_inbox.clone(),
             leader_contact,
             tuning.cluster_secret.clone(),
             identity,
@@ -195,7 +196,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
     // A task, not a branch of this select: `main` runs on a thread of its own, and openraft's
     // metrics change with every entry and heartbeat, so watching them here woke that thread
     // (a context switch) several times per write.
-    let raft_watch = tokio::spawn(raft_stopped(raft.clone()));
+    let raft_watch = tokio::spawn(raft_stopped(raft.clone(), snapshot_inbox.clone()));
     let outcome = tokio::select! {
         () = shutdown_signal() => {
             tracing::info!("shutting down on signal");
@@ -204,7 +205,7 @@ pub async fn run(config: NodeConfig) -> anyhow::Result<()> {
         }
         fatal = raft_watch => {
             let fatal = fatal.unwrap_or_else(|join_error| join_error.to_string());
-            Err(anyhow::anyhow!("raft stopped: {fatal}"))
+            Err(anyhow::anyhow!("stopping on a fatal error: {fatal}"))
         }
     };
     let _ = stop.send(true);
@@ -257,16 +258,24 @@ async fn hand_over(raft: &Raft, node_id: u64, within: Duration) {
     }
 }
 
-/// Resolves when openraft's core stops with a fatal error, with its description.
-async fn raft_stopped(raft: Raft) -> String {
-    let mut metrics = raft.metrics();
-    loop {
-        if let Err(fatal) = &metrics.borrow_watched().running_state {
-            return fatal.to_string();
+/// Resolves when openraft's core stops with a fatal error, or a storage error is met while a
+/// snapshot sent by a peer is gathered (storage work openraft does not call), with its
+/// description: either stops the node.
+async fn raft_stopped(raft: Raft, inbox: SnapshotInbox) -> String {
+    let fatal = async {
+        let mut metrics = raft.metrics();
+        loop {
+            if let Err(fatal) = &metrics.borrow_watched().running_state {
+                return fatal.to_string();
+            }
+            if metrics.changed().await.is_err() {
+                return "the raft core is gone".to_owned();
+            }
         }
-        if metrics.changed().await.is_err() {
-            return "the raft core is gone".to_owned();
-        }
+    };
+    tokio::select! {
+        fatal = fatal => fatal,
+        failure = inbox.failed() => format!("a snapshot sent by a peer could not be stored: {failure}"),
     }
 }
 

@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Display;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_raft_store::machine::{
@@ -14,8 +15,8 @@ use baton_raft_store::machine::{
     SessionId,
 };
 use baton_raft_store::store::{
-    self, Applied, ClusterId, Entry, LogId, LogStore, Member, SnapshotData, SnapshotMeta,
-    StateMachineStore, StoreError, StoredMembership, TypeConfig, Vote,
+    self, open_with, Applied, ClusterId, Entry, Io, LogId, LogStore, Member, Options, SimDisk,
+    SnapshotData, SnapshotMeta, StateMachineStore, StoreError, StoredMembership, TypeConfig, Vote,
 };
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::log::{StoreBuilder, Suite};
@@ -1066,4 +1067,32 @@ async fn a_built_snapshot_reads_its_own_bytes_or_says_it_was_replaced() {
     assert_eq!(current.snapshot.into_bytes().unwrap(), newer_bytes);
     let error = first.snapshot.into_bytes().unwrap_err().to_string();
     assert!(error.contains("replaced before it was read"), "{error}");
+}
+
+/// Gathering a snapshot is storage work openraft does not call: a disk error in it is kept by
+/// the inbox, whose `failed` resolves with it, so that the node stops on it as openraft stops
+/// on its own storage errors. Until then `failed` waits.
+#[tokio::test]
+async fn a_disk_error_while_gathering_a_snapshot_is_kept_for_the_node_to_stop_on() {
+    let dir = TempDir::new().unwrap();
+    let disk = SimDisk::default();
+    let options = Options {
+        io: Io::Threads,
+        disk: Arc::new(disk.clone()),
+        ..Options::default()
+    };
+    let (_log_store, state_machine) = open_with(dir.path(), &options).unwrap();
+    let inbox = state_machine.snapshot_inbox();
+    let mut receiving = inbox.receive().unwrap();
+    receiving.append(b"first chunk").unwrap();
+    let waiting = tokio::time::timeout(Duration::from_millis(50), inbox.failed()).await;
+    assert!(waiting.is_err(), "no failure yet: {waiting:?}");
+
+    disk.fail_after(disk.steps());
+    let refused = receiving.append(b"second chunk").unwrap_err().to_string();
+    assert!(inbox.receive().is_err(), "the disk refuses everything now");
+    let failure = tokio::time::timeout(Duration::from_secs(5), inbox.failed())
+        .await
+        .expect("the failure is kept");
+    assert_eq!(failure, refused, "the first error is the one kept");
 }

@@ -630,6 +630,8 @@ pub mod sim {
         durable_names: BTreeMap<PathBuf, usize>,
         /// Operations done so far.
         steps: usize,
+        /// Operations refused so far.
+        failures: usize,
         /// Every operation after this many fails (power is being cut).
         fail_after: Option<usize>,
         /// The disk was crashed or its power cut: every operation fails. What survived is on
@@ -668,9 +670,14 @@ pub mod sim {
         }
 
         /// From now on, every operation after the first `steps` fails, as if power was being
-        /// cut in the middle of a store call.
+        /// cut in the middle of a store call, or the disk had died.
         pub fn fail_after(&self, steps: usize) {
             self.lock().fail_after = Some(steps);
+        }
+
+        /// How many operations failed.
+        pub fn failures(&self) -> usize {
+            self.lock().failures
         }
 
         /// The process using the disk is killed: everything it wrote stays as it was, synced
@@ -756,13 +763,16 @@ pub mod sim {
         /// Counts an operation, or fails it if power is off.
         fn step(&self) -> io::Result<std::sync::MutexGuard<'_, State>> {
             let mut state = self.lock();
-            if state.gone {
-                return Err(io::Error::other(
-                    "the disk is gone (a crash or a power cut)",
-                ));
-            }
-            if state.fail_after.is_some_and(|after| state.steps >= after) {
-                return Err(io::Error::other("power cut"));
+            let refusal = if state.gone {
+                Some("the disk is gone (a crash or a power cut)")
+            } else if state.fail_after.is_some_and(|after| state.steps >= after) {
+                Some("the disk failed (or its power is being cut)")
+            } else {
+                None
+            };
+            if let Some(refusal) = refusal {
+                state.failures += 1;
+                return Err(io::Error::other(refusal));
             }
             state.steps += 1;
             Ok(state)

@@ -145,10 +145,15 @@ impl fmt::Debug for SnapshotData {
 /// Where a node gathers the snapshots it is sent: a file of its own in the data dir for each
 /// transfer (named `snapshot-received-N.tmp`, so a restart removes what a crash left), removed
 /// once the transfer is given up or the snapshot installed.
+///
+/// Gathering is the one storage work that openraft does not call, so a storage error in it
+/// would not stop the node by itself: the first one is kept, and [`failed`](Self::failed)
+/// resolves with it, for the node to stop on.
 #[derive(Debug, Clone)]
 pub struct SnapshotInbox {
     files: Files,
     next: Arc<AtomicU64>,
+    failure: Arc<tokio::sync::watch::Sender<Option<String>>>,
 }
 
 impl SnapshotInbox {
@@ -156,6 +161,7 @@ impl SnapshotInbox {
         SnapshotInbox {
             files,
             next: Arc::default(),
+            failure: Arc::new(tokio::sync::watch::Sender::new(None)),
         }
     }
 
@@ -165,14 +171,40 @@ impl SnapshotInbox {
             "{RECEIVED_PREFIX}{}{TMP_SUFFIX}",
             self.next.fetch_add(1, Ordering::Relaxed)
         );
-        self.files.create_empty(&name)?;
+        self.kept(self.files.create_empty(&name))?;
         Ok(ReceivingSnapshot {
             file: ReceivedFile {
                 files: self.files.clone(),
                 name,
             },
             len: 0,
+            inbox: self.clone(),
         })
+    }
+
+    /// Resolves with the first storage error met while gathering a snapshot.
+    pub async fn failed(&self) -> String {
+        let mut failure = self.failure.subscribe();
+        // The inbox holds the sender, so it is never dropped while `self` lives.
+        let kept = match failure.wait_for(Option::is_some).await {
+            Ok(kept) => kept.clone(),
+            Err(_) => None,
+        };
+        kept.unwrap_or_else(|| "the snapshot inbox was dropped".to_owned())
+    }
+
+    /// `result`, after keeping its error as the inbox's failure if it is the first.
+    fn kept<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(error) = &result {
+            self.failure.send_if_modified(|failure| {
+                let first = failure.is_none();
+                if first {
+                    *failure = Some(error.to_string());
+                }
+                first
+            });
+        }
+        result
     }
 }
 
@@ -182,12 +214,14 @@ impl SnapshotInbox {
 pub struct ReceivingSnapshot {
     file: ReceivedFile,
     len: u64,
+    inbox: SnapshotInbox,
 }
 
 impl ReceivingSnapshot {
     /// Appends the next chunk. Blocking.
     pub fn append(&mut self, chunk: &[u8]) -> Result<(), StoreError> {
-        self.file.files.append(&self.file.name, chunk)?;
+        self.inbox
+            .kept(self.file.files.append(&self.file.name, chunk))?;
         self.len += chunk.len() as u64;
         Ok(())
     }
@@ -205,7 +239,9 @@ impl ReceivingSnapshot {
     /// The gathered snapshot, read from its file; the file is removed once it is dropped.
     /// Blocking.
     pub fn finish(self) -> Result<SnapshotData, StoreError> {
-        let reader = self.file.files.open_plain(&self.file.name)?;
+        let reader = self
+            .inbox
+            .kept(self.file.files.open_plain(&self.file.name))?;
         Ok(SnapshotData {
             source: Source::Reader(Box::new(BufReader::new(reader).take(self.len))),
             len: self.len,
