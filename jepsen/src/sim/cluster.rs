@@ -32,6 +32,8 @@ pub enum Change {
 pub struct Running {
     pub raft: Raft,
     pub machine: MachineHandle,
+    /// Which start of the cluster's this is (each start takes the next number).
+    incarnation: u64,
 }
 
 /// The nodes, up or down, shared by the fault schedule, the clients and the invariant watch.
@@ -54,6 +56,8 @@ struct Inner {
     disks: BTreeMap<u64, SimDisk>,
     /// Decides how much of each unsynced write a power cut keeps.
     power: StdRng,
+    /// Nodes started so far.
+    starts: u64,
     /// What the invariants have seen: each node's greatest vote, across its restarts, and at
     /// each applied index the entry's log id, the applied state's digest, and the node that
     /// first applied it.
@@ -71,6 +75,7 @@ impl Cluster {
                 up: BTreeMap::new(),
                 disks: ids.iter().map(|id| (*id, SimDisk::default())).collect(),
                 power: StdRng::seed_from_u64(seed),
+                starts: 0,
                 votes: BTreeMap::new(),
                 applied: BTreeMap::new(),
                 violations: Vec::new(),
@@ -98,9 +103,21 @@ impl Cluster {
         &self.ids
     }
 
-    /// Node `id`, if it is up.
+    /// Node `id`, if it is up: started, and openraft has not stopped it (a real node exits
+    /// then, and its clients find nothing listening).
     pub fn node(&self, id: u64) -> Option<Running> {
-        self.inner().up.get(&id).cloned()
+        self.inner()
+            .up
+            .get(&id)
+            .filter(|running| {
+                running
+                    .raft
+                    .metrics()
+                    .borrow_watched()
+                    .running_state
+                    .is_ok()
+            })
+            .cloned()
     }
 
     /// Starts node `id` on its disk (as it was left, or empty). A crashed node's store may
@@ -139,10 +156,37 @@ impl Cluster {
             id,
             Endpoint {
                 raft: raft.clone(),
-                inbox,
+                inbox: inbox.clone(),
             },
         );
-        self.inner().up.insert(id, Running { raft, machine });
+        let incarnation = {
+            let mut inner = self.inner();
+            inner.starts += 1;
+            let incarnation = inner.starts;
+            inner.up.insert(
+                id,
+                Running {
+                    raft,
+                    machine,
+                    incarnation,
+                },
+            );
+            incarnation
+        };
+        // As `batond` does, the node stops on a storage error met while it gathers a snapshot
+        // (storage work openraft does not call, so it would not stop on it by itself).
+        let cluster = self.clone();
+        tokio::spawn(async move {
+            inbox.failed().await;
+            let current = cluster
+                .inner()
+                .up
+                .get(&id)
+                .map(|running| running.incarnation);
+            if current == Some(incarnation) {
+                cluster.stop(id).await;
+            }
+        });
         Ok(())
     }
 
@@ -184,6 +228,35 @@ impl Cluster {
         }
     }
 
+    /// Node `id`'s disk fails every operation from now on, reads included, until the node is
+    /// crashed (which gives it back a working disk with what it held).
+    pub fn fail_disk(&self, id: u64) {
+        if let Some(disk) = self.inner().disks.get(&id) {
+            disk.fail_after(disk.steps());
+        }
+    }
+
+    /// How many operations node `id`'s disk refused, and whether the node still runs (it is up
+    /// and openraft has not stopped it).
+    pub fn disk_failures(&self, id: u64) -> (usize, bool) {
+        let inner = self.inner();
+        let refused = inner.disks.get(&id).map_or(0, SimDisk::failures);
+        let runs = inner.up.get(&id).is_some_and(|running| {
+            running
+                .raft
+                .metrics()
+                .borrow_watched()
+                .running_state
+                .is_ok()
+        });
+        (refused, runs)
+    }
+
+    /// Records a broken invariant that the fault schedule saw.
+    pub fn violation(&self, violation: String) {
+        self.inner().violations.push(violation);
+    }
+
     /// Takes node `id` off the network and ends its tasks.
     async fn stop(&self, id: u64) {
         self.net.detach(id);
@@ -193,7 +266,7 @@ impl Cluster {
         }
     }
 
-    /// The leader, as the nodes that are up see it: one that is up and leads. (A leader that
+    /// The leader, as the nodes that are up see it: one that is up, runs and leads. (A leader that
     /// removed itself and stepped down still names itself as the leader it last knew.)
     pub fn leader(&self) -> Option<u64> {
         let up = self.inner().up.clone();
@@ -201,7 +274,9 @@ impl Cluster {
             .find(|(id, running)| {
                 let metrics = running.raft.metrics();
                 let metrics = metrics.borrow_watched();
-                metrics.state.is_leader() && metrics.current_leader == Some(**id)
+                metrics.running_state.is_ok()
+                    && metrics.state.is_leader()
+                    && metrics.current_leader == Some(**id)
             })
             .map(|(id, _)| *id)
     }

@@ -313,6 +313,10 @@ pub enum FaultKind {
     Power(Target),
     /// Every node loses power at once, and all start again when the fault ends.
     Blackout,
+    /// The target's disk fails every operation: the node must stop (openraft stops a node
+    /// on any storage error). When the fault ends it is restarted on a working disk with what
+    /// the failed one held.
+    DiskError(Target),
     /// The target is removed from the voters while it runs, and added back when the fault
     /// ends.
     Remove(Target),
@@ -343,7 +347,8 @@ pub fn schedule(seed: u64, nodes: &[u64], length: Duration) -> Vec<Fault> {
             3 => FaultKind::Remove(target),
             4 | 5 => FaultKind::Kill(target),
             6 | 7 => FaultKind::Power(target),
-            _ => FaultKind::Blackout,
+            8 => FaultKind::Blackout,
+            _ => FaultKind::DiskError(target),
         };
         let fault = Fault {
             pause_ms: random.random_range(100..1_000),
@@ -370,6 +375,7 @@ impl std::fmt::Display for Fault {
             FaultKind::Kill(on) => format!("kill:{}", target(on)),
             FaultKind::Power(on) => format!("power:{}", target(on)),
             FaultKind::Blackout => "blackout".to_owned(),
+            FaultKind::DiskError(on) => format!("disk-error:{}", target(on)),
             FaultKind::Remove(on) => format!("remove:{}", target(on)),
         };
         write!(f, "{}:{kind}:{}", self.pause_ms, self.hold_ms)
@@ -383,7 +389,8 @@ impl std::str::FromStr for Fault {
         let bad = || {
             format!(
                 "{text:?} is not a fault: PAUSE:KIND[:TARGET[:TO]]:HOLD, KIND one of partition, \
-                 one-way (with TO), kill, power, remove, or blackout (without TARGET); TARGET \
+                 one-way (with TO), kill, power, disk-error, remove, or blackout (without \
+                 TARGET); TARGET \
                  leader or a node id; e.g. 420:kill:leader:1300"
             )
         };
@@ -402,6 +409,7 @@ impl std::str::FromStr for Fault {
             ("kill", 4) => FaultKind::Kill(target(parts[2])?),
             ("power", 4) => FaultKind::Power(target(parts[2])?),
             ("blackout", 3) => FaultKind::Blackout,
+            ("disk-error", 4) => FaultKind::DiskError(target(parts[2])?),
             ("remove", 4) => FaultKind::Remove(target(parts[2])?),
             ("one-way", 5) => FaultKind::OneWay(target(parts[2])?, number(parts[3])?),
             _ => return Err(bad()),
@@ -502,6 +510,28 @@ pub async fn nemesis(
                     cluster.crash(victim).await;
                 }
                 tokio::time::sleep(hold).await;
+                start(&cluster, &recorder, victim).await;
+            }
+            FaultKind::DiskError(target) => {
+                let victim = resolve(target);
+                recorder.record(
+                    nemesis(),
+                    OpType::Info,
+                    "disk-error",
+                    "",
+                    json!({ "node": victim }),
+                );
+                cluster.fail_disk(victim);
+                tokio::time::sleep(hold).await;
+                let (refused, runs) = cluster.disk_failures(victim);
+                if refused > 0 && runs {
+                    cluster.violation(format!(
+                        "node {victim} still ran {} ms after its disk refused an operation \
+                         ({refused} refused)",
+                        fault.hold_ms
+                    ));
+                }
+                cluster.crash(victim).await;
                 start(&cluster, &recorder, victim).await;
             }
             FaultKind::Blackout => {
