@@ -9,7 +9,7 @@
 //! commands as arrived meanwhile. More batches in flight made smaller batches and more flushes
 //! and thread wake-ups for the same work, and were slower (docs/performance.md).
 //!
-//! Time: `leader_time` holds the rules of the leader clock, pure and unit-tested (it starts once
+//! Time: `store::LeaderTime` holds the rules of the leader clock, pure and unit-tested (it starts once
 //! the takeover log is applied, at that state's cluster time, and then follows the node's
 //! monotonic clock); this shell feeds it readings and waits where it says. The same task
 //! commits an idle tick every `tick_ms` and a bounded `Sweep` when something has expired.
@@ -21,17 +21,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use baton_raft_store::machine::{Batch, Command, Response};
-use baton_raft_store::store::{Applied, MachineHandle, Raft, TypeConfig};
+use baton_raft_store::store::{Applied, LeaderTime, MachineHandle, Raft, Stamp, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::ClientWriteError;
 use openraft::impls::ProgressResponder;
 use openraft::raft::ClientWriteResult;
 use tokio::sync::{mpsc, oneshot, watch};
 
-mod leader_time;
-
 use crate::clock::Clock;
-use leader_time::{LeaderTime, Stamp};
 
 /// Proposals waiting for the batcher; past this, requests are refused as overload.
 const QUEUE_MAX: usize = 16_384;

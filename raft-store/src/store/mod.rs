@@ -25,6 +25,7 @@
 
 mod change_watch;
 mod files;
+mod leader_time;
 mod legacy;
 mod log;
 pub mod mutation;
@@ -52,6 +53,7 @@ pub use self::change_watch::{ChangeWatch, Watching};
 pub use self::files::sim::SimDisk;
 use self::files::Files;
 pub use self::files::{Disk, DiskFile, DiskReader, RealDisk};
+pub use self::leader_time::{LeaderTime, Stamp};
 pub use self::log::LogStore;
 pub use self::log::SEGMENT_BYTES_TARGET;
 pub use self::raft_config::{raft_config, RaftTiming};

@@ -24,6 +24,11 @@ pub enum Mutation {
     /// snapshot that is not durable): a power cut leaves the log's prefix gone and no snapshot
     /// that covers it.
     SnapshotNotSynced,
+    /// A new leader's clock starts at its own monotonic reading rather than at the applied
+    /// state's cluster time: cluster time jumps ahead at a failover by whatever the readings
+    /// and the cluster time had drifted apart (leaderless gaps, a fast clock), and leases
+    /// expire before their holders' time is up.
+    ClockFromReading,
 }
 
 #[cfg(feature = "mutations")]

@@ -1,6 +1,7 @@
 //! The leader clock's rules, pure: when a leader may start stamping, and with what. No tokio,
-//! no openraft, no reading of a clock: the proposer's shell feeds in the term, the log and
-//! applied positions and a monotonic reading, and waits where this says to.
+//! no openraft, no reading of a clock: the node's proposer feeds in the term, the log and
+//! applied positions and a monotonic reading, and waits where this says to; the simulator's
+//! clients do the same with each simulated node's clock.
 //!
 //! The rules (docs: the time model): a leader's clock starts only once it has applied every
 //! entry that was in its log when it took over, or resumed after a restart in the same term
@@ -9,6 +10,8 @@
 //! then on advances with the node's monotonic clock. The start was stamped earlier in real
 //! time, so cluster time gains nothing on real time at a failover; the leaderless gap simply
 //! extends every lease.
+
+use super::mutation::{self, Mutation};
 
 /// What the next entry needs from the shell.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,12 +77,17 @@ impl LeaderTime {
                 index: takeover.index,
             };
         }
+        let base_ms = if mutation::active(Mutation::ClockFromReading) {
+            reading_ms
+        } else {
+            applied_time_ms
+        };
         self.clock = Some(Clock {
             term,
-            base_ms: applied_time_ms,
+            base_ms,
             base_reading_ms: reading_ms,
         });
-        Stamp::At(applied_time_ms)
+        Stamp::At(base_ms)
     }
 
     /// The term whose clock has started, if any: from then on this node, as leader of that
