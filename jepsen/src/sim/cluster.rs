@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use baton_raft_store::store::{
-    self, Io, LogId, MachineHandle, Member, Options, Raft, RaftTiming, SimDisk, StoreError, Vote,
+    self, Io, LeaderTime, LogId, MachineHandle, Member, Options, Raft, RaftTiming, SimDisk, Stamp,
+    StoreError, Vote,
 };
 use openraft::async_runtime::WatchReceiver;
 use openraft::ChangeMembers;
@@ -34,7 +35,32 @@ pub struct Running {
     pub machine: MachineHandle,
     /// Which start of the cluster's this is (each start takes the next number).
     incarnation: u64,
+    /// The leader clock's state, as the node's proposer keeps it (in memory: a restart
+    /// starts it afresh).
+    leader_time: Arc<Mutex<LeaderTime>>,
 }
+
+/// A node's monotonic clock: it reads 0 when the node starts and runs at `rate` times
+/// simulated time.
+#[derive(Debug, Clone, Copy)]
+struct SimClock {
+    anchor: tokio::time::Instant,
+    anchor_ms: f64,
+    rate: f64,
+    /// The rate of this node's hardware, which a `clock` fault changes for a while.
+    base_rate: f64,
+}
+
+impl SimClock {
+    fn reading_ms(&self) -> f64 {
+        self.anchor_ms + self.anchor.elapsed().as_secs_f64() * 1_000.0 * self.rate
+    }
+}
+
+/// How far a node's clock rate strays from simulated time at most, without a `clock` fault
+/// (and by how much the fault pushes it: within the 1% of docs/guarantees.md G6).
+const BASE_RATE_ERROR: f64 = 0.005;
+pub const FAULT_RATE_ERROR: f64 = 0.0099;
 
 /// The nodes, up or down, shared by the fault schedule, the clients and the invariant watch.
 #[derive(Clone)]
@@ -58,6 +84,8 @@ struct Inner {
     power: StdRng,
     /// Nodes started so far.
     starts: u64,
+    /// Every node's clock.
+    clocks: BTreeMap<u64, SimClock>,
     /// What the invariants have seen: each node's greatest vote, across its restarts, and at
     /// each applied index the entry's log id, the applied state's digest, and the node that
     /// first applied it.
@@ -76,6 +104,20 @@ impl Cluster {
                 disks: ids.iter().map(|id| (*id, SimDisk::default())).collect(),
                 power: StdRng::seed_from_u64(seed),
                 starts: 0,
+                clocks: ids
+                    .iter()
+                    .zip(StdRng::seed_from_u64(seed ^ 0xc10c).random_iter::<f64>())
+                    .map(|(id, draw)| {
+                        let base_rate = 1.0 + BASE_RATE_ERROR * (2.0 * draw - 1.0);
+                        let clock = SimClock {
+                            anchor: tokio::time::Instant::now(),
+                            anchor_ms: 0.0,
+                            rate: base_rate,
+                            base_rate,
+                        };
+                        (*id, clock)
+                    })
+                    .collect(),
                 votes: BTreeMap::new(),
                 applied: BTreeMap::new(),
                 violations: Vec::new(),
@@ -169,8 +211,14 @@ impl Cluster {
                     raft,
                     machine,
                     incarnation,
+                    leader_time: Arc::default(),
                 },
             );
+            // A new process: its monotonic clock reads 0.
+            if let Some(clock) = inner.clocks.get_mut(&id) {
+                clock.anchor = tokio::time::Instant::now();
+                clock.anchor_ms = 0.0;
+            }
             incarnation
         };
         // As `batond` does, the node stops on a storage error met while it gathers a snapshot
@@ -225,6 +273,72 @@ impl Cluster {
                 1 => steps,
                 _ => power.random_range(0..=steps),
             });
+        }
+    }
+
+    /// Node `id`'s monotonic clock, in whole milliseconds.
+    fn reading_ms(&self, id: u64) -> u64 {
+        self.inner()
+            .clocks
+            .get(&id)
+            .map_or(0, |clock| clock.reading_ms() as u64)
+    }
+
+    /// Node `id`'s clock runs at `rate` times simulated time from now on (`None`: its own
+    /// rate again); the reading never jumps.
+    pub fn set_clock_rate(&self, id: u64, rate: Option<f64>) {
+        if let Some(clock) = self.inner().clocks.get_mut(&id) {
+            clock.anchor_ms = clock.reading_ms();
+            clock.anchor = tokio::time::Instant::now();
+            clock.rate = rate.unwrap_or(clock.base_rate);
+        }
+    }
+
+    /// The cluster time node `id` stamps its next entry with, as the node's proposer finds it
+    /// (`store::LeaderTime` on the node's clock), once it has applied its takeover log; or
+    /// `Err` with the leader it knows when it does not lead.
+    pub async fn leader_stamp(&self, id: u64) -> Result<u64, Option<u64>> {
+        loop {
+            let running = self.node(id).ok_or(None)?;
+            let (term, last_log_index) = {
+                let metrics = running.raft.metrics();
+                let metrics = metrics.borrow_watched();
+                if !metrics.state.is_leader() || metrics.current_leader != Some(id) {
+                    return Err(metrics.current_leader);
+                }
+                (metrics.current_term, metrics.last_log_index)
+            };
+            let (applied_index, applied_time_ms) = running
+                .machine
+                .read(|machine, last_applied| {
+                    (last_applied.map(|log_id| log_id.index), machine.time_ms())
+                })
+                .map_err(|_| None)?;
+            let reading_ms = self.reading_ms(id);
+            let stamp = running
+                .leader_time
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .stamp(
+                    term,
+                    last_log_index,
+                    applied_index,
+                    applied_time_ms,
+                    reading_ms,
+                );
+            match stamp {
+                Stamp::At(stamp_ms) => return Ok(stamp_ms),
+                Stamp::ApplyFirst { index } => {
+                    let applied = running
+                        .raft
+                        .wait(Some(Duration::from_secs(1)))
+                        .applied_index_at_least(index, "leader clock start")
+                        .await;
+                    if applied.is_err() {
+                        return Err(None);
+                    }
+                }
+            }
         }
     }
 

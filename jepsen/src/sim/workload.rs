@@ -24,7 +24,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::cluster::{Change, Cluster};
+use super::cluster::{Change, Cluster, FAULT_RATE_ERROR};
 use crate::history::{Op, OpType, Process, FINAL, NEMESIS};
 
 /// Registers and lease paths the clients share.
@@ -57,10 +57,13 @@ impl Recorder {
     }
 
     pub fn record(&self, process: Process, kind: OpType, f: &str, key: &str, value: Value) {
-        self.record_error(process, kind, f, key, value, None);
+        self.record_answer(process, kind, f, key, value, None, None);
     }
 
-    fn record_error(
+    /// Records an operation's completion: with its error, if it failed, and the cluster time
+    /// of the state that decided it, if a node's machine did.
+    #[allow(clippy::too_many_arguments)]
+    fn record_answer(
         &self,
         process: Process,
         kind: OpType,
@@ -68,6 +71,7 @@ impl Recorder {
         key: &str,
         value: Value,
         error: Option<String>,
+        cluster_time_ms: Option<u64>,
     ) {
         let time_ns = self.now_ns();
         let mut ops = self
@@ -88,7 +92,7 @@ impl Recorder {
             },
             value,
             error,
-            cluster_time_ms: None,
+            cluster_time_ms,
             node: None,
         });
     }
@@ -103,11 +107,20 @@ impl Recorder {
 
 /// How an operation ended.
 enum Outcome {
-    Ok(Value),
-    /// Surely not applied, with the reason.
-    Fail(String),
+    /// Done, with the cluster time of the state that answered.
+    Ok(Value, u64),
+    /// Surely not applied, with the reason, and the cluster time of the state that refused,
+    /// when a node's machine did.
+    Fail(String, Option<u64>),
     /// May or may not have been applied.
     Unknown(String),
+}
+
+impl Outcome {
+    /// Refused before any machine decided.
+    fn refused(reason: impl Into<String>) -> Outcome {
+        Outcome::Fail(reason.into(), None)
+    }
 }
 
 fn namespace() -> Namespace {
@@ -158,18 +171,26 @@ pub async fn client(cluster: Cluster, recorder: Recorder, number: u64, seed: u64
         recorder.record(Process::Client(process), OpType::Invoke, f, &key, invoke);
         let outcome = tokio::time::timeout(OP_TIMEOUT, async {
             match command {
-                Some(command) => write(&cluster, node, &recorder, command).await,
+                Some(command) => write(&cluster, node, command).await,
                 None => read(&cluster, node, &key).await,
             }
         })
         .await
         .unwrap_or_else(|_| Outcome::Unknown("no answer in time".to_owned()));
-        let (kind, value, error) = match outcome {
-            Outcome::Ok(value) => (OpType::Ok, value, None),
-            Outcome::Fail(error) => (OpType::Fail, Value::Null, Some(error)),
-            Outcome::Unknown(error) => (OpType::Info, Value::Null, Some(error)),
+        let (kind, value, error, cluster_time_ms) = match outcome {
+            Outcome::Ok(value, time_ms) => (OpType::Ok, value, None, Some(time_ms)),
+            Outcome::Fail(error, time_ms) => (OpType::Fail, Value::Null, Some(error), time_ms),
+            Outcome::Unknown(error) => (OpType::Info, Value::Null, Some(error), None),
         };
-        recorder.record_error(Process::Client(process), kind, f, &key, value, error);
+        recorder.record_answer(
+            Process::Client(process),
+            kind,
+            f,
+            &key,
+            value,
+            error,
+            cluster_time_ms,
+        );
         if kind == OpType::Info {
             // As in the harness: a client whose operation may still take effect goes on as a
             // new process.
@@ -179,50 +200,63 @@ pub async fn client(cluster: Cluster, recorder: Recorder, number: u64, seed: u64
     }
 }
 
-/// Proposes `op` as one entry at `node`, or at the leader it names.
-async fn write(cluster: &Cluster, node: u64, recorder: &Recorder, op: MachineOp) -> Outcome {
-    let batch = Batch {
-        stamp_ms: recorder.now_ns() / 1_000_000,
-        commands: vec![Command::Namespaced {
-            namespace: namespace(),
-            idempotency: None,
-            op,
-        }],
-    };
+/// Proposes `op` as one entry at `node`, or at the leader it names, stamped by the proposing
+/// node's leader clock.
+async fn write(cluster: &Cluster, node: u64, op: MachineOp) -> Outcome {
+    let commands = vec![Command::Namespaced {
+        namespace: namespace(),
+        idempotency: None,
+        op,
+    }];
     let mut target = node;
     for _ in 0..2 {
         let Some(running) = cluster.node(target) else {
-            return Outcome::Fail(format!("node {target} is down"));
+            return Outcome::refused(format!("node {target} is down"));
         };
-        match running.raft.client_write(batch.clone()).await {
+        let stamp_ms = match cluster.leader_stamp(target).await {
+            Ok(stamp_ms) => stamp_ms,
+            Err(Some(leader)) if leader != target => {
+                target = leader;
+                continue;
+            }
+            Err(_) => return Outcome::refused("NO_LEADER"),
+        };
+        let batch = Batch {
+            stamp_ms,
+            commands: commands.clone(),
+        };
+        match running.raft.client_write(batch).await {
             Ok(written) => {
+                let time_ms = written.data.time_ms;
                 let Some(response) = written.data.responses.first() else {
                     return Outcome::Unknown("an entry applied with no response".to_owned());
                 };
                 return match &response.outcome {
                     Ok(Reply::KvWritten { revision }) => {
-                        Outcome::Ok(json!({ "revision": revision }))
+                        Outcome::Ok(json!({ "revision": revision }), time_ms)
                     }
-                    Ok(Reply::Granted(grant)) => Outcome::Ok(json!({ "fence": grant.lease.fence })),
+                    Ok(Reply::Granted(grant)) => {
+                        Outcome::Ok(json!({ "fence": grant.lease.fence }), time_ms)
+                    }
                     Ok(other) => Outcome::Unknown(format!("unexpected reply {other:?}")),
-                    Err(rejection) => Outcome::Fail(rejection.code().to_owned()),
+                    Err(rejection) => Outcome::Fail(rejection.code().to_owned(), Some(time_ms)),
                 };
             }
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 match forward.leader_id {
                     Some(leader) if leader != target => target = leader,
-                    _ => return Outcome::Fail("NO_LEADER".to_owned()),
+                    _ => return Outcome::refused("NO_LEADER"),
                 }
             }
             Err(RaftError::APIError(refused))
                 if mutation::active(Mutation::DiscardedIsNotLeader) =>
             {
-                return Outcome::Fail(format!("NO_LEADER: {refused}"))
+                return Outcome::refused(format!("NO_LEADER: {refused}"))
             }
             Err(error) => return Outcome::Unknown(error.to_string()),
         }
     }
-    Outcome::Fail("NO_LEADER".to_owned())
+    Outcome::refused("NO_LEADER")
 }
 
 /// Reads register `key` linearizably at `node`, or at the leader it names.
@@ -230,29 +264,30 @@ async fn read(cluster: &Cluster, node: u64, key: &str) -> Outcome {
     let mut target = node;
     for _ in 0..2 {
         let Some(running) = cluster.node(target) else {
-            return Outcome::Fail(format!("node {target} is down"));
+            return Outcome::refused(format!("node {target} is down"));
         };
         match linearizable_read(&running.raft).await {
             Ok(()) => {
                 let read = running.machine.read(|machine, _| {
-                    machine
+                    let value = machine
                         .kv_get(&namespace(), &path(key))
-                        .map(|view| view.value)
+                        .map(|view| view.value);
+                    (value, machine.time_ms())
                 });
                 return match read {
-                    Ok(Some(value)) => match value.parse::<u64>() {
-                        Ok(number) => Outcome::Ok(json!({ "value": number })),
+                    Ok((Some(value), time_ms)) => match value.parse::<u64>() {
+                        Ok(number) => Outcome::Ok(json!({ "value": number }), time_ms),
                         Err(_) => Outcome::Unknown(format!("a register holds {value:?}")),
                     },
-                    Ok(None) => Outcome::Ok(json!({ "value": null })),
-                    Err(error) => Outcome::Fail(error.to_string()),
+                    Ok((None, time_ms)) => Outcome::Ok(json!({ "value": null }), time_ms),
+                    Err(error) => Outcome::refused(error.to_string()),
                 };
             }
             Err(Some(leader)) if leader != target => target = leader,
-            Err(_) => return Outcome::Fail("NO_LEADER".to_owned()),
+            Err(_) => return Outcome::refused("NO_LEADER"),
         }
     }
-    Outcome::Fail("NO_LEADER".to_owned())
+    Outcome::refused("NO_LEADER")
 }
 
 /// Waits until `raft` has applied everything committed before the call, as the leader
@@ -273,11 +308,11 @@ pub async fn final_reads(cluster: &Cluster, recorder: &Recorder) {
         let key = format!("r{key_number}");
         let outcome = match cluster.leader() {
             Some(leader) => read(cluster, leader, &key).await,
-            None => Outcome::Fail("no leader".to_owned()),
+            None => Outcome::refused("no leader"),
         };
         let value = match outcome {
-            Outcome::Ok(read) => json!({ "ok": true, "value": read["value"] }),
-            Outcome::Fail(error) | Outcome::Unknown(error) => {
+            Outcome::Ok(read, _) => json!({ "ok": true, "value": read["value"] }),
+            Outcome::Fail(error, _) | Outcome::Unknown(error) => {
                 json!({ "ok": false, "error": error })
             }
         };
@@ -317,6 +352,9 @@ pub enum FaultKind {
     /// on any storage error). When the fault ends it is restarted on a working disk with what
     /// the failed one held.
     DiskError(Target),
+    /// The target's monotonic clock runs fast (`true`) or slow, by just under the 1% that
+    /// docs/guarantees.md G6 allows, and then at its own rate again.
+    Clock(Target, bool),
     /// The target is removed from the voters while it runs, and added back when the fault
     /// ends.
     Remove(Target),
@@ -341,14 +379,15 @@ pub fn schedule(seed: u64, nodes: &[u64], length: Duration) -> Vec<Fault> {
             0 => Target::Leader,
             _ => Target::Node(nodes[random.random_range(0..nodes.len())]),
         };
-        let kind = match random.random_range(0..10) {
+        let kind = match random.random_range(0..11) {
             0 | 1 => FaultKind::Partition(target),
             2 => FaultKind::OneWay(target, nodes[random.random_range(0..nodes.len())]),
             3 => FaultKind::Remove(target),
             4 | 5 => FaultKind::Kill(target),
             6 | 7 => FaultKind::Power(target),
             8 => FaultKind::Blackout,
-            _ => FaultKind::DiskError(target),
+            9 => FaultKind::DiskError(target),
+            _ => FaultKind::Clock(target, random.random_bool(0.5)),
         };
         let fault = Fault {
             pause_ms: random.random_range(100..1_000),
@@ -376,6 +415,13 @@ impl std::fmt::Display for Fault {
             FaultKind::Power(on) => format!("power:{}", target(on)),
             FaultKind::Blackout => "blackout".to_owned(),
             FaultKind::DiskError(on) => format!("disk-error:{}", target(on)),
+            FaultKind::Clock(on, fast) => {
+                format!(
+                    "clock:{}:{}",
+                    target(on),
+                    if fast { "fast" } else { "slow" }
+                )
+            }
             FaultKind::Remove(on) => format!("remove:{}", target(on)),
         };
         write!(f, "{}:{kind}:{}", self.pause_ms, self.hold_ms)
@@ -389,8 +435,8 @@ impl std::str::FromStr for Fault {
         let bad = || {
             format!(
                 "{text:?} is not a fault: PAUSE:KIND[:TARGET[:TO]]:HOLD, KIND one of partition, \
-                 one-way (with TO), kill, power, disk-error, remove, or blackout (without \
-                 TARGET); TARGET \
+                 one-way (with TO), clock (with TO fast or slow), kill, power, disk-error, \
+                 remove, or blackout (without TARGET); TARGET \
                  leader or a node id; e.g. 420:kill:leader:1300"
             )
         };
@@ -410,6 +456,14 @@ impl std::str::FromStr for Fault {
             ("power", 4) => FaultKind::Power(target(parts[2])?),
             ("blackout", 3) => FaultKind::Blackout,
             ("disk-error", 4) => FaultKind::DiskError(target(parts[2])?),
+            ("clock", 5) => FaultKind::Clock(
+                target(parts[2])?,
+                match parts[3] {
+                    "fast" => true,
+                    "slow" => false,
+                    _ => return Err(bad()),
+                },
+            ),
             ("remove", 4) => FaultKind::Remove(target(parts[2])?),
             ("one-way", 5) => FaultKind::OneWay(target(parts[2])?, number(parts[3])?),
             _ => return Err(bad()),
@@ -534,6 +588,31 @@ pub async fn nemesis(
                 cluster.crash(victim).await;
                 start(&cluster, &recorder, victim).await;
             }
+            FaultKind::Clock(target, fast) => {
+                let victim = resolve(target);
+                let rate = if fast {
+                    1.0 + FAULT_RATE_ERROR
+                } else {
+                    1.0 - FAULT_RATE_ERROR
+                };
+                recorder.record(
+                    nemesis(),
+                    OpType::Info,
+                    "clock-rate",
+                    "",
+                    json!({ "node": victim, "rate": rate }),
+                );
+                cluster.set_clock_rate(victim, Some(rate));
+                tokio::time::sleep(hold).await;
+                cluster.set_clock_rate(victim, None);
+                recorder.record(
+                    nemesis(),
+                    OpType::Info,
+                    "clock-reset",
+                    "",
+                    json!({ "node": victim }),
+                );
+            }
             FaultKind::Blackout => {
                 recorder.record(nemesis(), OpType::Info, "blackout", "", Value::Null);
                 for id in cluster.ids().to_vec() {
@@ -580,6 +659,7 @@ mod tests {
             "1:one-way:2:3",
             "1:blackout:2:3",
             "1:power:3",
+            "1:clock:2:late:3",
         ] {
             let refused = bad.parse::<Fault>().expect_err(bad);
             assert!(refused.contains("PAUSE:KIND[:TARGET"), "{refused}");
