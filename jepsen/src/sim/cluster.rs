@@ -40,6 +40,13 @@ pub struct Running {
     leader_time: Arc<Mutex<LeaderTime>>,
 }
 
+impl Running {
+    /// openraft has not stopped the node (on a storage error, say).
+    fn runs(&self) -> bool {
+        self.raft.metrics().borrow_watched().running_state.is_ok()
+    }
+}
+
 /// A node's monotonic clock: it reads 0 when the node starts and runs at `rate` times
 /// simulated time.
 #[derive(Debug, Clone, Copy)]
@@ -151,14 +158,7 @@ impl Cluster {
         self.inner()
             .up
             .get(&id)
-            .filter(|running| {
-                running
-                    .raft
-                    .metrics()
-                    .borrow_watched()
-                    .running_state
-                    .is_ok()
-            })
+            .filter(|running| running.runs())
             .cloned()
     }
 
@@ -355,14 +355,7 @@ impl Cluster {
     pub fn disk_failures(&self, id: u64) -> (usize, bool) {
         let inner = self.inner();
         let refused = inner.disks.get(&id).map_or(0, SimDisk::failures);
-        let runs = inner.up.get(&id).is_some_and(|running| {
-            running
-                .raft
-                .metrics()
-                .borrow_watched()
-                .running_state
-                .is_ok()
-        });
+        let runs = inner.up.get(&id).is_some_and(Running::runs);
         (refused, runs)
     }
 
