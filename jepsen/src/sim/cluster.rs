@@ -165,6 +165,10 @@ impl Cluster {
     /// Starts node `id` on its disk (as it was left, or empty). A crashed node's store may
     /// still be held by its last tasks for a moment: the open is tried again until it is free.
     pub async fn start(&self, id: u64) -> anyhow::Result<()> {
+        // One that openraft stopped is still listed: a real node has exited by then.
+        if self.inner().up.contains_key(&id) {
+            self.crash(id).await;
+        }
         let dir = self.dir.join(format!("n{id}"));
         let options = Options {
             io: Io::Inline,

@@ -575,9 +575,13 @@ pub async fn nemesis(
                     "",
                     json!({ "node": victim }),
                 );
+                // The disk that comes back after a crash keeps its count of refusals: this
+                // fault's are those after this point.
+                let (refused_before, _) = cluster.disk_failures(victim);
                 cluster.fail_disk(victim);
                 tokio::time::sleep(hold).await;
                 let (refused, runs) = cluster.disk_failures(victim);
+                let refused = refused - refused_before;
                 if refused > 0 && runs {
                     cluster.violation(format!(
                         "node {victim} still ran {} ms after its disk refused an operation \

@@ -31,6 +31,9 @@
 //! shortens the segment that holds the cut, so a crash leaves a prefix of the old log, never a
 //! gap; `remove_through` unlinks whole segments from the oldest up.
 //!
+//! Every file operation goes through the store's `Disk` (`files.rs`), so that the power-cut
+//! tests and the simulator run the log on a simulated disk.
+//!
 //! Never here: openraft types, sled, or any decision about what may be removed (the purge rules
 //! live in `log.rs`).
 
