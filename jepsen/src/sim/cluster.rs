@@ -103,7 +103,8 @@ struct Inner {
 
 impl Cluster {
     /// A cluster of nodes `ids`, none started, each with an empty disk (and a real data dir
-    /// under `dir` for its lock file); `seed` decides what power cuts keep.
+    /// under `dir` for its lock file); `seed` draws each node's clock rate and what power cuts
+    /// keep.
     pub fn new(net: SimNet, dir: PathBuf, timing: RaftTiming, ids: Vec<u64>, seed: u64) -> Cluster {
         Cluster {
             inner: Arc::new(Mutex::new(Inner {
