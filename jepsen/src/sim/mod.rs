@@ -106,7 +106,7 @@ pub fn run(args: SimArgs) -> u8 {
     let from = args.from.unwrap_or_else(rand::random);
     let seconds = Duration::from_secs(args.seconds);
     let given: Option<Vec<Fault>> = match &args.schedule {
-        Some(text) => match text.split(',').map(str::parse).collect() {
+        Some(text) => match workload::parse_schedule(text) {
             Ok(faults) => Some(faults),
             Err(error) => {
                 eprintln!("sim: --schedule: {error}");
@@ -474,10 +474,9 @@ mod tests {
 
     #[test]
     fn a_removed_member_is_added_back_and_a_killed_one_restarts() {
-        let faults: Vec<Fault> = "200:remove:leader:800,200:remove:2:600,200:kill:leader:500"
-            .split(',')
-            .map(|fault| fault.parse().expect("a fault"))
-            .collect();
+        let faults =
+            workload::parse_schedule("200:remove:leader:800,200:remove:2:600,200:kill:leader:500")
+                .expect("a schedule");
         let run = run_seed(3, Duration::from_secs(5), faults).expect("the run");
         assert_eq!(run.faults, 3);
         let nemesis: Vec<(String, Value)> = run
@@ -515,13 +514,13 @@ mod tests {
     /// pairs, so that is allowed; what must hold is that no node's vote ever goes back.
     #[test]
     fn two_leaders_of_one_term_with_different_leader_ids_are_no_violation() {
-        let faults: Vec<Fault> = "846:partition:3:1792,311:kill:2:853,727:remove:3:1930,\
+        let faults = workload::parse_schedule(
+            "846:partition:3:1792,311:kill:2:853,727:remove:3:1930,\
              700:one-way:3:3:1421,699:kill:1:845,159:one-way:leader:3:1139,533:one-way:2:2:1712,\
              763:one-way:2:3:1009,102:one-way:2:2:969,399:kill:3:1216,414:kill:leader:261,\
-             155:one-way:2:1:355"
-            .split(',')
-            .map(|fault| fault.parse().expect("a fault"))
-            .collect();
+             155:one-way:2:1:355",
+        )
+        .expect("a schedule");
         let run = run_seed(73, Duration::from_secs(20), faults).expect("the run");
         assert_eq!(run.verdict(), Verdict::Valid, "{}", summary(73, &run));
     }
@@ -532,10 +531,10 @@ mod tests {
     /// running on a failed disk.
     #[test]
     fn a_disk_error_counts_only_its_own_refusals() {
-        let faults: Vec<Fault> = "721:blackout:1888,268:disk-error:1:1505,349:disk-error:1:492"
-            .split(',')
-            .map(|fault| fault.parse().expect("a fault"))
-            .collect();
+        let faults = workload::parse_schedule(
+            "721:blackout:1888,268:disk-error:1:1505,349:disk-error:1:492",
+        )
+        .expect("a schedule");
         let run = run_seed(882, Duration::from_secs(20), faults).expect("the run");
         assert_eq!(run.faults, 3);
         assert_eq!(run.verdict(), Verdict::Valid, "{}", summary(882, &run));
@@ -556,10 +555,7 @@ mod tests {
 
     /// The checks that fail when seed `seed` runs `schedule` with `mutation` on.
     fn failed_checks(mutation: Option<Mutation>, seed: u64, schedule: &str) -> Vec<&'static str> {
-        let faults: Vec<Fault> = schedule
-            .split(',')
-            .map(|fault| fault.parse().expect("a fault"))
-            .collect();
+        let faults = workload::parse_schedule(schedule).expect("a schedule");
         store::mutation::set(mutation);
         let run = run_seed(seed, Duration::from_secs(20), faults).expect("the simulator runs");
         store::mutation::set(None);

@@ -685,13 +685,7 @@ pub mod sim {
         /// fails every operation from now on, so that nothing the dead process left running
         /// writes into its successor's files.
         pub fn crash(&self) -> SimDisk {
-            let mut state = self.lock();
-            let mut after = state.clone();
-            state.gone = true;
-            after.fail_after = None;
-            SimDisk {
-                state: Arc::new(Mutex::new(after)),
-            }
+            self.successor(|_| {})
         }
 
         /// Power is cut: what was synced survives; of what was not, `survive(n)` decides, one
@@ -702,11 +696,28 @@ pub mod sim {
         /// Returns the disk the machine finds when it comes back; this one fails every
         /// operation from now on.
         pub fn power_cut(&self, mut survive: impl FnMut(u64) -> u64) -> SimDisk {
+            self.successor(|after| after.lose_unsynced(&mut survive))
+        }
+
+        /// The disk as the next process finds it: this one's state, changed by `change`,
+        /// working again and with no operation refused yet. This one is gone from now on.
+        fn successor(&self, change: impl FnOnce(&mut State)) -> SimDisk {
             let mut state = self.lock();
             let mut after = state.clone();
             state.gone = true;
             after.fail_after = None;
-            for inode in after.inodes.iter_mut().filter(|inode| inode.unsynced()) {
+            after.failures = 0;
+            change(&mut after);
+            SimDisk {
+                state: Arc::new(Mutex::new(after)),
+            }
+        }
+    }
+
+    impl State {
+        /// What a power cut leaves: see `SimDisk::power_cut`.
+        fn lose_unsynced(&mut self, survive: &mut impl FnMut(u64) -> u64) {
+            for inode in self.inodes.iter_mut().filter(|inode| inode.unsynced()) {
                 let old = inode.durable.clone().unwrap_or_default();
                 let new = &inode.current;
                 let same = old.iter().zip(new).take_while(|(a, b)| a == b).count();
@@ -731,7 +742,7 @@ pub mod sim {
                 names,
                 durable_names,
                 ..
-            } = &mut after;
+            } = self;
             let changed: Vec<PathBuf> = names
                 .keys()
                 .chain(durable_names.keys())
@@ -749,11 +760,10 @@ pub mod sim {
             }
             *names = surviving.clone();
             *durable_names = surviving;
-            SimDisk {
-                state: Arc::new(Mutex::new(after)),
-            }
         }
+    }
 
+    impl SimDisk {
         fn lock(&self) -> std::sync::MutexGuard<'_, State> {
             self.state
                 .lock()
