@@ -104,11 +104,13 @@ pub struct Caller {
 /// The tokens and session owners. Part of the snapshot from format version 2 on.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuthState {
+    #[serde(with = "crate::imbl_serde::ord_map")]
     tokens: OrdMap<Name, Token>,
     /// Set when the bootstrap token is first created: it is never created again, even after
     /// it is revoked.
     bootstrapped: bool,
     /// The token each live session was created with (sessions created without one have none).
+    #[serde(with = "crate::imbl_serde::ord_map")]
     owners: OrdMap<(Namespace, SessionId), Name>,
     /// Token names by secret hash (rebuilt on decode).
     #[serde(skip)]

@@ -62,10 +62,18 @@ struct SnapshotRef<'a> {
     limits: &'a Limits,
     time_ms: u64,
     fence_counter: u64,
+    #[serde(serialize_with = "namespaces_by_ref")]
     namespaces: &'a OrdMap<Namespace, NamespaceState>,
     idempotency: &'a IdempotencyTable,
     events: &'a EventLog,
     auth: &'a AuthState,
+}
+
+fn namespaces_by_ref<S: serde::Serializer>(
+    namespaces: &&OrdMap<Namespace, NamespaceState>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    super::imbl_serde::ord_map::serialize(namespaces, serializer)
 }
 
 #[derive(Deserialize)]
@@ -73,6 +81,7 @@ struct SnapshotOwned {
     limits: Limits,
     time_ms: u64,
     fence_counter: u64,
+    #[serde(with = "crate::imbl_serde::ord_map")]
     namespaces: OrdMap<Namespace, NamespaceState>,
     idempotency: IdempotencyTable,
     events: EventLog,
@@ -85,6 +94,7 @@ struct SnapshotOwnedV4 {
     limits: Limits,
     time_ms: u64,
     fence_counter: u64,
+    #[serde(with = "crate::imbl_serde::ord_map")]
     namespaces: OrdMap<Namespace, NamespaceState>,
     idempotency: IdempotencyTable,
     events: SharedEventLog,

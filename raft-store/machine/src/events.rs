@@ -24,6 +24,7 @@ pub(super) struct EventLog {
     /// Each namespace that ever recorded an event (or, from an older snapshot, held state):
     /// its last revision and its kept events. A namespace keeps its revision after its state
     /// and events are gone, so its revisions never repeat.
+    #[serde(with = "crate::imbl_serde::ord_map")]
     namespaces: OrdMap<Namespace, Window>,
     /// The windows by size, for the total bound; rebuilt after decoding.
     #[serde(skip)]
@@ -38,6 +39,7 @@ pub(super) struct Window {
     /// The revision of the namespace's last event ever recorded (0 before the first).
     pub(super) last_revision: u64,
     /// Its most recent events, oldest first.
+    #[serde(with = "crate::imbl_serde::vector")]
     pub(super) events: Vector<Event>,
 }
 

@@ -12,8 +12,10 @@ use super::{Limits, Namespace};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct IdempotencyTable {
+    #[serde(with = "crate::imbl_serde::ord_map")]
     pub(super) records: OrdMap<(Namespace, String), Record>,
     /// The keys in the order they were recorded, which is cluster-time order.
+    #[serde(with = "crate::imbl_serde::vector")]
     pub(super) order: Vector<(u64, Namespace, String)>,
 }
 

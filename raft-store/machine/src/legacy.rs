@@ -393,6 +393,7 @@ pub(super) enum LifeV2 {
 #[derive(Deserialize)]
 pub(super) struct IdempotencyTableV3 {
     records: BTreeMap<(Namespace, String), RecordV3>,
+    #[serde(deserialize_with = "crate::imbl_serde::vector::deserialize")]
     order: Vector<(u64, Namespace, String)>,
 }
 

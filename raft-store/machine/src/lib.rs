@@ -23,6 +23,7 @@ mod codec;
 mod command;
 mod events;
 mod idempotency;
+mod imbl_serde;
 mod indexes;
 mod invariants;
 mod kv;
@@ -119,14 +120,20 @@ impl Eq for AppliedEvents {}
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct NamespaceState {
+    #[serde(with = "crate::imbl_serde::ord_map")]
     sessions: OrdMap<SessionId, Session>,
     /// Exclusive and subtree leases: one holder a path.
+    #[serde(with = "crate::imbl_serde::ord_map")]
     leases: OrdMap<ResourcePath, Lease>,
     /// Shared leases: up to `limit` holders a path.
+    #[serde(with = "crate::imbl_serde::ord_map")]
     shared: OrdMap<ResourcePath, SharedLease>,
+    #[serde(with = "crate::imbl_serde::ord_map")]
     kv: OrdMap<ResourcePath, KvEntry>,
+    #[serde(with = "crate::imbl_serde::ord_map")]
     queues: OrdMap<Name, QueueState>,
     /// Acquires waiting for a path, first come first (line.rs).
+    #[serde(with = "crate::imbl_serde::ord_map")]
     lines: OrdMap<ResourcePath, Line>,
 }
 
@@ -186,6 +193,7 @@ struct Lease {
 struct SharedLease {
     limit: u32,
     /// Each holder's lease, by session.
+    #[serde(with = "crate::imbl_serde::ord_map")]
     holders: OrdMap<SessionId, Lease>,
 }
 

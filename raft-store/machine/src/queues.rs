@@ -37,6 +37,7 @@ pub(super) struct PendingCompensation {
 /// One queue: its tasks by id, plus indexes rebuilt on decode.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub(super) struct QueueState {
+    #[serde(with = "crate::imbl_serde::ord_map")]
     tasks: OrdMap<Name, Task>,
     /// The enqueue order; ties in priority are served first-in first-out.
     next_sequence: u64,

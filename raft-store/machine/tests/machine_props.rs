@@ -979,7 +979,11 @@ fn encodings_naming_qqq() -> (Vec<u8>, Vec<u8>) {
         stamp_ms: 5,
         commands: vec![Command::Namespaced {
             namespace,
-            idempotency: None,
+            idempotency: Some(baton_machine::IdempotencyTag {
+                key: common::IDEMPOTENCY_KEYS[0].to_owned(),
+                fingerprint: common::FINGERPRINTS[0],
+                wall_ms: 0,
+            }),
             op: Op::KvPut {
                 key,
                 value: "1".to_owned(),
@@ -1017,13 +1021,41 @@ fn decode_huge_length_child() {
             forged.len()
         );
         assert!(Machine::decode_snapshot(&forged).is_err());
+        // Every map with the one entry `QQQ` (the namespaces, their event windows, the
+        // idempotency records) claiming `length` entries: imbl's visitors reserved that many.
+        let maps = forge_map_lengths(&snapshot, length);
+        assert!(maps.len() >= 3, "the snapshot has {} such maps", maps.len());
+        for forged in maps {
+            eprintln!(
+                "decode_snapshot of {} bytes claiming a map of {length} entries",
+                forged.len()
+            );
+            assert!(Machine::decode_snapshot(&forged).is_err());
+        }
     }
+}
+
+/// `bytes` with the length of each one-entry collection whose entry starts with the string
+/// `QQQ` replaced by bincode's u64 varint marker and `length`, one forgery per collection.
+fn forge_map_lengths(bytes: &[u8], length: u64) -> Vec<Vec<u8>> {
+    bytes
+        .windows(5)
+        .enumerate()
+        .filter(|(_, window)| *window == [1, 3, b'Q', b'Q', b'Q'])
+        .map(|(at, _)| {
+            let mut forged = bytes[..at].to_vec();
+            forged.push(0xFD);
+            forged.extend_from_slice(&length.to_le_bytes());
+            forged.extend_from_slice(&bytes[at + 1..]);
+            forged
+        })
+        .collect()
 }
 
 /// ARCHITECTURE.md: decoding bytes from disk or the network "returns an error on garbage, never a
 /// panic". A 23-byte batch whose namespace string claims a length of 2^40 bytes once made
 /// bincode allocate (`vec![0u8; len]`) before reading, and the allocation failure aborted the
-/// process. Run in a child process so such an abort fails this one test, not the whole binary.
+/// process; a snapshot whose map claims 2^40 entries did the same through imbl's visitors. Run in a child process so such an abort fails this one test, not the whole binary.
 #[test]
 fn decode_refuses_a_huge_length_prefix() {
     let output = std::process::Command::new(std::env::current_exe().expect("the test binary"))
