@@ -6,12 +6,9 @@
 //! `--clock-control` (never in production use).
 
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
-/// A monotonic reading in milliseconds since the clock was created, possibly scaled.
-pub trait Clock: Send + Sync + std::fmt::Debug {
-    fn now_ms(&self) -> u64;
-}
+use baton_raft_store::proposer::Clock;
+use std::time::{Duration, Instant};
 
 /// The monotonic clock with an adjustable rate (1.0 = real time) and a wall-clock offset used
 /// only for the informational `expires_at` fields.

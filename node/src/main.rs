@@ -9,7 +9,6 @@ mod connections;
 mod http;
 mod metrics;
 mod network;
-mod proposer;
 mod restore;
 mod server;
 mod service;

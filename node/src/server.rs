@@ -20,9 +20,9 @@ use crate::connections::{self, ConnectionBounds};
 use crate::http::{self, AppState, Shared};
 use crate::metrics::Metrics;
 use crate::network::{peer_router, Identity, LeaderContact, PeerNetwork};
-use crate::proposer::{Proposer, ProposerSettings};
 use crate::service::{Relay, Service};
 use crate::tls;
+use baton_raft_store::proposer::{Proposer, ProposerSettings};
 
 /// Runs the node until it is told to stop. An error means the node could not start, or
 /// openraft stopped on a fatal error, or a snapshot sent by a peer could not be stored (a storage

@@ -1,7 +1,7 @@
-//! The simulated cluster: real Baton nodes (openraft, the store, the machine) in one process,
-//! each with its own simulated disk (`store::SimDisk`), on the simulator's network; started,
-//! crashed, cut off from power and restarted by the fault schedule; and the invariants checked
-//! while it runs.
+//! The simulated cluster: real Baton nodes (openraft, the store, the machine, the proposer) in
+//! one process, each with its own simulated disk (`store::SimDisk`) and clock, on the
+//! simulator's network; started, crashed, cut off from power and restarted by the fault
+//! schedule; and the invariants checked while it runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{DefaultHasher, Hasher};
@@ -10,9 +10,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use anyhow::Context;
+use baton_raft_store::machine::Limits;
+use baton_raft_store::proposer::{Clock, Proposer, ProposerSettings};
 use baton_raft_store::store::{
-    self, Io, LeaderTime, LogId, MachineHandle, Member, Options, Raft, RaftTiming, SimDisk, Stamp,
-    StoreError, Vote,
+    self, Io, LogId, MachineHandle, Member, Options, Raft, RaftTiming, SimDisk, StoreError, Vote,
 };
 use openraft::async_runtime::WatchReceiver;
 use openraft::ChangeMembers;
@@ -28,16 +29,15 @@ pub enum Change {
     Remove(u64),
 }
 
-/// A node that is up: its Raft handle and its applied state.
+/// A node that is up: its Raft handle, its applied state and its proposer (which turns
+/// commands into entries stamped by the node's leader clock, as in `batond`).
 #[derive(Clone)]
 pub struct Running {
     pub raft: Raft,
     pub machine: MachineHandle,
+    pub proposer: Proposer,
     /// Which start of the cluster's this is (each start takes the next number).
     incarnation: u64,
-    /// The leader clock's state, as the node's proposer keeps it (in memory: a restart
-    /// starts it afresh).
-    leader_time: Arc<Mutex<LeaderTime>>,
 }
 
 impl Running {
@@ -64,6 +64,31 @@ impl SimClock {
     }
 }
 
+/// Every node's clock, shared by the cluster (which starts, reads and bends them) and each
+/// node's proposer (which reads its own).
+type Clocks = Arc<Mutex<BTreeMap<u64, SimClock>>>;
+
+/// Node `id`'s clock, as its proposer reads it.
+#[derive(Debug)]
+struct NodeClock {
+    clocks: Clocks,
+    id: u64,
+}
+
+impl Clock for NodeClock {
+    fn now_ms(&self) -> u64 {
+        lock(&self.clocks)
+            .get(&self.id)
+            .map_or(0, |clock| clock.reading_ms() as u64)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// How far a node's clock rate strays from simulated time at most, without a `clock` fault
 /// (and by how much the fault pushes it: within the 1% of docs/guarantees.md G6).
 const BASE_RATE_ERROR: f64 = 0.005;
@@ -73,6 +98,7 @@ pub const FAULT_RATE_ERROR: f64 = 0.0099;
 #[derive(Clone)]
 pub struct Cluster {
     inner: Arc<Mutex<Inner>>,
+    clocks: Clocks,
     net: SimNet,
     dir: PathBuf,
     timing: RaftTiming,
@@ -91,13 +117,12 @@ struct Inner {
     power: StdRng,
     /// Nodes started so far.
     starts: u64,
-    /// Every node's clock.
-    clocks: BTreeMap<u64, SimClock>,
-    /// What the invariants have seen: each node's greatest vote, across its restarts, and at
-    /// each applied index the entry's log id, the applied state's digest, and the node that
-    /// first applied it.
+    /// What the invariants have seen: each node's greatest vote, across its restarts; at each
+    /// applied index what was seen first; and for each node the start and applied log id of
+    /// its state last digested.
     votes: BTreeMap<u64, Vote>,
-    applied: BTreeMap<u64, (LogId, u64, u64)>,
+    applied: BTreeMap<u64, Applied>,
+    digested: BTreeMap<u64, (u64, LogId)>,
     violations: Vec<String>,
 }
 
@@ -112,8 +137,13 @@ impl Cluster {
                 disks: ids.iter().map(|id| (*id, SimDisk::default())).collect(),
                 power: StdRng::seed_from_u64(seed),
                 starts: 0,
-                clocks: ids
-                    .iter()
+                votes: BTreeMap::new(),
+                applied: BTreeMap::new(),
+                digested: BTreeMap::new(),
+                violations: Vec::new(),
+            })),
+            clocks: Arc::new(Mutex::new(
+                ids.iter()
                     .zip(StdRng::seed_from_u64(seed ^ 0xc10c).random_iter::<f64>())
                     .map(|(id, draw)| {
                         let base_rate = 1.0 + BASE_RATE_ERROR * (2.0 * draw - 1.0);
@@ -126,10 +156,7 @@ impl Cluster {
                         (*id, clock)
                     })
                     .collect(),
-                votes: BTreeMap::new(),
-                applied: BTreeMap::new(),
-                violations: Vec::new(),
-            })),
+            )),
             net,
             dir,
             timing,
@@ -138,9 +165,7 @@ impl Cluster {
     }
 
     fn inner(&self) -> MutexGuard<'_, Inner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.inner)
     }
 
     /// The network the nodes are on.
@@ -206,6 +231,22 @@ impl Cluster {
                 inbox: inbox.clone(),
             },
         );
+        // A new process: its monotonic clock reads 0.
+        if let Some(clock) = lock(&self.clocks).get_mut(&id) {
+            clock.anchor = tokio::time::Instant::now();
+            clock.anchor_ms = 0.0;
+        }
+        let clock = NodeClock {
+            clocks: self.clocks.clone(),
+            id,
+        };
+        let proposer = Proposer::spawn(
+            raft.clone(),
+            machine.clone(),
+            Arc::new(clock),
+            id,
+            proposer_settings(&self.timing),
+        );
         let incarnation = {
             let mut inner = self.inner();
             inner.starts += 1;
@@ -215,15 +256,10 @@ impl Cluster {
                 Running {
                     raft,
                     machine,
+                    proposer,
                     incarnation,
-                    leader_time: Arc::default(),
                 },
             );
-            // A new process: its monotonic clock reads 0.
-            if let Some(clock) = inner.clocks.get_mut(&id) {
-                clock.anchor = tokio::time::Instant::now();
-                clock.anchor_ms = 0.0;
-            }
             incarnation
         };
         // As `batond` does, the node stops on a storage error met while it gathers a snapshot
@@ -281,69 +317,13 @@ impl Cluster {
         }
     }
 
-    /// Node `id`'s monotonic clock, in whole milliseconds.
-    fn reading_ms(&self, id: u64) -> u64 {
-        self.inner()
-            .clocks
-            .get(&id)
-            .map_or(0, |clock| clock.reading_ms() as u64)
-    }
-
     /// Node `id`'s clock runs at `rate` times simulated time from now on (`None`: its own
     /// rate again); the reading never jumps.
     pub fn set_clock_rate(&self, id: u64, rate: Option<f64>) {
-        if let Some(clock) = self.inner().clocks.get_mut(&id) {
+        if let Some(clock) = lock(&self.clocks).get_mut(&id) {
             clock.anchor_ms = clock.reading_ms();
             clock.anchor = tokio::time::Instant::now();
             clock.rate = rate.unwrap_or(clock.base_rate);
-        }
-    }
-
-    /// The cluster time node `id` stamps its next entry with, as the node's proposer finds it
-    /// (`store::LeaderTime` on the node's clock), once it has applied its takeover log; or
-    /// `Err` with the leader it knows when it does not lead.
-    pub async fn leader_stamp(&self, id: u64) -> Result<u64, Option<u64>> {
-        loop {
-            let running = self.node(id).ok_or(None)?;
-            let (term, last_log_index) = {
-                let metrics = running.raft.metrics();
-                let metrics = metrics.borrow_watched();
-                if !metrics.state.is_leader() || metrics.current_leader != Some(id) {
-                    return Err(metrics.current_leader);
-                }
-                (metrics.current_term, metrics.last_log_index)
-            };
-            let (applied_index, applied_time_ms) = running
-                .machine
-                .read(|machine, last_applied| {
-                    (last_applied.map(|log_id| log_id.index), machine.time_ms())
-                })
-                .map_err(|_| None)?;
-            let reading_ms = self.reading_ms(id);
-            let stamp = running
-                .leader_time
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner())
-                .stamp(
-                    term,
-                    last_log_index,
-                    applied_index,
-                    applied_time_ms,
-                    reading_ms,
-                );
-            match stamp {
-                Stamp::At(stamp_ms) => return Ok(stamp_ms),
-                Stamp::ApplyFirst { index } => {
-                    let applied = running
-                        .raft
-                        .wait(Some(Duration::from_secs(1)))
-                        .applied_index_at_least(index, "leader clock start")
-                        .await;
-                    if applied.is_err() {
-                        return Err(None);
-                    }
-                }
-            }
         }
     }
 
@@ -453,17 +433,20 @@ impl Cluster {
     ///   two in one term.)
     /// - an applied index is the same entry on every node, forever (committed entries never
     ///   change);
-    /// - the applied state at an index is the same on every node (its encoding's hash).
-    pub fn check_invariants(&self) {
+    /// - the applied state at an index is the same on every node (its encoding's hash), when
+    ///   `states` (encoding a whole state is by far the costliest part: the simulator checks
+    ///   states less often than the rest, and a node's state only once per applied index).
+    pub fn check_invariants(&self, states: bool) {
         let up = self.inner().up.clone();
         for (id, running) in up {
             let vote = running.raft.metrics().borrow_watched().vote;
+            let digested = self.inner().digested.get(&id).copied();
             let seen = running.machine.read(|machine, last_applied| {
                 last_applied.map(|log_id| {
-                    (
-                        log_id,
-                        machine.encode_snapshot().map(|bytes| digest(&bytes)),
-                    )
+                    let new = digested != Some((running.incarnation, log_id));
+                    let hash = (states && new)
+                        .then(|| machine.encode_snapshot().map(|bytes| digest(&bytes)));
+                    (log_id, hash)
                 })
             });
             let mut inner = self.inner();
@@ -480,26 +463,50 @@ impl Cluster {
                 }
             }
             match seen {
-                Ok(Some((log_id, Ok(hash)))) => {
-                    let (first_log_id, first_hash, first_node) = *inner
-                        .applied
-                        .entry(log_id.index)
-                        .or_insert((log_id, hash, id));
-                    if first_log_id != log_id {
+                Ok(Some((log_id, hash))) => {
+                    let hash = match hash {
+                        Some(Ok(hash)) => {
+                            inner.digested.insert(id, (running.incarnation, log_id));
+                            Some(hash)
+                        }
+                        Some(Err(error)) => {
+                            inner
+                                .violations
+                                .push(format!("node {id}'s state could not be encoded: {error}"));
+                            None
+                        }
+                        None => None,
+                    };
+                    let first = *inner.applied.entry(log_id.index).or_insert(Applied {
+                        log_id,
+                        hash,
+                        node: id,
+                    });
+                    if first.log_id != log_id {
                         inner.violations.push(format!(
-                            "index {} applied as {first_log_id} on node {first_node} and as {log_id} on node {id}",
-                            log_id.index
+                            "index {} applied as {} on node {} and as {log_id} on node {id}",
+                            log_id.index, first.log_id, first.node
                         ));
-                    } else if first_hash != hash {
-                        inner.violations.push(format!(
-                            "the state applied through {log_id} differs between node {first_node} and node {id}"
-                        ));
+                    } else if let (Some(first_hash), Some(hash)) = (first.hash, hash) {
+                        if first_hash != hash {
+                            inner.violations.push(format!(
+                                "the state applied through {log_id} differs between node {} and node {id}",
+                                first.node
+                            ));
+                        }
+                    } else if first.hash.is_none() && hash.is_some() {
+                        // The first digest taken at this index: the one later ones must match.
+                        inner.applied.insert(
+                            log_id.index,
+                            Applied {
+                                log_id,
+                                hash,
+                                node: id,
+                            },
+                        );
                     }
                 }
                 Ok(None) => {}
-                Ok(Some((_, Err(error)))) => inner
-                    .violations
-                    .push(format!("node {id}'s state could not be encoded: {error}")),
                 Err(error) => inner
                     .violations
                     .push(format!("node {id}'s state could not be read: {error}")),
@@ -510,6 +517,16 @@ impl Cluster {
     /// The invariants broken so far.
     pub fn violations(&self) -> Vec<String> {
         self.inner().violations.clone()
+    }
+
+    /// The nodes that are up whose proposer waits for openraft's answer for a batch.
+    pub fn proposers_waiting(&self) -> Vec<u64> {
+        self.inner()
+            .up
+            .iter()
+            .filter(|(_, running)| running.proposer.batches_in_flight() > 0)
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// Every node that is up applied the same last index (and the cluster has a leader).
@@ -527,6 +544,29 @@ impl Cluster {
             })
             .collect();
         self.leader().is_some() && applied.windows(2).all(|pair| pair[0] == pair[1])
+    }
+}
+
+/// What the invariants saw first at an applied index: the entry's log id, the digest of the
+/// state it left (if one was taken), and the node.
+#[derive(Debug, Clone, Copy)]
+struct Applied {
+    log_id: LogId,
+    hash: Option<u64>,
+    node: u64,
+}
+
+/// The proposer's settings in `batond`'s defaults (a tick every 250 ms, a sweep check every
+/// second, the default limits' sweep batch and group commit); a request waits for a leader as
+/// long as `batond`'s do.
+fn proposer_settings(timing: &RaftTiming) -> ProposerSettings {
+    let limits = Limits::default();
+    ProposerSettings {
+        tick: Duration::from_millis(250),
+        sweep: Duration::from_secs(1),
+        sweep_batch_max: u32::try_from(limits.sweep_batch_max).unwrap_or(u32::MAX),
+        batch_commands_max: 1_024,
+        apply_timeout: Duration::from_millis(timing.election_timeout_ms * 2 + 1_000),
     }
 }
 

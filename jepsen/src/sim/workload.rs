@@ -2,35 +2,39 @@
 //! acquiring leases, recorded in the harness's history format so that its checkers judge it,
 //! and the fault schedule. Every choice is drawn from a generator seeded by the run's seed.
 //!
-//! Clients talk to a node's Raft directly, as the node's own service does: a write is one
-//! entry (`client_write`), a read waits for a read index (`ensure_linearizable`) and then
-//! reads the node's applied state. A node that is not the leader answers `ForwardToLeader`
-//! before appending anything, and the client then tries the leader it names once, as a
-//! follower's relay would.
+//! Clients talk to a node as the node's own service does: a write goes to the node's proposer
+//! (which groups it with others into one entry stamped by the leader's clock), and a read waits
+//! until the node, as leader, has applied its takeover log and a read index, and then reads the
+//! node's applied state. A follower passes a write or a read on to the leader it knows, once.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_raft_store::machine::{
-    Batch, Command, LeaseMode, Namespace, NewSession, Op as MachineOp, Owner, Reply, ResourcePath,
+    Command, LeaseMode, Namespace, NewSession, Op as MachineOp, Owner, Reply, ResourcePath,
     SessionId,
 };
-use baton_raft_store::store::mutation::{self, Mutation};
-use baton_raft_store::store::Raft;
-use openraft::errors::{ClientWriteError, LinearizableReadError, RaftError};
+use baton_raft_store::proposer::{Committed, ProposeError};
+use openraft::async_runtime::WatchReceiver;
+use openraft::errors::{LinearizableReadError, RaftError};
 use openraft::ReadPolicy;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{json, Value};
 use tokio::time::Instant;
 
-use super::cluster::{Change, Cluster, FAULT_RATE_ERROR};
+use super::cluster::{Change, Cluster, Running, FAULT_RATE_ERROR};
 use crate::history::{Op, OpType, Process, FINAL, NEMESIS};
 
 /// Registers and lease paths the clients share.
 const KEYS: u64 = 3;
-/// How long a client waits for an answer before it records the outcome as unknown.
-const OP_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a client waits for an answer before it records the outcome as unknown: longer
+/// than the proposer waits for openraft's (`proposer_settings`), as a client of `batond`
+/// waits longer than the node's own bound, so that what the proposer answers is what the
+/// client records.
+const OP_TIMEOUT: Duration = Duration::from_secs(3);
+/// What a command's encoding is taken to weigh, for the proposer's bound on a batch's bytes.
+const COMMAND_BYTES: usize = 128;
 /// How long a membership change is tried for.
 pub const MEMBERSHIP_WAIT: Duration = Duration::from_secs(3);
 /// The TTL of every client's lease.
@@ -200,63 +204,42 @@ pub async fn client(cluster: Cluster, recorder: Recorder, number: u64, seed: u64
     }
 }
 
-/// Proposes `op` as one entry at `node`, or at the leader it names, stamped by the proposing
-/// node's leader clock.
+/// Proposes `op` as `node`'s service would: through its own proposer if it leads, else
+/// relayed to the leader it knows, once. A `NotLeader` from the proposer that took it is
+/// surely not applied (the proposer's promise), so it is a refusal, never tried again.
 async fn write(cluster: &Cluster, node: u64, op: MachineOp) -> Outcome {
-    let commands = vec![Command::Namespaced {
+    let command = Command::Namespaced {
         namespace: namespace(),
         idempotency: None,
         op,
-    }];
-    let mut target = node;
-    for _ in 0..2 {
-        let Some(running) = cluster.node(target) else {
-            return Outcome::refused(format!("node {target} is down"));
-        };
-        let stamp_ms = match cluster.leader_stamp(target).await {
-            Ok(stamp_ms) => stamp_ms,
-            Err(Some(leader)) if leader != target => {
-                target = leader;
-                continue;
+    };
+    let Some(running) = cluster.node(node) else {
+        return Outcome::refused(format!("node {node} is down"));
+    };
+    let leader = running.raft.metrics().borrow_watched().current_leader;
+    let target = match leader {
+        Some(leader) if leader == node => running,
+        Some(leader) => match cluster.node(leader) {
+            Some(leader) => leader,
+            None => return Outcome::refused("NO_LEADER: the leader is down"),
+        },
+        None => return Outcome::refused("NO_LEADER"),
+    };
+    match target.proposer.propose(command, COMMAND_BYTES).await {
+        Ok(Committed { response, time_ms }) => match response.outcome {
+            Ok(Reply::KvWritten { revision }) => {
+                Outcome::Ok(json!({ "revision": revision }), time_ms)
             }
-            Err(_) => return Outcome::refused("NO_LEADER"),
-        };
-        let batch = Batch {
-            stamp_ms,
-            commands: commands.clone(),
-        };
-        match running.raft.client_write(batch).await {
-            Ok(written) => {
-                let time_ms = written.data.time_ms;
-                let Some(response) = written.data.responses.first() else {
-                    return Outcome::Unknown("an entry applied with no response".to_owned());
-                };
-                return match &response.outcome {
-                    Ok(Reply::KvWritten { revision }) => {
-                        Outcome::Ok(json!({ "revision": revision }), time_ms)
-                    }
-                    Ok(Reply::Granted(grant)) => {
-                        Outcome::Ok(json!({ "fence": grant.lease.fence }), time_ms)
-                    }
-                    Ok(other) => Outcome::Unknown(format!("unexpected reply {other:?}")),
-                    Err(rejection) => Outcome::Fail(rejection.code().to_owned(), Some(time_ms)),
-                };
+            Ok(Reply::Granted(grant)) => {
+                Outcome::Ok(json!({ "fence": grant.lease.fence }), time_ms)
             }
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
-                match forward.leader_id {
-                    Some(leader) if leader != target => target = leader,
-                    _ => return Outcome::refused("NO_LEADER"),
-                }
-            }
-            Err(RaftError::APIError(refused))
-                if mutation::active(Mutation::DiscardedIsNotLeader) =>
-            {
-                return Outcome::refused(format!("NO_LEADER: {refused}"))
-            }
-            Err(error) => return Outcome::Unknown(error.to_string()),
-        }
+            Ok(other) => Outcome::Unknown(format!("unexpected reply {other:?}")),
+            Err(rejection) => Outcome::Fail(rejection.code().to_owned(), Some(time_ms)),
+        },
+        Err(ProposeError::NotLeader { .. }) => Outcome::refused("NO_LEADER"),
+        Err(ProposeError::Overloaded) => Outcome::refused("RESOURCE_EXHAUSTED"),
+        Err(ProposeError::Unknown(error)) => Outcome::Unknown(error),
     }
-    Outcome::refused("NO_LEADER")
 }
 
 /// Reads register `key` linearizably at `node`, or at the leader it names.
@@ -266,7 +249,7 @@ async fn read(cluster: &Cluster, node: u64, key: &str) -> Outcome {
         let Some(running) = cluster.node(target) else {
             return Outcome::refused(format!("node {target} is down"));
         };
-        match linearizable_read(&running.raft).await {
+        match linearizable_read(&running).await {
             Ok(()) => {
                 let read = running.machine.read(|machine, _| {
                     let value = machine
@@ -290,10 +273,22 @@ async fn read(cluster: &Cluster, node: u64, key: &str) -> Outcome {
     Outcome::refused("NO_LEADER")
 }
 
-/// Waits until `raft` has applied everything committed before the call, as the leader
-/// confirms it; `Err` with the leader to ask instead, if known.
-async fn linearizable_read(raft: &Raft) -> Result<(), Option<u64>> {
-    match raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
+/// Waits until `node` has applied everything committed before the call, as the service of
+/// `batond` does: the node leads and has applied its takeover log (`wait_leader_ready`), and
+/// then a quorum confirms its read index; `Err` with the leader to ask instead, if known.
+async fn linearizable_read(node: &Running) -> Result<(), Option<u64>> {
+    let term = {
+        let metrics = node.raft.metrics();
+        let metrics = metrics.borrow_watched();
+        if metrics.current_leader != Some(metrics.id) {
+            return Err(metrics.current_leader);
+        }
+        metrics.current_term
+    };
+    if !node.proposer.wait_leader_ready(term, OP_TIMEOUT).await {
+        return Err(None);
+    }
+    match node.raft.ensure_linearizable(ReadPolicy::ReadIndex).await {
         Ok(_) => Ok(()),
         Err(RaftError::APIError(LinearizableReadError::ForwardToLeader(forward))) => {
             Err(forward.leader_id)

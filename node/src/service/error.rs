@@ -4,7 +4,7 @@
 use baton_api::{ErrorCode, HeldBy, Problem};
 use baton_raft_store::machine::{Invalid, Rejection};
 
-use crate::proposer::ProposeError;
+use baton_raft_store::proposer::ProposeError;
 
 /// How long a caller should wait before retrying after `NO_LEADER` or overload.
 const RETRY_AFTER_MS: u64 = 1_000;

@@ -30,7 +30,7 @@ use tokio::time::Instant;
 
 use crate::clock::NodeClock;
 use crate::network::LeaderContact;
-use crate::proposer::Proposer;
+use baton_raft_store::proposer::Proposer;
 
 pub use error::ApiError;
 pub use relay::{Relay, RelayRefused, READ_INDEX_PATH, RELAY_PATH};

@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use super::{ApiError, Clocks, Leader, Service, RECONNECT_PAUSE};
 use crate::metrics::RelayCounters;
 use crate::network::{PeerNetwork, PeerPostError, PEER_MESSAGE_BYTES_MAX};
-use crate::proposer::{Committed, ProposeError};
+use baton_raft_store::proposer::{Committed, ProposeError};
 
 /// The leader's peer route for relayed commands.
 pub const RELAY_PATH: &str = "/raft/relay";

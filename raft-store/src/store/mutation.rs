@@ -1,5 +1,5 @@
 //! Bugs put back on purpose, so that the simulator (`baton-jepsen sim`) can show that it finds
-//! them. A mutation is switched on for the calling thread only, and only in a build with the
+//! them; they live in the store and in the proposer. A mutation is switched on for the calling thread only, and only in a build with the
 //! `mutations` feature, which only baton-jepsen's tests turn on: `batond` is never built with
 //! it, and without it `active` is always false.
 
@@ -12,9 +12,9 @@ pub enum Mutation {
     /// `truncate_after` keeps the entries it should remove: a follower keeps a deposed
     /// leader's uncommitted entries where the new leader's belong.
     TruncateNothing,
-    /// Not in the store: the simulator's client takes every write openraft did not confirm for
-    /// surely not applied, as the node's proposer once did with an entry a deposed leader
-    /// dropped from its log (which a new leader may have committed).
+    /// The proposer answers `NotLeader` (surely not applied) for an entry a deposed leader
+    /// dropped from its log, as it once did (issue 9's second guarantee bug): a new leader may
+    /// have committed and applied it, and the client that was told it was refused then sees it.
     DiscardedIsNotLeader,
     /// A log append counts as flushed without its `fdatasync`: a power cut loses entries the
     /// node acknowledged to the leader (or, on the leader, counted toward a commit).

@@ -18,17 +18,23 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use baton_raft_store::machine::{Batch, Command, Response};
-use baton_raft_store::store::{Applied, LeaderTime, MachineHandle, Raft, Stamp, TypeConfig};
+use crate::machine::{Batch, Command, Response};
+use crate::store::mutation::{self, Mutation};
+use crate::store::{Applied, LeaderTime, MachineHandle, Raft, Stamp, TypeConfig};
 use openraft::async_runtime::WatchReceiver;
 use openraft::errors::ClientWriteError;
 use openraft::impls::ProgressResponder;
 use openraft::raft::ClientWriteResult;
 use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::Instant;
 
-use crate::clock::Clock;
+/// The node's monotonic clock, read for stamping: milliseconds from an arbitrary start, never
+/// going back. Never the wall clock (docs/guarantees.md, "Time").
+pub trait Clock: Send + Sync + std::fmt::Debug {
+    fn now_ms(&self) -> u64;
+}
 
 /// Proposals waiting for the batcher; past this, requests are refused as overload.
 const QUEUE_MAX: usize = 16_384;
@@ -194,6 +200,13 @@ fn entry_outcome(
         Ok(Err(ClientWriteError::ForwardToLeader(forward))) => Err(ProposeError::NotLeader {
             leader: forward.leader_id,
         }),
+        Ok(Err(ClientWriteError::LogEntryDiscarded(forward)))
+            if mutation::active(Mutation::DiscardedIsNotLeader) =>
+        {
+            Err(ProposeError::NotLeader {
+                leader: forward.leader_id,
+            })
+        }
         Ok(Err(ClientWriteError::LogEntryDiscarded(_))) => Err(ProposeError::Unknown(
             "this node stopped being the leader before the write was known to be committed"
                 .to_owned(),
@@ -423,8 +436,8 @@ impl Batcher {
 
 #[cfg(test)]
 mod tests {
-    use baton_raft_store::machine::{Reply, Response};
-    use baton_raft_store::store::log_id;
+    use crate::machine::{Reply, Response};
+    use crate::store::log_id;
     use openraft::errors::ForwardToLeader;
     use openraft::raft::ClientWriteResponse;
 
