@@ -7,7 +7,8 @@
 //!
 //! Neither may raise the term of the healthy majority (the cut-off or removed node would depose
 //! the leader if it campaigned without asking first), nor pause its writes for longer than
-//! `DISRUPTION_GAP_MAX`. A run that sees either fails with exit 1, naming what it saw.
+//! `--gap-max-ms` (100 ms by default). A run that sees either fails with exit 1, naming what it
+//! saw.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -19,9 +20,6 @@ use super::report::{Chart, Figures};
 use super::{own_cluster_on, BenchArgs};
 use crate::cluster::Cluster;
 
-/// The longest the healthy majority's writes may pause while a follower is cut off or a member
-/// is removed.
-pub(super) const DISRUPTION_GAP_MAX: Duration = Duration::from_millis(100);
 /// How long the cluster runs undisturbed before each phase, and after it.
 const SETTLE: Duration = Duration::from_secs(2);
 /// The longest a healed node may take to be ready again.
@@ -44,6 +42,7 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
         );
     }
     let disrupted_for = Duration::from_secs(args.seconds);
+    let gap_max = Duration::from_millis(args.gap_max_ms);
     let guard = own_cluster_on(args, run_dir, args.net).await?;
     let cluster = guard.0.clone();
     println!("disruption: network {}", cluster.net_selection);
@@ -130,12 +129,12 @@ pub(super) async fn run(args: &BenchArgs, run_dir: &Path) -> anyhow::Result<Figu
                 phase.name, phase.terms_before, phase.terms_after
             ));
         }
-        if phase.longest_pause > DISRUPTION_GAP_MAX {
+        if phase.longest_pause > gap_max {
             findings.push(format!(
                 "{}: the writes paused {} ms (at most {} ms)",
                 phase.name,
                 phase.longest_pause.as_millis(),
-                DISRUPTION_GAP_MAX.as_millis()
+                gap_max.as_millis()
             ));
         }
     }
