@@ -853,14 +853,7 @@ pub(crate) async fn acquire_waiting(
     let mut stop = pin!(stop);
     let mut stopped = false;
     let Some(wait) = wait else {
-        let answer = client.acquire_raw(request).await?;
-        if has_stopped(stop.as_mut(), &mut stopped) {
-            let created = request.session_id.is_none();
-            let grant = &answer.value;
-            let_go(client, Some(&grant.session_id), created, &request.resource).await?;
-            return Ok(None);
-        }
-        return Ok(Some(answer));
+        return last_try(client, request, stop.as_mut(), &mut stopped).await;
     };
     let deadline = Instant::now() + wait;
     let ttl_ms = match (&request.session_id, request.ttl_ms) {
@@ -937,7 +930,20 @@ pub(crate) async fn acquire_waiting(
                 Err(error) => Err(error),
             };
         }
-        let answer = answer?;
+        let answer = match answer {
+            Err(Error::Lost { .. }) if created => {
+                // The session this wait made for itself died between rounds (renewed too late,
+                // as on a loaded machine): the place is lost, not the acquire. Join again.
+                let_go(client, waiting.session_id.as_ref(), true, &request.resource).await?;
+                waiting = request.clone();
+                created = false;
+                if Instant::now() < deadline {
+                    continue;
+                }
+                return last_try(client, request, stop.as_mut(), &mut stopped).await;
+            }
+            answer => answer?,
+        };
         let queued = match answer.value {
             InLine::Granted(grant) => {
                 return Ok(Some(Answer {
@@ -957,22 +963,33 @@ pub(crate) async fn acquire_waiting(
         waiting.ttl_ms = None;
         if Instant::now() >= deadline {
             // Out of the line, or a grant that raced the deadline let go, before the last try.
-            if created {
-                client.end_session(&queued.session_id).await?;
-            } else {
-                client.release(&queued.session_id, &queued.resource).await?;
-            }
-            let answer = client.acquire_raw(request).await?;
-            if has_stopped(stop.as_mut(), &mut stopped) {
-                let grant = &answer.value;
-                let made = request.session_id.is_none();
-                let_go(client, Some(&grant.session_id), made, &request.resource).await?;
-                return Ok(None);
-            }
-            return Ok(Some(answer));
+            let_go(client, Some(&queued.session_id), created, &queued.resource).await?;
+            return last_try(client, request, stop.as_mut(), &mut stopped).await;
         }
-        client.keepalive(&queued.session_id).await?;
+        match client.keepalive(&queued.session_id).await {
+            // Gone before the next round, which then joins the line again (above).
+            Ok(_) | Err(Error::Lost { .. }) if created => {}
+            renewed => drop(renewed?),
+        }
     }
+}
+
+/// The plain acquire that ends a wait: the grant, or who holds the resource. A grant that
+/// `stop` overtook is let go.
+async fn last_try(
+    client: &Client,
+    request: &AcquireRequest,
+    stop: Pin<&mut impl Future<Output = ()>>,
+    stopped: &mut bool,
+) -> Result<Option<Answer<Grant>>> {
+    let answer = client.acquire_raw(request).await?;
+    if has_stopped(stop, stopped) {
+        let grant = &answer.value;
+        let made = request.session_id.is_none();
+        let_go(client, Some(&grant.session_id), made, &request.resource).await?;
+        return Ok(None);
+    }
+    Ok(Some(answer))
 }
 
 /// Whether `stop` has resolved, looking at it once (and never again once it has).

@@ -392,6 +392,56 @@ async fn a_read_whose_answers_are_lost_is_unavailable_and_a_write_is_unknown() {
     assert!(error.is_indeterminate(), "{error:?}");
 }
 
+/// The session a waiting acquire made for itself dies when the client renews it too late (a
+/// stalled process, a loaded machine): the place in line is lost, not the acquire, which joins
+/// the line again and ends as every wait does. It used to end in `LEASE_LOST` for a lease it
+/// never held.
+#[tokio::test]
+async fn a_waiting_acquire_whose_own_session_dies_joins_the_line_again() {
+    let cluster = Cluster::start(1).await;
+    let holder = client_for(&endpoints(&cluster))
+        .holder("agent-a")
+        .build()
+        .expect("a client");
+    let held = holder
+        .acquire(
+            "busy/path",
+            AcquireOptions::new().ttl(Duration::from_secs(10)),
+        )
+        .await
+        .expect("granted");
+    let waiter = client_for(&endpoints(&cluster))
+        .holder("agent-b")
+        .build()
+        .expect("a client");
+    let started = Instant::now();
+    let waiting = waiter.acquire(
+        "busy/path",
+        AcquireOptions::new()
+            .ttl(Duration::from_secs(1))
+            .wait(Duration::from_secs(3)),
+    );
+    let stall = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // Blocks the test's only runtime thread: no round and no renewal for 1.5 s, past the
+        // session's 1 s TTL.
+        std::thread::sleep(Duration::from_millis(1_500));
+    };
+    let (answer, ()) = tokio::join!(waiting, stall);
+    match answer {
+        Err(Error::Held { held_by, .. }) => assert_eq!(held_by.holder, "agent-a"),
+        unexpected => panic!("expected LEASE_HELD, got {unexpected:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    // Nobody is left in the line: the next acquire after the release is granted at once.
+    held.release().await.expect("release");
+    let next = waiter
+        .acquire("busy/path", AcquireOptions::new())
+        .await
+        .expect("granted at once");
+    next.release().await.expect("release");
+}
+
 // ---------------------------------------------------------------------------------------------
 // A TCP relay that injects network faults between the client and one node
 // ---------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -35,6 +36,31 @@ async def test_async_lease_renews_denies_and_fences(aclient: baton.AsyncClient,
             assert second.fence > fence
     finally:
         await other.aclose()
+
+
+async def test_async_waiter_whose_session_dies_rejoins_the_line(aclient: baton.AsyncClient,
+                                                                namespace: str) -> None:
+    """As the blocking client's test: a late renewal kills the wait's own session, and the
+    acquire joins the line again instead of failing with LEASE_LOST."""
+    waiter = baton.AsyncClient(aclient._config.endpoints[0].base, namespace=namespace,
+                               holder="agent-b", timeout=3.0)
+    renew = waiter.keepalive
+    renewed: list[str] = []
+
+    async def late_keepalive(session_id: str) -> dict[str, Any]:
+        renewed.append(session_id)
+        if len(renewed) == 1:
+            await asyncio.sleep(1.5)  # past the 1 s TTL: the session is gone
+        return await renew(session_id)
+
+    waiter.keepalive = late_keepalive  # type: ignore[method-assign]
+    try:
+        async with aclient.lease("async/busy", ttl=10):
+            with pytest.raises(baton.LeaseHeld):
+                await waiter.lease("async/busy", ttl=1, wait=3).acquire()
+            assert len(set(renewed)) >= 2
+    finally:
+        await waiter.aclose()
 
 
 async def test_async_guard_reports_loss_once(aclient: baton.AsyncClient) -> None:

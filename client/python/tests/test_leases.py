@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -197,6 +198,31 @@ def test_a_wait_that_runs_out_is_denied_and_leaves_the_line(make_client: ClientF
         assert 1.4 < time.monotonic() - started < 6.0
         assert denied.value.holder == "agent-a"
     # Nobody waits any more: a plain acquire is granted at once.
+    with b.lease("busy/path", ttl=3) as guard:
+        assert guard.is_valid()
+
+
+def test_a_waiter_whose_session_dies_rejoins_the_line(make_client: ClientFactory) -> None:
+    """The session a waiting acquire made for itself can die between rounds (a client too slow
+    to renew it, as on a loaded machine): the place is lost, not the acquire, which joins the
+    line again with a new session and ends as every wait does."""
+    a = make_client(holder="agent-a")
+    b = make_client(holder="agent-b")
+    renew = b.keepalive
+    renewed: list[str] = []
+
+    def late_keepalive(session_id: str) -> dict[str, Any]:
+        renewed.append(session_id)
+        if len(renewed) == 1:
+            time.sleep(1.5)  # past the 1 s TTL: the session is gone
+        return renew(session_id)
+
+    b.keepalive = late_keepalive  # type: ignore[method-assign]
+    with a.lease("busy/path", ttl=10):
+        with pytest.raises(LeaseHeld) as denied:
+            b.lease("busy/path", ttl=1, wait=3).acquire()
+        assert denied.value.holder == "agent-a"
+        assert len(set(renewed)) >= 2  # the late renewal came, then a new session's
     with b.lease("busy/path", ttl=3) as guard:
         assert guard.is_valid()
 

@@ -199,33 +199,56 @@ export class BatonClient {
       ttlMs = require<number>(info, "ttl_ms", "integer", "GET /v1/sessions/{id}");
     }
     const roundMax = Math.min(Math.max(Math.floor(ttlMs / 3), 1), WAIT_MS_MAX);
-    const waiting: routes.AcquireRequest = { ...body };
+    let waiting: routes.AcquireRequest = { ...body };
     let createdId: string | undefined;
     try {
       for (;;) {
         waiting.wait_ms = Math.floor(Math.max(0, Math.min(deadline - now(), roundMax)));
-        const answer = await this.execute(routes.acquire(waiting));
-        const value = expectObject(answer, "POST /v1/leases");
-        if (answer.status !== 202) {
-          require(value, "fence", "integer", "POST /v1/leases");
-          return answer;
-        }
-        const sessionId = require<string>(value, "session_id", "string", "POST /v1/leases");
-        if (value.session_created === true) createdId = sessionId;
-        waiting.session_id = sessionId;
-        delete waiting.holder;
-        delete waiting.ttl_ms;
-        if (now() >= deadline) {
-          if (createdId !== undefined) await this.endSession(createdId);
-          else await this.release(sessionId, body.resource);
+        try {
+          const answer = await this.execute(routes.acquire(waiting));
+          const value = expectObject(answer, "POST /v1/leases");
+          if (answer.status !== 202) {
+            require(value, "fence", "integer", "POST /v1/leases");
+            return answer;
+          }
+          const sessionId = require<string>(value, "session_id", "string", "POST /v1/leases");
+          if (value.session_created === true) createdId = sessionId;
+          waiting.session_id = sessionId;
+          delete waiting.holder;
+          delete waiting.ttl_ms;
+          if (now() < deadline) {
+            await this.keepalive(sessionId);
+            continue;
+          }
+          if (createdId === undefined) {
+            await this.release(sessionId, body.resource);
+          } else {
+            await this.endOwnSession(createdId);
+            createdId = undefined;
+          }
+        } catch (error) {
+          // A session this acquire made for itself that died between rounds (renewed too
+          // late, as on a loaded machine) loses its place, not the acquire: join again.
+          if (!(error instanceof LeaseLost) || createdId === undefined) throw error;
+          await this.endOwnSession(createdId);
           createdId = undefined;
-          return await this.execute(routes.acquire(body));
+          waiting = { ...body };
+          if (now() < deadline) continue;
         }
-        await this.keepalive(sessionId);
+        return await this.execute(routes.acquire(body));
       }
     } catch (error) {
       if (createdId !== undefined) await this.endSession(createdId).catch(() => undefined);
       throw error;
+    }
+  }
+
+  /** Ends a session a waiting acquire made for itself; one already gone counts. */
+  private async endOwnSession(sessionId: string): Promise<void> {
+    try {
+      await this.endSession(sessionId);
+    } catch (error) {
+      if (!(error instanceof NotFound)) throw error;
     }
   }
 

@@ -175,6 +175,30 @@ test("a semaphore: a shared lease held by up to limit sessions, each with its ow
   for (const guard of [...slots.slice(1), fourth]) await guard.release();
 });
 
+test("a waiter whose own session dies between rounds joins the line again", async () => {
+  // The session a waiting acquire made for itself can die when the client renews it late (a
+  // loaded machine): the place is lost, not the acquire, which ends as every wait does.
+  const [a, b] = pair();
+  const renewed: string[] = [];
+  const renew = b.keepalive.bind(b);
+  b.keepalive = async (sessionId: string) => {
+    renewed.push(sessionId);
+    if (renewed.length === 1) await delay(1_500); // past the 1 s TTL: the session is gone
+    return renew(sessionId);
+  };
+  const held = await a.lease("busy/path", { ttlMs: 10_000 }).acquire();
+  const denied = await b.lease("busy/path", { ttlMs: 1_000, waitMs: 3_000 }).acquire().then(
+    () => assert.fail("granted while held"),
+    (error: unknown) => error,
+  );
+  assert.ok(denied instanceof LeaseHeld, String(denied));
+  assert.equal(denied.holder, "agent-a");
+  assert.ok(new Set(renewed).size >= 2, "the late renewal came, then a new session's");
+  await held.release();
+  const guard = await b.lease("busy/path", { ttlMs: 3_000 }).acquire();
+  await guard.release();
+});
+
 test("the fair line: waiters are granted in order when the holder lets go", async () => {
   const ns = namespace();
   const [a, b, c] = ["agent-a", "agent-b", "agent-c"].map((holder) => makeClient(cluster, { namespace: ns, holder }));

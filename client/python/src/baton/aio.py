@@ -279,25 +279,35 @@ class AsyncClient:
             while True:
                 round_seconds = max(0.0, min(deadline - time.monotonic(), round_max))
                 waiting["wait_ms"] = int(round_seconds * 1000)
-                answer = await self._execute(routes.acquire(waiting, held=round_seconds))
-                value = expect_object(answer, "POST /v1/leases")
-                if answer.status != 202:
-                    require(value, "fence", int, "POST /v1/leases")
-                    return answer
-                session_id = require(value, "session_id", str, "POST /v1/leases")
-                if value.get("session_created") is True:
-                    created_id = session_id
-                waiting["session_id"] = session_id
-                waiting.pop("holder", None)
-                waiting.pop("ttl_ms", None)
-                if time.monotonic() >= deadline:
-                    if created_id is not None:
-                        await self.end_session(created_id)
-                    else:
+                try:
+                    answer = await self._execute(routes.acquire(waiting, held=round_seconds))
+                    value = expect_object(answer, "POST /v1/leases")
+                    if answer.status != 202:
+                        require(value, "fence", int, "POST /v1/leases")
+                        return answer
+                    session_id = require(value, "session_id", str, "POST /v1/leases")
+                    if value.get("session_created") is True:
+                        created_id = session_id
+                    waiting["session_id"] = session_id
+                    waiting.pop("holder", None)
+                    waiting.pop("ttl_ms", None)
+                    if time.monotonic() < deadline:
+                        await self.keepalive(session_id)
+                        continue
+                    if created_id is None:
                         await self.release(session_id, str(body["resource"]))
+                    else:
+                        await self._end_own_session(created_id)
+                        created_id = None
+                except LeaseLost:
+                    if created_id is None:
+                        raise  # the caller's own session is gone
+                    await self._end_own_session(created_id)
                     created_id = None
-                    return await self._execute(routes.acquire(body))
-                await self.keepalive(session_id)
+                    waiting = dict(body)
+                    if time.monotonic() < deadline:
+                        continue
+                return await self._execute(routes.acquire(body))
         except BaseException:
             if created_id is not None:
                 try:
@@ -305,6 +315,12 @@ class AsyncClient:
                 except BatonError:
                     pass
             raise
+
+    async def _end_own_session(self, session_id: str) -> None:
+        try:
+            await self.end_session(session_id)
+        except NotFound:
+            pass
 
     async def get_lease(self, resource: str) -> dict[str, Any]:
         return await self._object(routes.get_lease(resource))

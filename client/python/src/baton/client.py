@@ -328,7 +328,9 @@ class Client:
     def _acquire_waiting(self, body: dict[str, Any], wait: float | None) -> Answer:
         """An acquire, waiting in the line for up to ``wait`` seconds in rounds of at most a
         third of the TTL, the session kept alive between rounds; past the wait, out of the
-        line and one last plain acquire (whose denial says who holds it)."""
+        line and one last plain acquire (whose denial says who holds it). A session this
+        acquire made for itself that dies between rounds (renewed too late, as on a loaded
+        machine) loses its place, not the acquire: it joins the line again."""
         if wait is None:
             return self._execute(routes.acquire(body))
         wait_ms = seconds_to_ms(wait, "wait")
@@ -345,25 +347,35 @@ class Client:
             while True:
                 round_seconds = max(0.0, min(deadline - time.monotonic(), round_max))
                 waiting["wait_ms"] = int(round_seconds * 1000)
-                answer = self._execute(routes.acquire(waiting, held=round_seconds))
-                value = expect_object(answer, "POST /v1/leases")
-                if answer.status != 202:
-                    require(value, "fence", int, "POST /v1/leases")
-                    return answer
-                session_id = require(value, "session_id", str, "POST /v1/leases")
-                if value.get("session_created") is True:
-                    created_id = session_id
-                waiting["session_id"] = session_id
-                waiting.pop("holder", None)
-                waiting.pop("ttl_ms", None)
-                if time.monotonic() >= deadline:
-                    if created_id is not None:
-                        self.end_session(created_id)
-                    else:
+                try:
+                    answer = self._execute(routes.acquire(waiting, held=round_seconds))
+                    value = expect_object(answer, "POST /v1/leases")
+                    if answer.status != 202:
+                        require(value, "fence", int, "POST /v1/leases")
+                        return answer
+                    session_id = require(value, "session_id", str, "POST /v1/leases")
+                    if value.get("session_created") is True:
+                        created_id = session_id
+                    waiting["session_id"] = session_id
+                    waiting.pop("holder", None)
+                    waiting.pop("ttl_ms", None)
+                    if time.monotonic() < deadline:
+                        self.keepalive(session_id)
+                        continue
+                    if created_id is None:
                         self.release(session_id, str(body["resource"]))
+                    else:
+                        self._end_own_session(created_id)
+                        created_id = None
+                except LeaseLost:
+                    if created_id is None:
+                        raise  # the caller's own session is gone
+                    self._end_own_session(created_id)
                     created_id = None
-                    return self._execute(routes.acquire(body))
-                self.keepalive(session_id)
+                    waiting = dict(body)
+                    if time.monotonic() < deadline:
+                        continue
+                return self._execute(routes.acquire(body))
         except BaseException:
             if created_id is not None:
                 try:  # a session left in the line would be granted the lease later
@@ -371,6 +383,13 @@ class Client:
                 except BatonError:
                     pass
             raise
+
+    def _end_own_session(self, session_id: str) -> None:
+        """Ends a session a waiting acquire made for itself; one already gone counts."""
+        try:
+            self.end_session(session_id)
+        except NotFound:
+            pass
 
     def get_lease(self, resource: str) -> dict[str, Any]:
         """``GET /v1/leases/{resource}``: the live lease that would refuse an exclusive
