@@ -7,12 +7,13 @@
 //! until the node, as leader, has applied its takeover log and a read index, and then reads the
 //! node's applied state. A follower passes a write or a read on to the leader it knows, once.
 
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_raft_store::machine::{
-    Command, LeaseMode, Namespace, NewSession, Op as MachineOp, Owner, Reply, ResourcePath,
-    SessionId,
+    Command, LeaseMode, Name, Namespace, NewSession, Op as MachineOp, Owner, Reply, ResourcePath,
+    SessionId, TaskFence, TaskSpec,
 };
 use baton_raft_store::proposer::{Committed, ProposeError};
 use openraft::async_runtime::WatchReceiver;
@@ -25,6 +26,7 @@ use tokio::time::Instant;
 
 use super::cluster::{Change, Cluster, Running, FAULT_RATE_ERROR};
 use crate::history::{Op, OpType, Process, FINAL, NEMESIS};
+use crate::workloads::{g7_valid_until, Mode, HOLDS};
 
 /// Registers and lease paths the clients share.
 const KEYS: u64 = 3;
@@ -172,29 +174,16 @@ pub async fn client(cluster: Cluster, recorder: Recorder, number: u64, seed: u64
             };
             ("acquire", key, Value::Null, Some(command))
         };
-        recorder.record(Process::Client(process), OpType::Invoke, f, &key, invoke);
-        let outcome = tokio::time::timeout(OP_TIMEOUT, async {
+        let operation = async {
             match command {
                 Some(command) => write(&cluster, node, command).await,
                 None => read(&cluster, node, &key).await,
             }
-        })
-        .await
-        .unwrap_or_else(|_| Outcome::Unknown("no answer in time".to_owned()));
-        let (kind, value, error, cluster_time_ms) = match outcome {
-            Outcome::Ok(value, time_ms) => (OpType::Ok, value, None, Some(time_ms)),
-            Outcome::Fail(error, time_ms) => (OpType::Fail, Value::Null, Some(error), time_ms),
-            Outcome::Unknown(error) => (OpType::Info, Value::Null, Some(error), None),
         };
-        recorder.record_answer(
-            Process::Client(process),
-            kind,
-            f,
-            &key,
-            value,
-            error,
-            cluster_time_ms,
-        );
+        let (kind, value, sent_ns) = operate(&recorder, process, f, &key, invoke, operation).await;
+        if kind == OpType::Ok && f == "acquire" {
+            record_hold(&recorder, &key, &value, sent_ns);
+        }
         if kind == OpType::Info {
             // As in the harness: a client whose operation may still take effect goes on as a
             // new process.
@@ -202,6 +191,143 @@ pub async fn client(cluster: Cluster, recorder: Recorder, number: u64, seed: u64
         }
         tokio::time::sleep(Duration::from_millis(random.random_range(0..20))).await;
     }
+}
+
+/// The queue the workers share.
+const QUEUE: &str = "q";
+
+/// A claim a worker holds: the task, the claiming session and the claim's fence.
+struct Held {
+    task: String,
+    session_id: SessionId,
+    fence: u64,
+}
+
+/// One queue worker: enqueues tasks, claims the next (each claim with a session of its own,
+/// of `LEASE_TTL_MS`) and completes what it claimed, on a node drawn at random each time,
+/// until `until`. The `claims` checker judges the history: no task is held by two claims
+/// whose G7 intervals overlap.
+pub async fn worker(cluster: Cluster, recorder: Recorder, number: u64, seed: u64, until: Instant) {
+    let mut random = StdRng::seed_from_u64(seed);
+    let mut process = number;
+    let mut enqueued = 0u64;
+    let mut held: Option<Held> = None;
+    let queue = || Name::new("queue", QUEUE).expect("a valid queue name");
+    while Instant::now() < until {
+        let node = cluster.ids()[random.random_range(0..cluster.ids().len())];
+        let draw = random.random_range(0..100);
+        let (f, invoke, command) = match held.take() {
+            Some(claim) if draw < 60 => {
+                let command = MachineOp::Complete {
+                    queue: queue(),
+                    task_id: Name::new("task id", claim.task.clone()).expect("a task id"),
+                    claim: TaskFence {
+                        session_id: claim.session_id,
+                        fence: claim.fence,
+                    },
+                    result: None,
+                };
+                let invoke = json!({ "task": claim.task, "fence": claim.fence });
+                ("complete", invoke, command)
+            }
+            _ if draw < 30 => {
+                enqueued += 1;
+                let task = format!("w{number}-{enqueued}");
+                let command = MachineOp::Enqueue {
+                    queue: queue(),
+                    task: TaskSpec {
+                        task_id: Name::new("task id", task.clone()).expect("a task id"),
+                        payload: "{}".to_owned(),
+                        priority: 0,
+                        depends_on: Vec::new(),
+                        max_attempts: 100,
+                        delay_ms: 0,
+                        on_dead: None,
+                    },
+                };
+                ("enqueue", json!({ "task": task }), command)
+            }
+            _ => {
+                let command = MachineOp::Claim {
+                    queue: queue(),
+                    owner: Owner::NewSession(NewSession {
+                        session_id: SessionId(random.random()),
+                        holder: format!("worker-{number}"),
+                        ttl_ms: LEASE_TTL_MS,
+                        labels: Default::default(),
+                    }),
+                };
+                ("claim", json!({}), command)
+            }
+        };
+        let operation = write(&cluster, node, command);
+        let (kind, value, _) = operate(&recorder, process, f, QUEUE, invoke, operation).await;
+        if kind == OpType::Info {
+            process += 1_000;
+        }
+        if let (Some(task), Some(fence), Some(session)) = (
+            value["task"].as_str(),
+            value["fence"].as_u64(),
+            value["session"].as_str(),
+        ) {
+            held = session.parse().ok().map(|session_id| Held {
+                task: task.to_owned(),
+                session_id: SessionId(session_id),
+                fence,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(random.random_range(0..20))).await;
+    }
+}
+
+/// Runs one operation of client `process`: records its invocation, waits for its outcome
+/// (unknown after `OP_TIMEOUT`) and records that. Returns the outcome's kind and value (null
+/// unless it is `Ok`), and when the operation was sent.
+async fn operate(
+    recorder: &Recorder,
+    process: u64,
+    f: &str,
+    key: &str,
+    invoke: Value,
+    operation: impl Future<Output = Outcome>,
+) -> (OpType, Value, u64) {
+    let sent_ns = recorder.now_ns();
+    recorder.record(Process::Client(process), OpType::Invoke, f, key, invoke);
+    let outcome = tokio::time::timeout(OP_TIMEOUT, operation)
+        .await
+        .unwrap_or_else(|_| Outcome::Unknown("no answer in time".to_owned()));
+    let (kind, value, error, cluster_time_ms) = match outcome {
+        Outcome::Ok(value, time_ms) => (OpType::Ok, value, None, Some(time_ms)),
+        Outcome::Fail(error, time_ms) => (OpType::Fail, Value::Null, Some(error), time_ms),
+        Outcome::Unknown(error) => (OpType::Info, Value::Null, Some(error), None),
+    };
+    let process = Process::Client(process);
+    recorder.record_answer(process, kind, f, key, value.clone(), error, cluster_time_ms);
+    (kind, value, sent_ns)
+}
+
+/// Records the hold a client may claim for the lease `grant`ed on `resource`, as the harness's
+/// holders do (process `holds`): from the answer to the end of its G7 validity, counted from
+/// the request's sending on the client's clock (simulated time, which every node's clock
+/// strays from by less than the 1% the rule allows). The `holds` checker then finds any two
+/// holds that overlap: a lease a node let expire early, by its clock or by a failover.
+fn record_hold(recorder: &Recorder, resource: &str, grant: &Value, sent_ns: u64) {
+    let (Some(fence), Some(expires_in_ms)) =
+        (grant["fence"].as_u64(), grant["expires_in_ms"].as_u64())
+    else {
+        return;
+    };
+    let start_ns = recorder.now_ns();
+    let valid_until = g7_valid_until(Duration::from_nanos(sent_ns), expires_in_ms);
+    let end_ns = u64::try_from(valid_until.as_nanos()).unwrap_or(u64::MAX);
+    recorder.record(
+        Process::Named(HOLDS.to_owned()),
+        OpType::Info,
+        "hold",
+        resource,
+        json!({"lease": fence.to_string(), "mode": Mode::Exclusive.as_str(), "limit": null,
+               "fence": fence, "start_ns": start_ns, "end_ns": end_ns, "g7_end_ns": end_ns}),
+    );
 }
 
 /// Proposes `op` as `node`'s service would: through its own proposer if it leads, else
@@ -230,8 +356,22 @@ async fn write(cluster: &Cluster, node: u64, op: MachineOp) -> Outcome {
             Ok(Reply::KvWritten { revision }) => {
                 Outcome::Ok(json!({ "revision": revision }), time_ms)
             }
-            Ok(Reply::Granted(grant)) => {
-                Outcome::Ok(json!({ "fence": grant.lease.fence }), time_ms)
+            Ok(Reply::Granted(grant)) => Outcome::Ok(
+                json!({ "fence": grant.lease.fence, "expires_in_ms": grant.lease.expires_in_ms }),
+                time_ms,
+            ),
+            Ok(Reply::TaskEnqueued(task)) => {
+                Outcome::Ok(json!({ "task": task.id.as_str() }), time_ms)
+            }
+            Ok(Reply::TaskClaimed(claim)) => Outcome::Ok(
+                json!({ "task": claim.task.id.as_str(), "fence": claim.fence,
+                        "expires_in_ms": claim.expires_in_ms,
+                        "session": claim.session_id.0.to_string() }),
+                time_ms,
+            ),
+            Ok(Reply::QueueEmpty) => Outcome::Ok(json!({ "task": null }), time_ms),
+            Ok(Reply::TaskUpdated(task)) => {
+                Outcome::Ok(json!({ "state": format!("{:?}", task.state) }), time_ms)
             }
             Ok(other) => Outcome::Unknown(format!("unexpected reply {other:?}")),
             Err(rejection) => Outcome::Fail(rejection.code().to_owned(), Some(time_ms)),
