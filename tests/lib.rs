@@ -791,7 +791,7 @@ fn restore(backup: &Path, id: u64, data_dir: &Path, initial_cluster: &str) {
 }
 
 /// The path of the `batond` binary, built on first use in the tests' own profile (see
-/// [`build_binaries`]), or `BATOND_BIN` when set. Panics with cargo's output when the build
+/// `build_binaries`), or `BATOND_BIN` when set. Panics with cargo's output when the build
 /// fails.
 pub fn batond_path() -> &'static Path {
     static BATOND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
