@@ -967,9 +967,10 @@ pub(crate) async fn acquire_waiting(
             return last_try(client, request, stop.as_mut(), &mut stopped).await;
         }
         match client.keepalive(&queued.session_id).await {
-            // Gone before the next round, which then joins the line again (above).
-            Ok(_) | Err(Error::Lost { .. }) if created => {}
-            renewed => drop(renewed?),
+            Ok(_) => {}
+            // Our own session, gone: the next round is refused and joins the line again (above).
+            Err(Error::Lost { .. }) if created => {}
+            Err(error) => return Err(error),
         }
     }
 }

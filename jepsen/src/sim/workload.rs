@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::cluster::{Change, Cluster, Running, FAULT_RATE_ERROR};
 use crate::history::{Op, OpType, Process, FINAL, NEMESIS};
-use crate::workloads::{g7_valid_until, Mode, HOLDS};
+use crate::workloads::{g7_valid_until, hold_value, Mode, HOLDS};
 
 /// Registers and lease paths the clients share.
 const KEYS: u64 = 3;
@@ -205,8 +205,9 @@ struct Held {
 
 /// One queue worker: enqueues tasks, claims the next (each claim with a session of its own,
 /// of `LEASE_TTL_MS`) and completes what it claimed, on a node drawn at random each time,
-/// until `until`. The `claims` checker judges the history: no task is held by two claims
-/// whose G7 intervals overlap.
+/// until `until`. A claim it does not complete at its next turn is left to expire with its
+/// session, which is never renewed, and the task is claimed again. The `claims` checker judges
+/// the history: no task is held by two claims whose G7 intervals overlap.
 pub async fn worker(cluster: Cluster, recorder: Recorder, number: u64, seed: u64, until: Instant) {
     let mut random = StdRng::seed_from_u64(seed);
     let mut process = number;
@@ -325,8 +326,14 @@ fn record_hold(recorder: &Recorder, resource: &str, grant: &Value, sent_ns: u64)
         OpType::Info,
         "hold",
         resource,
-        json!({"lease": fence.to_string(), "mode": Mode::Exclusive.as_str(), "limit": null,
-               "fence": fence, "start_ns": start_ns, "end_ns": end_ns, "g7_end_ns": end_ns}),
+        hold_value(
+            &fence.to_string(),
+            Mode::Exclusive,
+            fence,
+            start_ns,
+            end_ns,
+            end_ns,
+        ),
     );
 }
 

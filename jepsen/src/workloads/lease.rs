@@ -16,8 +16,8 @@ use reqwest::Method;
 use serde_json::{json, Value};
 
 use super::{
-    g7_valid_until, home_node, idempotency_key, other_node, pause_for, requests, Context, Mode,
-    Worker, HOLDS, TTL_MS,
+    g7_valid_until, hold_value, home_node, idempotency_key, other_node, pause_for, requests,
+    Context, Mode, Worker, HOLDS, TTL_MS,
 };
 use crate::history::{OpType, Process};
 use crate::http::Outcome;
@@ -289,8 +289,7 @@ pub(super) fn record_hold(
         OpType::Info,
         "hold",
         Value::from(resource),
-        json!({"lease": lease_id, "mode": mode.as_str(), "limit": mode.limit(), "fence": fence,
-               "start_ns": start_ns, "end_ns": end_ns, "g7_end_ns": g7_end_ns}),
+        hold_value(lease_id, mode, fence, start_ns, end_ns, g7_end_ns),
         None,
         None,
         None,

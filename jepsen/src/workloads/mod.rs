@@ -446,6 +446,21 @@ pub const RESOURCE: &str = "resource";
 /// The process name of the hold intervals holders claim.
 pub const HOLDS: &str = "holds";
 
+/// The value of a `hold` event (process [`HOLDS`]), as the `holds` and `shared-limits`
+/// checkers read it: lease `lease_id` held `mode` with `fence` from `start_ns`, when the grant
+/// came back, to `end_ns`; `g7_end_ns` is where G7 alone ends it.
+pub fn hold_value(
+    lease_id: &str,
+    mode: Mode,
+    fence: u64,
+    start_ns: u64,
+    end_ns: u64,
+    g7_end_ns: u64,
+) -> Value {
+    json!({"lease": lease_id, "mode": mode.as_str(), "limit": mode.limit(), "fence": fence,
+           "start_ns": start_ns, "end_ns": end_ns, "g7_end_ns": g7_end_ns})
+}
+
 impl ProtectedResource {
     /// A resource recording into `history`.
     pub fn new(checks_fences: bool, history: History) -> ProtectedResource {
