@@ -13,7 +13,8 @@ use anyhow::Context;
 use baton_raft_store::machine::Limits;
 use baton_raft_store::proposer::{Clock, Proposer, ProposerSettings};
 use baton_raft_store::store::{
-    self, Io, LogId, MachineHandle, Member, Options, Raft, RaftTiming, SimDisk, StoreError, Vote,
+    self, DiskLatency, Io, LogId, MachineHandle, Member, Options, Raft, RaftTiming, SimDisk,
+    StoreError, Vote,
 };
 use openraft::async_runtime::WatchReceiver;
 use openraft::ChangeMembers;
@@ -115,6 +116,8 @@ struct Inner {
     disks: BTreeMap<u64, SimDisk>,
     /// Decides how much of each unsynced write a power cut keeps.
     power: StdRng,
+    /// Seeds each start's disk latency.
+    latency: StdRng,
     /// Nodes started so far.
     starts: u64,
     /// What the invariants have seen: each node's greatest vote, across its restarts; at each
@@ -128,14 +131,15 @@ struct Inner {
 
 impl Cluster {
     /// A cluster of nodes `ids`, none started, each with an empty disk (and a real data dir
-    /// under `dir` for its lock file); `seed` draws each node's clock rate and what power cuts
-    /// keep.
+    /// under `dir` for its lock file); `seed` draws each node's clock rate, its disk's
+    /// latency and what power cuts keep.
     pub fn new(net: SimNet, dir: PathBuf, timing: RaftTiming, ids: Vec<u64>, seed: u64) -> Cluster {
         Cluster {
             inner: Arc::new(Mutex::new(Inner {
                 up: BTreeMap::new(),
                 disks: ids.iter().map(|id| (*id, SimDisk::default())).collect(),
                 power: StdRng::seed_from_u64(seed),
+                latency: StdRng::seed_from_u64(seed ^ 0xd15c),
                 starts: 0,
                 votes: BTreeMap::new(),
                 applied: BTreeMap::new(),
@@ -196,8 +200,9 @@ impl Cluster {
             self.crash(id).await;
         }
         let dir = self.dir.join(format!("n{id}"));
+        let latency = DiskLatency::new(self.inner().latency.random());
         let options = Options {
-            io: Io::Inline,
+            io: Io::Simulated(latency),
             disk: Arc::new(self.inner().disks.entry(id).or_default().clone()),
             segment_bytes: SEGMENT_BYTES,
         };

@@ -14,6 +14,7 @@ use std::fmt::Debug;
 use std::io;
 use std::ops::{Bound, RangeBounds};
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use openraft::storage::{IOFlushed, LogState, RaftLogStorage};
@@ -49,7 +50,8 @@ pub struct LogStore {
     database: Database,
     segments: Arc<SegmentLog>,
     recent: Arc<Mutex<Recent>>,
-    /// The thread that completes each append's flush and answers its callback.
+    /// The thread (or the simulator's task) that completes each append's flush and answers its
+    /// callback.
     flusher: Arc<Flusher>,
 }
 
@@ -232,8 +234,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     /// Records the committed log id so that, after a restart, openraft re-applies the committed
     /// entries after the last snapshot before serving. Written in place and never synced: a
     /// crash may lose it or tear it, and it then reads as absent. That only means re-applying
-    /// less at startup and learning the rest from the leader; a saved value never points past
-    /// the flushed log, because every append fsyncs before openraft can commit it.
+    /// less at startup and learning the rest from the leader.
     async fn save_committed(&mut self, committed: Option<LogId>) -> StorageResult<()> {
         self.database
             .files
@@ -241,12 +242,26 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(io_error)
     }
 
+    /// The committed log id saved, or the log's last entry if that is earlier. A leader's
+    /// entries are committed once its followers have flushed them, maybe before its own append
+    /// of them is synced, so a power cut may keep the id and lose the entries it names. The
+    /// entries the log still holds are a prefix of the log the id was committed in (a truncate
+    /// is synced before anything is written after it), so the last of them is committed too.
     async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {
-        self.database
-            .files
-            .read_unsynced::<Option<LogId>>(COMMITTED_FILE)
-            .map(Option::flatten)
-            .map_err(io_error)
+        let read = || -> Result<Option<LogId>, StoreError> {
+            let saved = self
+                .database
+                .files
+                .read_unsynced::<Option<LogId>>(COMMITTED_FILE)?
+                .flatten();
+            let end = self.last_entry_log_id()?.or(self.last_purged()?);
+            Ok(match (saved, end) {
+                (Some(saved), Some(end)) if saved.index > end.index => Some(end),
+                (Some(_), None) => None,
+                (saved, _) => saved,
+            })
+        };
+        read().map_err(io_error)
     }
 
     /// Encodes the entries and writes them (readable as soon as this returns, so openraft
@@ -258,6 +273,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
+        self.flusher.settled().await;
         let written = (|| {
             let entries: Vec<Entry> = entries.into_iter().collect();
             let records = entries
@@ -296,6 +312,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         }
         let from = last_log_id.map_or(0, |log_id| log_id.index + 1);
+        self.flusher.settled().await;
         self.recent().map_err(io_error)?.truncate(from);
         let segments = self.segments.clone();
         self.database
@@ -328,6 +345,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // follower to call an election in the memory bench).
             let segments = self.segments.clone();
             let upto = durable.index.min(log_id.index);
+            self.flusher.settled().await;
             self.database
                 .run_blocking(move || segments.remove_through(upto))
                 .await
@@ -349,7 +367,7 @@ impl LogStore {
     ) -> Result<LogStore, StoreError> {
         let segments = Arc::new(SegmentLog::open(database.files.disk(), dir, segment_bytes)?);
         let store = LogStore {
-            flusher: Arc::new(Flusher::start(segments.clone(), database.io)?),
+            flusher: Arc::new(Flusher::start(segments.clone(), &database.io)?),
             database,
             segments,
             recent: Arc::default(),
@@ -490,25 +508,41 @@ impl LogStore {
 ///
 /// With `Io::Threads` a thread of its own does it, fed by a queue; dropping the last handle
 /// waits for the thread, so nothing of a closed store is still written when the dir is opened
-/// again. With `Io::Inline` the append does it before it returns.
+/// again. With `Io::Simulated` a task of its own does it, each flush after the disk's pause;
+/// the store's writers wait for it on tokio's clock (`settled`), not on the segments'
+/// condition variable, which would block the one thread the simulation runs on.
 #[derive(Debug)]
 enum Flusher {
     Thread {
         queue: Option<std::sync::mpsc::Sender<(Flush, IOFlushed<TypeConfig>)>>,
         thread: Option<std::thread::JoinHandle<()>>,
     },
-    Inline {
-        segments: Arc<SegmentLog>,
-        failed: Mutex<Option<String>>,
+    Task {
+        queue: tokio::sync::mpsc::UnboundedSender<(Flush, IOFlushed<TypeConfig>)>,
+        /// Flushes sent to the task, and the task's count of those it completed.
+        sent: AtomicU64,
+        completed: tokio::sync::watch::Receiver<u64>,
     },
 }
 
 impl Flusher {
-    fn start(segments: Arc<SegmentLog>, io: Io) -> Result<Flusher, StoreError> {
-        if io == Io::Inline {
-            return Ok(Flusher::Inline {
-                segments,
-                failed: Mutex::new(None),
+    fn start(segments: Arc<SegmentLog>, io: &Io) -> Result<Flusher, StoreError> {
+        if let Io::Simulated(latency) = io {
+            let (queue, mut pending) = tokio::sync::mpsc::unbounded_channel();
+            let (count, completed) = tokio::sync::watch::channel(0u64);
+            let latency = latency.clone();
+            tokio::spawn(async move {
+                let mut failed: Option<String> = None;
+                while let Some((flush, callback)) = pending.recv().await {
+                    tokio::time::sleep(latency.draw()).await;
+                    complete(flush, callback, &segments, &mut failed);
+                    count.send_modify(|count| *count += 1);
+                }
+            });
+            return Ok(Flusher::Task {
+                queue,
+                sent: AtomicU64::new(0),
+                completed,
             });
         }
         let (queue, pending) = std::sync::mpsc::channel::<(Flush, IOFlushed<TypeConfig>)>();
@@ -530,16 +564,30 @@ impl Flusher {
     }
 
     fn send(&self, flush: Flush, callback: IOFlushed<TypeConfig>) -> Result<(), StoreError> {
+        let gone = || StoreError::Io("the log's flusher is gone".to_owned());
         match self {
             Flusher::Thread { queue, .. } => queue
                 .as_ref()
                 .and_then(|queue| queue.send((flush, callback)).ok())
-                .ok_or_else(|| StoreError::Io("the log's flusher thread is gone".to_owned())),
-            Flusher::Inline { segments, failed } => {
-                let mut failed = failed.lock().map_err(|_| StoreError::Poisoned)?;
-                complete(flush, callback, segments, &mut failed);
+                .ok_or_else(gone),
+            Flusher::Task { queue, sent, .. } => {
+                queue.send((flush, callback)).map_err(|_| gone())?;
+                sent.fetch_add(1, Ordering::SeqCst);
                 Ok(())
             }
+        }
+    }
+
+    /// Returns once every flush sent so far is complete (at once with `Io::Threads`, whose
+    /// writers wait on the segments themselves).
+    async fn settled(&self) {
+        if let Flusher::Task {
+            sent, completed, ..
+        } = self
+        {
+            let sent = sent.load(Ordering::SeqCst);
+            // The task ends only with the store's last handle, which is this one's.
+            let _ = completed.clone().wait_for(|count| *count >= sent).await;
         }
     }
 }

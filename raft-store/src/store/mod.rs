@@ -42,8 +42,11 @@ use std::fs;
 use std::io;
 use std::path::Path;
 use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
 
 use openraft::type_config::alias;
+use rand::rngs::SmallRng;
+use rand::{RngExt as _, SeedableRng};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
@@ -196,15 +199,50 @@ impl Default for Options {
 
 /// Where the store does its blocking work: file writes and syncs, and encoding and decoding
 /// snapshots.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub enum Io {
     /// On tokio's blocking pool, and each append's `fdatasync` on a flusher thread of the
     /// log's own: what `batond` does, so that no async worker waits for the disk.
     Threads,
-    /// On the task that asks, before it returns. The simulator runs a whole cluster on one
-    /// thread under tokio's paused clock; work finished on another thread would come back at a
-    /// moment no seed decides.
-    Inline,
+    /// The simulator's: on the task that asks, after a pause on tokio's clock that
+    /// `DiskLatency` draws, and each append's `fdatasync` on a task of the log's own, after a
+    /// pause of its own. The simulator runs a whole cluster on one thread under tokio's paused
+    /// clock; work finished on another thread would come back at a moment no seed decides.
+    /// The flush on its own task keeps the pipeline `batond` has: openraft replicates an
+    /// append while it is written and not yet synced.
+    Simulated(DiskLatency),
+}
+
+/// How long a simulated disk takes: each operation the store waits for draws a pause from a
+/// generator seeded by the simulation, mostly a fraction of a millisecond, now and then a few
+/// milliseconds, and rarely a stall of up to 200 ms.
+#[derive(Clone)]
+pub struct DiskLatency(Arc<Mutex<SmallRng>>);
+
+impl DiskLatency {
+    pub fn new(seed: u64) -> DiskLatency {
+        DiskLatency(Arc::new(Mutex::new(SmallRng::seed_from_u64(seed))))
+    }
+
+    /// The pause of the next operation.
+    fn draw(&self) -> Duration {
+        let mut random = self
+            .0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let micros = match random.random_range(0..100u32) {
+            0 => random.random_range(20_000..200_000u64),
+            1..=9 => random.random_range(1_000..10_000),
+            _ => random.random_range(20..500),
+        };
+        Duration::from_micros(micros)
+    }
+}
+
+impl fmt::Debug for DiskLatency {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("DiskLatency")
+    }
 }
 
 /// `open`, as `options` say.
@@ -244,7 +282,7 @@ pub fn open_with(
         files,
         snapshot_write: Arc::default(),
         lock: Arc::new(lock),
-        io: options.io,
+        io: options.io.clone(),
     };
     // The state machine first: it finds the durable snapshot, which bounds what the log may
     // have purged.
@@ -485,11 +523,14 @@ impl Database {
         T: Send + 'static,
         F: FnOnce() -> Result<T, StoreError> + Send + 'static,
     {
-        match self.io {
+        match &self.io {
             Io::Threads => tokio::task::spawn_blocking(work)
                 .await
                 .map_err(|join_error| StoreError::Blocking(join_error.to_string()))?,
-            Io::Inline => work(),
+            Io::Simulated(latency) => {
+                tokio::time::sleep(latency.draw()).await;
+                work()
+            }
         }
     }
 }
