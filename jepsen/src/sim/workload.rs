@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use baton_raft_store::machine::{
-    Command, LeaseMode, Name, Namespace, NewSession, Op as MachineOp, Owner, Reply, ResourcePath,
-    SessionId, TaskFence, TaskSpec,
+    Command, EventKind, LeaseMode, Name, Namespace, NewSession, Op as MachineOp, Owner, Reply,
+    ResourcePath, SessionId, TaskFence, TaskSpec,
 };
 use baton_raft_store::proposer::{Committed, ProposeError};
 use openraft::async_runtime::WatchReceiver;
@@ -25,6 +25,7 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 
 use super::cluster::{Change, Cluster, Running, FAULT_RATE_ERROR};
+use crate::checkers::line::FINAL_EVENTS;
 use crate::history::{Op, OpType, Process, FINAL, NEMESIS};
 use crate::workloads::{g7_valid_until, hold_value, Mode, HOLDS};
 
@@ -182,7 +183,13 @@ pub async fn client(cluster: Cluster, recorder: Recorder, number: u64, seed: u64
         };
         let (kind, value, sent_ns) = operate(&recorder, process, f, &key, invoke, operation).await;
         if kind == OpType::Ok && f == "acquire" {
-            record_hold(&recorder, &key, &value, sent_ns);
+            let hold = Hold {
+                start_ns: recorder.now_ns(),
+                sent_ns,
+                valid_ns: 0,
+                released_ns: None,
+            };
+            record_hold(&recorder, &key, Mode::Exclusive, &value, hold);
         }
         if kind == OpType::Info {
             // As in the harness: a client whose operation may still take effect goes on as a
@@ -281,9 +288,271 @@ pub async fn worker(cluster: Cluster, recorder: Recorder, number: u64, seed: u64
     }
 }
 
+/// The line's paths and modes, as the harness's `line` workload takes them: one exclusive
+/// path, and one taken mostly as a shared lease of limit 2 and sometimes exclusively, so that
+/// exclusive and shared waiters mix in its line.
+const LINE_PATHS: &[(&str, Mode)] = &[
+    ("line/a", Mode::Exclusive),
+    ("line/a", Mode::Exclusive),
+    ("line/s", Mode::Shared { limit: 2 }),
+    ("line/s", Mode::Shared { limit: 2 }),
+    ("line/s", Mode::Exclusive),
+];
+/// The TTL of a line waiter's session: it renews it while it waits and while it holds.
+const LINE_TTL_MS: u64 = 3_000;
+
+/// One waiter in the resources' lines: round after round, a session with a holder name of its
+/// own (`w<number>.<round>`, by which the `line` checker matches the event log and the history)
+/// acquires with waiting (`AcquireOrWait`, as `batond` proposes an acquire with `wait_ms`). In
+/// line, it renews its session and sends the acquire again until it is granted, its session is
+/// gone, or it gives up after a few seconds and leaves the line. Granted, it holds the lease a
+/// moment (recorded for `holds` and `shared-limits`), then releases it and ends its session,
+/// or walks away from both so that the lease expires and the line is served then.
+pub async fn line_waiter(
+    cluster: Cluster,
+    recorder: Recorder,
+    number: u64,
+    seed: u64,
+    until: Instant,
+) {
+    let mut waiter = LineWaiter {
+        cluster,
+        recorder,
+        random: StdRng::seed_from_u64(seed),
+        process: number,
+    };
+    for round in 0u64.. {
+        if Instant::now() >= until {
+            break;
+        }
+        let (resource, mode) = LINE_PATHS[waiter.random.random_range(0..LINE_PATHS.len())];
+        waiter
+            .round(&format!("w{number}.{round}"), resource, mode, until)
+            .await;
+        let pause = waiter.random.random_range(0..100);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+}
+
+/// A line waiter's state across its rounds.
+struct LineWaiter {
+    cluster: Cluster,
+    recorder: Recorder,
+    random: StdRng,
+    process: u64,
+}
+
+impl LineWaiter {
+    async fn round(&mut self, holder: &str, resource: &str, mode: Mode, until: Instant) {
+        let session_id = SessionId(self.random.random());
+        let since_ns = self.recorder.now_ns();
+        let owner = Owner::NewSession(NewSession {
+            session_id,
+            holder: holder.to_owned(),
+            ttl_ms: LINE_TTL_MS,
+            labels: Default::default(),
+        });
+        let (kind, answer) = self.acquire(holder, resource, mode, owner, None).await;
+        // An acquire that failed or may have been applied ends the round: a session it made
+        // expires, and leaves the line with it.
+        if kind != OpType::Ok {
+            return;
+        }
+        let mut valid_ns = 0;
+        let grant = if answer["queued"] == Value::Bool(true) {
+            let give_up =
+                Instant::now() + Duration::from_millis(self.random.random_range(2_500..6_000));
+            loop {
+                if Instant::now() >= give_up.min(until) {
+                    self.call(
+                        "leave",
+                        holder,
+                        resource,
+                        MachineOp::LeaveOrRelease {
+                            session_id,
+                            resource: path(resource),
+                        },
+                    )
+                    .await;
+                    self.call(
+                        "end",
+                        holder,
+                        resource,
+                        MachineOp::EndSession { session_id },
+                    )
+                    .await;
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(self.random.random_range(50..250))).await;
+                match self.keepalive(holder, resource, session_id).await {
+                    Renewal::Until(valid) => valid_ns = valid_ns.max(valid),
+                    Renewal::Gone => return,
+                    Renewal::Unsure => {}
+                }
+                let owner = Owner::Session(session_id);
+                let (kind, answer) = self
+                    .acquire(holder, resource, mode, owner, Some(since_ns))
+                    .await;
+                match kind {
+                    OpType::Ok if answer["queued"] == Value::Bool(true) => {}
+                    OpType::Ok => break answer,
+                    _ if answer["error"] == "LEASE_LOST" => return,
+                    _ => {}
+                }
+            }
+        } else {
+            answer
+        };
+        self.hold(
+            holder, resource, mode, session_id, &grant, since_ns, valid_ns,
+        )
+        .await;
+    }
+
+    /// Holds a granted lease for a moment, renewing its session, then releases it and ends the
+    /// session, or walks away; records the hold.
+    #[allow(clippy::too_many_arguments)]
+    async fn hold(
+        &mut self,
+        holder: &str,
+        resource: &str,
+        mode: Mode,
+        session_id: SessionId,
+        grant: &Value,
+        sent_ns: u64,
+        mut valid_ns: u64,
+    ) {
+        let start_ns = self.recorder.now_ns();
+        let walks_away = self.random.random_bool(0.15);
+        let hold = Duration::from_millis(self.random.random_range(30..400));
+        if hold > Duration::from_millis(200) {
+            tokio::time::sleep(hold / 2).await;
+            if let Renewal::Until(valid) = self.keepalive(holder, resource, session_id).await {
+                valid_ns = valid_ns.max(valid);
+            }
+            tokio::time::sleep(hold / 2).await;
+        } else {
+            tokio::time::sleep(hold).await;
+        }
+        let released_ns = (!walks_away).then(|| self.recorder.now_ns());
+        let hold = Hold {
+            start_ns,
+            sent_ns,
+            valid_ns,
+            released_ns,
+        };
+        record_hold(&self.recorder, resource, mode, grant, hold);
+        if !walks_away {
+            self.call(
+                "release",
+                holder,
+                resource,
+                MachineOp::LeaveOrRelease {
+                    session_id,
+                    resource: path(resource),
+                },
+            )
+            .await;
+            self.call(
+                "end",
+                holder,
+                resource,
+                MachineOp::EndSession { session_id },
+            )
+            .await;
+        }
+    }
+
+    /// One acquire with waiting, to a node drawn at random (`since_ns`: a re-sent one, and when
+    /// its wait began). Returns its outcome's kind and its answer, or `{"error": code}`.
+    async fn acquire(
+        &mut self,
+        holder: &str,
+        resource: &str,
+        mode: Mode,
+        owner: Owner,
+        since_ns: Option<u64>,
+    ) -> (OpType, Value) {
+        let mut invoke = json!({ "holder": holder, "mode": mode.as_str(), "limit": mode.limit(),
+                                 "resend": since_ns.is_some() });
+        if let Some(since_ns) = since_ns {
+            invoke["since_ns"] = Value::from(since_ns);
+        }
+        let lease_mode = match mode {
+            Mode::Shared { limit } => LeaseMode::Shared { limit },
+            Mode::Subtree => LeaseMode::Subtree,
+            Mode::Exclusive => LeaseMode::Exclusive,
+        };
+        let op = MachineOp::AcquireOrWait {
+            resource: path(resource),
+            mode: lease_mode,
+            owner,
+            max_hold_ms: None,
+            labels: Default::default(),
+        };
+        self.send("acquire", resource, invoke, op).await
+    }
+
+    async fn keepalive(&mut self, holder: &str, resource: &str, session_id: SessionId) -> Renewal {
+        let sent_ns = self.recorder.now_ns();
+        let (kind, answer) = self
+            .send(
+                "keepalive",
+                resource,
+                json!({ "holder": holder }),
+                MachineOp::Keepalive { session_id },
+            )
+            .await;
+        match (kind, answer["expires_in_ms"].as_u64()) {
+            (OpType::Ok, Some(expires_in_ms)) => {
+                let valid = g7_valid_until(Duration::from_nanos(sent_ns), expires_in_ms);
+                Renewal::Until(u64::try_from(valid.as_nanos()).unwrap_or(u64::MAX))
+            }
+            _ if answer["error"] == "LEASE_LOST" => Renewal::Gone,
+            _ => Renewal::Unsure,
+        }
+    }
+
+    async fn call(&mut self, f: &str, holder: &str, resource: &str, op: MachineOp) {
+        self.send(f, resource, json!({ "holder": holder }), op)
+            .await;
+    }
+
+    /// Sends `op` to a node drawn at random and records it as operation `f`; the answer, or
+    /// `{"error": ...}` when it failed.
+    async fn send(
+        &mut self,
+        f: &str,
+        resource: &str,
+        invoke: Value,
+        op: MachineOp,
+    ) -> (OpType, Value) {
+        let ids = self.cluster.ids();
+        let node = ids[self.random.random_range(0..ids.len())];
+        let operation = write(&self.cluster, node, op);
+        let (kind, answer, _) =
+            operate(&self.recorder, self.process, f, resource, invoke, operation).await;
+        if kind == OpType::Info {
+            self.process += 1_000;
+        }
+        (kind, answer)
+    }
+}
+
+/// How a line waiter's keepalive went.
+enum Renewal {
+    /// Renewed: the session is valid until then (simulated ns, G7).
+    Until(u64),
+    /// The session is gone (`LEASE_LOST`).
+    Gone,
+    /// Refused otherwise, or unknown.
+    Unsure,
+}
+
 /// Runs one operation of client `process`: records its invocation, waits for its outcome
-/// (unknown after `OP_TIMEOUT`) and records that. Returns the outcome's kind and value (null
-/// unless it is `Ok`), and when the operation was sent.
+/// (unknown after `OP_TIMEOUT`) and records that. Returns the outcome's kind, its value (for
+/// one that is not `Ok`, `{"error": ...}`: the rejection's code, or why), and when the
+/// operation was sent.
 async fn operate(
     recorder: &Recorder,
     process: u64,
@@ -303,24 +572,46 @@ async fn operate(
         Outcome::Unknown(error) => (OpType::Info, Value::Null, Some(error), None),
     };
     let process = Process::Client(process);
-    recorder.record_answer(process, kind, f, key, value.clone(), error, cluster_time_ms);
-    (kind, value, sent_ns)
+    let answer = match &error {
+        Some(error) => json!({ "error": error }),
+        None => value.clone(),
+    };
+    recorder.record_answer(process, kind, f, key, value, error, cluster_time_ms);
+    (kind, answer, sent_ns)
+}
+
+/// When a hold began and what bounds it (simulated ns).
+struct Hold {
+    /// The grant's answer came back.
+    start_ns: u64,
+    /// The request that was granted was sent (for a grant learned in line, the first acquire).
+    sent_ns: u64,
+    /// A renewal of the holder's session proved it valid until then (0: none).
+    valid_ns: u64,
+    /// The holder sent its release then, and stopped acting as holder.
+    released_ns: Option<u64>,
 }
 
 /// Records the hold a client may claim for the lease `grant`ed on `resource`, as the harness's
 /// holders do (process `holds`): from the answer to the end of its G7 validity, counted from
-/// the request's sending on the client's clock (simulated time, which every node's clock
-/// strays from by less than the 1% the rule allows). The `holds` checker then finds any two
-/// holds that overlap: a lease a node let expire early, by its clock or by a failover.
-fn record_hold(recorder: &Recorder, resource: &str, grant: &Value, sent_ns: u64) {
+/// when the request was sent on the client's clock (simulated time, which every node's clock
+/// strays from by less than the 1% the rule allows) or from a later renewal of its session,
+/// and cut short when the holder sent its release. The `holds` checker then finds any two
+/// holds that overlap: a lease a node let expire early, by its clock or by a failover, or
+/// granted while another still held it.
+fn record_hold(recorder: &Recorder, resource: &str, mode: Mode, grant: &Value, hold: Hold) {
     let (Some(fence), Some(expires_in_ms)) =
         (grant["fence"].as_u64(), grant["expires_in_ms"].as_u64())
     else {
         return;
     };
-    let start_ns = recorder.now_ns();
-    let valid_until = g7_valid_until(Duration::from_nanos(sent_ns), expires_in_ms);
-    let end_ns = u64::try_from(valid_until.as_nanos()).unwrap_or(u64::MAX);
+    let valid_until = g7_valid_until(Duration::from_nanos(hold.sent_ns), expires_in_ms);
+    let g7_end_ns = u64::try_from(valid_until.as_nanos())
+        .unwrap_or(u64::MAX)
+        .max(hold.valid_ns);
+    let end_ns = hold
+        .released_ns
+        .map_or(g7_end_ns, |released| released.min(g7_end_ns));
     recorder.record(
         Process::Named(HOLDS.to_owned()),
         OpType::Info,
@@ -328,11 +619,11 @@ fn record_hold(recorder: &Recorder, resource: &str, grant: &Value, sent_ns: u64)
         resource,
         hold_value(
             &fence.to_string(),
-            Mode::Exclusive,
+            mode,
             fence,
-            start_ns,
+            hold.start_ns,
             end_ns,
-            end_ns,
+            g7_end_ns,
         ),
     );
 }
@@ -380,6 +671,20 @@ async fn write(cluster: &Cluster, node: u64, op: MachineOp) -> Outcome {
             Ok(Reply::TaskUpdated(task)) => {
                 Outcome::Ok(json!({ "state": format!("{:?}", task.state) }), time_ms)
             }
+            Ok(Reply::StillGranted(grant)) => Outcome::Ok(
+                json!({ "fence": grant.lease.fence, "expires_in_ms": grant.lease.expires_in_ms }),
+                time_ms,
+            ),
+            Ok(Reply::Queued(queued)) => Outcome::Ok(
+                json!({ "queued": true, "position": queued.position }),
+                time_ms,
+            ),
+            Ok(Reply::KeptAlive { expires_in_ms, .. }) => {
+                Outcome::Ok(json!({ "expires_in_ms": expires_in_ms }), time_ms)
+            }
+            Ok(Reply::LeftLine { .. }) => Outcome::Ok(json!({ "left": true }), time_ms),
+            Ok(Reply::Released { fence, .. }) => Outcome::Ok(json!({ "released": fence }), time_ms),
+            Ok(Reply::SessionEnded { .. }) => Outcome::Ok(json!({ "ended": true }), time_ms),
             Ok(other) => Outcome::Unknown(format!("unexpected reply {other:?}")),
             Err(rejection) => Outcome::Fail(rejection.code().to_owned(), Some(time_ms)),
         },
@@ -466,6 +771,71 @@ pub async fn final_reads(cluster: &Cluster, recorder: &Recorder) {
             value,
         );
     }
+}
+
+/// The final read of the event log for the `line` checker: every event of the clients'
+/// namespace, from revision 0 to the end, read from the leader's applied state once the cluster
+/// has healed, in the shape the process harness reads from `GET /v1/events`.
+pub fn final_events(cluster: &Cluster, recorder: &Recorder) {
+    let read = cluster.leader().and_then(|leader| {
+        let running = cluster.node(leader)?;
+        running
+            .machine
+            .read(|machine, _| {
+                let mut events = Vec::new();
+                loop {
+                    let after = events.last().map_or(0, |event: &Value| {
+                        event["revision"].as_u64().unwrap_or(u64::MAX)
+                    });
+                    let page = machine.events_after(&namespace(), after, usize::MAX)?;
+                    if page.is_empty() {
+                        return Some((leader, events));
+                    }
+                    events.extend(page.iter().map(event_value));
+                }
+            })
+            .ok()
+            .flatten()
+    });
+    let value = match read {
+        Some((node, events)) => {
+            json!({ "node": node, "complete": true, "trimmed": false, "events": events })
+        }
+        None => json!({ "complete": false, "error": "no leader, or the window was trimmed" }),
+    };
+    recorder.record(
+        Process::Named(FINAL.to_owned()),
+        OpType::Info,
+        FINAL_EVENTS,
+        "",
+        value,
+    );
+}
+
+/// An event as the `line` checker reads it (the rest of the kinds only by their revision).
+fn event_value(event: &baton_raft_store::machine::Event) -> Value {
+    let (kind, resource, holder, fence) = match &event.kind {
+        EventKind::Queued {
+            resource, holder, ..
+        } => ("queued", resource.as_str(), Some(holder.as_str()), None),
+        EventKind::LeftLine { resource, holder } => {
+            ("left_line", resource.as_str(), Some(holder.as_str()), None)
+        }
+        EventKind::Granted {
+            resource,
+            holder,
+            fence,
+            ..
+        } => (
+            "granted",
+            resource.as_str(),
+            Some(holder.as_str()),
+            Some(*fence),
+        ),
+        _ => ("other", "", None, None),
+    };
+    json!({ "revision": event.revision, "type": kind, "resource": resource, "holder": holder,
+            "fence": fence })
 }
 
 /// Which node a fault strikes: the leader when the fault starts (node 1 if there is none), or

@@ -1,5 +1,5 @@
 //! Bugs put back on purpose, so that the simulator (`baton-jepsen sim`) can show that it finds
-//! them; they live in the store and in the proposer. A mutation is switched on for the calling thread only, and only in a build with the
+//! them; they live in the store, its Raft configuration and the proposer. A mutation is switched on for the calling thread only, and only in a build with the
 //! `mutations` feature, which only baton-jepsen's tests turn on: `batond` is never built with
 //! it, and without it `active` is always false.
 
@@ -29,6 +29,10 @@ pub enum Mutation {
     /// and the cluster time had drifted apart (leaderless gaps, a fast clock), and leases
     /// expire before their holders' time is up.
     ClockFromReading,
+    /// A restarted leader resumes leading in its old term (openraft's default), though a power
+    /// cut may have lost appends of its that its followers had synced and committed: it then
+    /// writes other entries at those indexes, and the replicas part.
+    LeaderRestored,
 }
 
 #[cfg(feature = "mutations")]

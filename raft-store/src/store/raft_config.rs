@@ -3,6 +3,8 @@
 
 use openraft::{Config, ConfigError, SnapshotPolicy};
 
+use super::mutation::{self, Mutation};
+
 /// The numbers a node's Raft is configured from.
 #[derive(Debug, Clone, Copy)]
 pub struct RaftTiming {
@@ -45,7 +47,7 @@ pub fn raft_config(node_id: u64, timing: &RaftTiming) -> Result<Config, ConfigEr
         // power went: a leader restored in its old term after such a cut would write other
         // entries at those indexes, and the replicas would part. A restarted leader stands for
         // election like any node instead; one whose log lacks committed entries cannot win.
-        enable_leader_restore: Some(false),
+        enable_leader_restore: Some(mutation::active(Mutation::LeaderRestored)),
         ..Default::default()
     }
     .validate()
