@@ -364,23 +364,7 @@ impl LineWaiter {
                 Instant::now() + Duration::from_millis(self.random.random_range(2_500..6_000));
             loop {
                 if Instant::now() >= give_up.min(until) {
-                    self.call(
-                        "leave",
-                        holder,
-                        resource,
-                        MachineOp::LeaveOrRelease {
-                            session_id,
-                            resource: path(resource),
-                        },
-                    )
-                    .await;
-                    self.call(
-                        "end",
-                        holder,
-                        resource,
-                        MachineOp::EndSession { session_id },
-                    )
-                    .await;
+                    self.let_go("leave", holder, resource, session_id).await;
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(self.random.random_range(50..250))).await;
@@ -443,24 +427,20 @@ impl LineWaiter {
         };
         record_hold(&self.recorder, resource, mode, grant, hold);
         if !walks_away {
-            self.call(
-                "release",
-                holder,
-                resource,
-                MachineOp::LeaveOrRelease {
-                    session_id,
-                    resource: path(resource),
-                },
-            )
-            .await;
-            self.call(
-                "end",
-                holder,
-                resource,
-                MachineOp::EndSession { session_id },
-            )
-            .await;
+            self.let_go("release", holder, resource, session_id).await;
         }
+    }
+
+    /// Leaves the line, or releases the lease (`f`: `leave` or `release`), and then ends the
+    /// session.
+    async fn let_go(&mut self, f: &str, holder: &str, resource: &str, session_id: SessionId) {
+        let op = MachineOp::LeaveOrRelease {
+            session_id,
+            resource: path(resource),
+        };
+        self.call(f, holder, resource, op).await;
+        let op = MachineOp::EndSession { session_id };
+        self.call("end", holder, resource, op).await;
     }
 
     /// One acquire with waiting, to a node drawn at random (`since_ns`: a re-sent one, and when
