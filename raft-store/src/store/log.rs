@@ -242,9 +242,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(io_error)
     }
 
-    /// The committed log id saved, or the log's last entry if that is earlier. A leader's
-    /// entries are committed once its followers have flushed them, maybe before its own append
-    /// of them is synced, so a power cut may keep the id and lose the entries it names. The
+    /// The committed log id saved, or the log's last entry if that is earlier. An entry is
+    /// committed once a quorum has flushed it, which need not include this node's own append
+    /// (a leader's flush overlaps its followers'), so a power cut may keep the id and lose the
+    /// entries it names. The
     /// entries the log still holds are a prefix of the log the id was committed in (a truncate
     /// is synced before anything is written after it), so the last of them is committed too.
     async fn read_committed(&mut self) -> StorageResult<Option<LogId>> {

@@ -209,7 +209,8 @@ pub enum Io {
     /// pause of its own. The simulator runs a whole cluster on one thread under tokio's paused
     /// clock; work finished on another thread would come back at a moment no seed decides.
     /// The flush on its own task keeps the pipeline `batond` has: openraft replicates an
-    /// append while it is written and not yet synced.
+    /// append while it is written and not yet synced. The store must be opened inside a tokio
+    /// runtime, which runs that task.
     Simulated(DiskLatency),
 }
 
