@@ -608,6 +608,23 @@ mod tests {
         assert_eq!(run.verdict(), Verdict::Valid, "{}", summary(882, &run));
     }
 
+    /// Seed 5,675 of the first 10,000-seed run with disk latency: a node killed between an
+    /// append's write and its flush came back with that append whole and unsynced; its next
+    /// appends went to a new segment, and a power cut then lost the old one's records, so the
+    /// node could not open its store ("entries missing", "an unreadable record before the last
+    /// segment"). The store now syncs the last segment it finds when it opens.
+    #[test]
+    fn an_append_a_kill_left_unsynced_survives_the_next_power_cut() {
+        let faults = workload::parse_schedule(
+            "824:power:leader:702,430:kill:3:336,964:kill:leader:291,483:power:1:1823,\
+             602:kill:1:777,285:power:1:1695",
+        )
+        .expect("a schedule");
+        let run = run_seed(5675, Duration::from_secs(20), faults).expect("the run");
+        assert_eq!(run.faults, 6);
+        assert_eq!(run.verdict(), Verdict::Valid, "{}", summary(5675, &run));
+    }
+
     /// The first seed (from 1) of `seconds` simulated seconds on which the simulator catches
     /// `mutation`; `None` if `seeds_max` seeds do not.
     fn catch(mutation: Mutation, seconds: Duration, seeds_max: u64) -> Option<u64> {

@@ -194,6 +194,14 @@ impl SegmentLog {
                     .map_err(|error| io_error("cut a log segment after its last record", error))?;
                 file.sync_data()
                     .map_err(|error| io_error("cut a log segment after its last record", error))?;
+            } else if Some(position) == last {
+                // A crash between an append's write and its flush leaves the append whole on
+                // disk and never synced (the page cache outlives the process). It is part of
+                // the log from now on, and the next appends may go to a new segment that no
+                // flush of this one follows: it is made durable here, before anything relies
+                // on it. Only the last segment can hold an unsynced append.
+                file.sync_data()
+                    .map_err(|error| io_error("sync the last log segment", error))?;
             }
             if len == 0 {
                 // Created, then a crash before its first record: it holds nothing.
