@@ -311,6 +311,33 @@ fn scratch_dir() -> PathBuf {
     }
 }
 
+/// Spawns `run` once for each of `numbers` (its process number in the history), each with a
+/// seed drawn in turn from `random`.
+fn spawn_each<Run, Fut>(
+    numbers: std::ops::Range<u64>,
+    run: Run,
+    cluster: &Cluster,
+    recorder: &Recorder,
+    random: &mut StdRng,
+    until: tokio::time::Instant,
+) -> Vec<tokio::task::JoinHandle<()>>
+where
+    Run: Fn(Cluster, Recorder, u64, u64, tokio::time::Instant) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    numbers
+        .map(|number| {
+            tokio::spawn(run(
+                cluster.clone(),
+                recorder.clone(),
+                number,
+                random.random(),
+                until,
+            ))
+        })
+        .collect()
+}
+
 async fn simulate(
     seed: u64,
     seconds: Duration,
@@ -344,35 +371,30 @@ async fn simulate(
             }
         })
     };
-    let mut clients: Vec<_> = (0..4)
-        .map(|number| {
-            tokio::spawn(workload::client(
-                cluster.clone(),
-                recorder.clone(),
-                number,
-                random.random(),
-                until,
-            ))
-        })
-        .collect();
-    clients.extend((4..6).map(|number| {
-        tokio::spawn(workload::worker(
-            cluster.clone(),
-            recorder.clone(),
-            number,
-            random.random(),
-            until,
-        ))
-    }));
-    clients.extend((6..9).map(|number| {
-        tokio::spawn(workload::line_waiter(
-            cluster.clone(),
-            recorder.clone(),
-            number,
-            random.random(),
-            until,
-        ))
-    }));
+    let mut clients = spawn_each(
+        0..4,
+        workload::client,
+        &cluster,
+        &recorder,
+        &mut random,
+        until,
+    );
+    clients.extend(spawn_each(
+        4..6,
+        workload::worker,
+        &cluster,
+        &recorder,
+        &mut random,
+        until,
+    ));
+    clients.extend(spawn_each(
+        6..9,
+        workload::line_waiter,
+        &cluster,
+        &recorder,
+        &mut random,
+        until,
+    ));
     let faults = workload::nemesis(cluster.clone(), recorder.clone(), faults, until).await;
     for client in clients {
         client.await.context("a client task")?;

@@ -274,8 +274,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        self.flusher.settled().await;
-        let written = (|| {
+        let settled = self.flusher.settled().await;
+        let written = settled.and_then(|()| {
             let entries: Vec<Entry> = entries.into_iter().collect();
             let records = entries
                 .iter()
@@ -293,7 +293,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             self.recent()?
                 .push(entries.into_iter().zip(sizes).collect());
             Ok::<_, StoreError>(flush)
-        })();
+        });
         match written {
             Ok(Some(flush)) => self.flusher.send(flush, callback).map_err(io_error),
             Ok(None) => {
@@ -313,7 +313,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Ok(());
         }
         let from = last_log_id.map_or(0, |log_id| log_id.index + 1);
-        self.flusher.settled().await;
+        self.flusher.settled().await.map_err(io_error)?;
         self.recent().map_err(io_error)?.truncate(from);
         let segments = self.segments.clone();
         self.database
@@ -346,7 +346,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             // follower to call an election in the memory bench).
             let segments = self.segments.clone();
             let upto = durable.index.min(log_id.index);
-            self.flusher.settled().await;
+            self.flusher.settled().await?;
             self.database
                 .run_blocking(move || segments.remove_through(upto))
                 .await
@@ -580,16 +580,21 @@ impl Flusher {
     }
 
     /// Returns once every flush sent so far is complete (at once with `Io::Threads`, whose
-    /// writers wait on the segments themselves).
-    async fn settled(&self) {
+    /// writers wait on the segments themselves); an error if the flusher task is gone before
+    /// that (it ends only with the store, or by a panic), rather than a writer left waiting.
+    async fn settled(&self) -> Result<(), StoreError> {
         if let Flusher::Task {
             sent, completed, ..
         } = self
         {
             let sent = sent.load(Ordering::SeqCst);
-            // The task ends only with the store's last handle, which is this one's.
-            let _ = completed.clone().wait_for(|count| *count >= sent).await;
+            completed
+                .clone()
+                .wait_for(|count| *count >= sent)
+                .await
+                .map_err(|_| StoreError::Io("the log's flusher task is gone".to_owned()))?;
         }
+        Ok(())
     }
 }
 

@@ -188,20 +188,13 @@ impl SegmentLog {
                     "cutting off a torn record at the end of the log (an append a crash interrupted; it was never acknowledged)"
                 );
             }
-            if len < bytes.len() as u64 {
+            let cut = len < bytes.len() as u64;
+            if cut {
                 // A torn record, or zeros written ahead of the records.
                 file.set_len(len)
                     .map_err(|error| io_error("cut a log segment after its last record", error))?;
                 file.sync_data()
                     .map_err(|error| io_error("cut a log segment after its last record", error))?;
-            } else if Some(position) == last {
-                // A crash between an append's write and its flush leaves the append whole on
-                // disk and never synced (the page cache outlives the process). It is part of
-                // the log from now on, and the next appends may go to a new segment that no
-                // flush of this one follows: it is made durable here, before anything relies
-                // on it. Only the last segment can hold an unsynced append.
-                file.sync_data()
-                    .map_err(|error| io_error("sync the last log segment", error))?;
             }
             if len == 0 {
                 // Created, then a crash before its first record: it holds nothing.
@@ -209,6 +202,15 @@ impl SegmentLog {
                     .map_err(|error| io_error("remove an empty log segment", error))?;
                 removed_empty = true;
                 continue;
+            }
+            if Some(position) == last && !cut {
+                // A crash between an append's write and its flush leaves the append whole on
+                // disk and never synced (the page cache outlives the process). It is part of
+                // the log from now on, and the next appends may go to a new segment that no
+                // flush of this one follows: it is made durable here, before anything relies
+                // on it. Only the last segment can hold an unsynced append.
+                file.sync_data()
+                    .map_err(|error| io_error("sync the last log segment", error))?;
             }
             // Segments follow one another without a hole: one missing from the middle of the
             // log would lose acknowledged entries silently.
